@@ -1,0 +1,418 @@
+//! A YAML document as a tree of nodes that remember where they came from.
+//!
+//! Built from `saphyr-parser` events (see ARCHITECTURE.md for why), with
+//! anchors, aliases and `<<` merge keys resolved here so that everything
+//! downstream sees plain mappings, sequences and scalars.
+
+use std::collections::HashMap;
+
+use saphyr_parser::{Event, Parser, ScalarStyle, Span, SpannedEventReceiver};
+
+use crate::source::{FileId, Mark};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Node {
+    pub kind: NodeKind,
+    pub mark: Mark,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum NodeKind {
+    Scalar(Scalar),
+    Seq(Vec<Node>),
+    Map(Vec<(Node, Node)>),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scalar {
+    pub text: String,
+    /// A plain (unquoted, non-block) scalar: only these resolve to null, bool or numbers.
+    pub plain: bool,
+    /// An explicit `!!str` (or other) tag, which turns off plain resolution.
+    pub tagged: bool,
+}
+
+/// What a scalar means under the YAML 1.2 core schema.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Resolved {
+    Null,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str,
+}
+
+impl Scalar {
+    pub fn resolve(&self) -> Resolved {
+        if !self.plain || self.tagged {
+            return Resolved::Str;
+        }
+        resolve_plain(&self.text)
+    }
+}
+
+pub fn resolve_plain(t: &str) -> Resolved {
+    match t {
+        "" | "~" | "null" | "Null" | "NULL" => return Resolved::Null,
+        "true" | "True" | "TRUE" => return Resolved::Bool(true),
+        "false" | "False" | "FALSE" => return Resolved::Bool(false),
+        ".inf" | ".Inf" | ".INF" | "+.inf" | "+.Inf" | "+.INF" => {
+            return Resolved::Float(f64::INFINITY)
+        }
+        "-.inf" | "-.Inf" | "-.INF" => return Resolved::Float(f64::NEG_INFINITY),
+        ".nan" | ".NaN" | ".NAN" => return Resolved::Float(f64::NAN),
+        _ => {}
+    }
+    let digits = t.strip_prefix(['-', '+']).unwrap_or(t);
+    if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+        if let Ok(i) = t.parse::<i64>() {
+            return Resolved::Int(i);
+        }
+    }
+    if let Some(hex) = t.strip_prefix("0x") {
+        if let Ok(i) = i64::from_str_radix(hex, 16) {
+            return Resolved::Int(i);
+        }
+    }
+    if let Some(oct) = t.strip_prefix("0o") {
+        if let Ok(i) = i64::from_str_radix(oct, 8) {
+            return Resolved::Int(i);
+        }
+    }
+    let looks_float = digits.starts_with(|c: char| c.is_ascii_digit() || c == '.')
+        && digits.chars().any(|c| c.is_ascii_digit())
+        && digits
+            .chars()
+            .all(|c| c.is_ascii_digit() || matches!(c, '.' | 'e' | 'E' | '-' | '+'));
+    if looks_float {
+        if let Ok(f) = t.parse::<f64>() {
+            return Resolved::Float(f);
+        }
+    }
+    Resolved::Str
+}
+
+impl Node {
+    pub fn scalar(&self) -> Option<&Scalar> {
+        match &self.kind {
+            NodeKind::Scalar(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    pub fn is_null(&self) -> bool {
+        matches!(&self.kind, NodeKind::Scalar(s) if s.resolve() == Resolved::Null)
+    }
+
+    /// The text of a scalar node, if it is one.
+    pub fn as_str(&self) -> Option<&str> {
+        self.scalar().map(|s| s.text.as_str())
+    }
+
+    pub fn entries(&self) -> Option<&[(Node, Node)]> {
+        match &self.kind {
+            NodeKind::Map(m) => Some(m),
+            _ => None,
+        }
+    }
+
+    pub fn get(&self, key: &str) -> Option<&Node> {
+        self.entries()?
+            .iter()
+            .find(|(k, _)| k.as_str() == Some(key))
+            .map(|(_, v)| v)
+    }
+
+    /// A short name for the node's shape, for error messages.
+    pub fn describe(&self) -> &'static str {
+        match &self.kind {
+            NodeKind::Seq(_) => "a list",
+            NodeKind::Map(_) => "a mapping",
+            NodeKind::Scalar(s) => match s.resolve() {
+                Resolved::Null => "nothing (null)",
+                Resolved::Bool(_) => "a boolean",
+                Resolved::Int(_) | Resolved::Float(_) => "a number",
+                Resolved::Str => "a string",
+            },
+        }
+    }
+}
+
+/// A problem in the YAML itself, before any pipeline meaning is attached.
+#[derive(Debug, Clone, PartialEq)]
+pub struct YamlError {
+    pub mark: Mark,
+    pub message: String,
+}
+
+/// Parses the first document of `text`. An empty document parses as `None`.
+/// Duplicate keys are reported in `problems` and the first occurrence is kept.
+pub fn parse(text: &str, file: FileId) -> Result<(Option<Node>, Vec<YamlError>), YamlError> {
+    let mut builder = Builder {
+        file,
+        stack: Vec::new(),
+        anchors: HashMap::new(),
+        root: None,
+        problems: Vec::new(),
+    };
+    let mut parser = Parser::new_from_str(text);
+    parser.load(&mut builder, false).map_err(|e| YamlError {
+        mark: Mark {
+            file,
+            line: e.marker().line() as u32,
+            col: e.marker().col() as u32 + 1,
+        },
+        message: e.info().to_string(),
+    })?;
+    Ok((builder.root, builder.problems))
+}
+
+enum Frame {
+    Seq {
+        items: Vec<Node>,
+        mark: Mark,
+        anchor: usize,
+    },
+    Map {
+        entries: Vec<(Node, Node)>,
+        key: Option<Node>,
+        mark: Mark,
+        anchor: usize,
+    },
+}
+
+struct Builder {
+    file: FileId,
+    stack: Vec<Frame>,
+    anchors: HashMap<usize, Node>,
+    root: Option<Node>,
+    problems: Vec<YamlError>,
+}
+
+impl Builder {
+    fn mark(&self, span: &Span) -> Mark {
+        Mark {
+            file: self.file,
+            line: span.start.line() as u32,
+            col: span.start.col() as u32 + 1,
+        }
+    }
+
+    fn complete(&mut self, node: Node, anchor: usize) {
+        if anchor != 0 {
+            self.anchors.insert(anchor, node.clone());
+        }
+        match self.stack.last_mut() {
+            None => {
+                if self.root.is_none() {
+                    self.root = Some(node);
+                }
+            }
+            Some(Frame::Seq { items, .. }) => items.push(node),
+            Some(Frame::Map { entries, key, .. }) => match key.take() {
+                None => *key = Some(node),
+                Some(k) => entries.push((k, node)),
+            },
+        }
+    }
+
+    /// Applies `<<` merge keys (explicit keys win, earlier merge sources win
+    /// over later ones) and reports duplicate keys.
+    fn finish_map(&mut self, entries: Vec<(Node, Node)>) -> Vec<(Node, Node)> {
+        let is_merge = |k: &Node| matches!(&k.kind, NodeKind::Scalar(s) if s.plain && s.text == "<<");
+        let has_merge = entries.iter().any(|(k, _)| is_merge(k));
+        let mut out: Vec<(Node, Node)> = Vec::with_capacity(entries.len());
+        let explicit: Vec<String> = entries
+            .iter()
+            .filter(|(k, _)| !is_merge(k))
+            .filter_map(|(k, _)| k.as_str().map(str::to_string))
+            .collect();
+        let mut seen: Vec<String> = Vec::new();
+        for (k, v) in entries {
+            if has_merge && is_merge(&k) {
+                let sources: Vec<Node> = match v.kind {
+                    NodeKind::Map(_) => vec![v],
+                    NodeKind::Seq(items) => items,
+                    _ => {
+                        self.problems.push(YamlError {
+                            mark: v.mark,
+                            message: "a << merge key needs a mapping or a list of mappings".into(),
+                        });
+                        continue;
+                    }
+                };
+                for src in sources {
+                    let NodeKind::Map(src_entries) = src.kind else {
+                        self.problems.push(YamlError {
+                            mark: src.mark,
+                            message: "a << merge key needs a mapping or a list of mappings".into(),
+                        });
+                        continue;
+                    };
+                    for (mk, mv) in src_entries {
+                        let name = mk.as_str().unwrap_or_default().to_string();
+                        if explicit.contains(&name) || seen.contains(&name) {
+                            continue;
+                        }
+                        seen.push(name);
+                        out.push((mk, mv));
+                    }
+                }
+                continue;
+            }
+            if let Some(name) = k.as_str() {
+                // Merged keys never collide here: explicit keys are skipped when merging.
+                if seen.iter().any(|s| s == name) {
+                    let first = out.iter().find(|(ok, _)| ok.as_str() == Some(name));
+                    let line = first.map(|(ok, _)| ok.mark.line).unwrap_or(0);
+                    self.problems.push(YamlError {
+                        mark: k.mark,
+                        message: format!("duplicate key \"{name}\" (first set on line {line})"),
+                    });
+                    continue;
+                }
+                seen.push(name.to_string());
+            }
+            out.push((k, v));
+        }
+        out
+    }
+}
+
+impl<'input> SpannedEventReceiver<'input> for Builder {
+    fn on_event(&mut self, ev: Event<'input>, span: Span) {
+        let mark = self.mark(&span);
+        match ev {
+            Event::Scalar(text, style, anchor, tag) => {
+                let node = Node {
+                    kind: NodeKind::Scalar(Scalar {
+                        text: text.into_owned(),
+                        plain: style == ScalarStyle::Plain,
+                        tagged: tag.is_some(),
+                    }),
+                    mark,
+                };
+                self.complete(node, anchor);
+            }
+            Event::SequenceStart(anchor, _) => self.stack.push(Frame::Seq {
+                items: Vec::new(),
+                mark,
+                anchor,
+            }),
+            Event::MappingStart(anchor, _) => self.stack.push(Frame::Map {
+                entries: Vec::new(),
+                key: None,
+                mark,
+                anchor,
+            }),
+            Event::SequenceEnd => {
+                if let Some(Frame::Seq { items, mark, anchor }) = self.stack.pop() {
+                    self.complete(
+                        Node {
+                            kind: NodeKind::Seq(items),
+                            mark,
+                        },
+                        anchor,
+                    );
+                }
+            }
+            Event::MappingEnd => {
+                if let Some(Frame::Map {
+                    entries,
+                    mark,
+                    anchor,
+                    ..
+                }) = self.stack.pop()
+                {
+                    let entries = self.finish_map(entries);
+                    self.complete(
+                        Node {
+                            kind: NodeKind::Map(entries),
+                            mark,
+                        },
+                        anchor,
+                    );
+                }
+            }
+            Event::Alias(id) => {
+                let node = match self.anchors.get(&id) {
+                    Some(n) => n.clone(),
+                    None => {
+                        self.problems.push(YamlError {
+                            mark,
+                            message: "alias names an unknown anchor".into(),
+                        });
+                        Node {
+                            kind: NodeKind::Scalar(Scalar {
+                                text: String::new(),
+                                plain: true,
+                                tagged: false,
+                            }),
+                            mark,
+                        }
+                    }
+                };
+                self.complete(node, 0);
+            }
+            Event::Nothing
+            | Event::StreamStart
+            | Event::StreamEnd
+            | Event::DocumentStart(_)
+            | Event::DocumentEnd => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> Node {
+        let (n, problems) = parse(s, 0).unwrap();
+        assert!(problems.is_empty(), "{problems:?}");
+        n.unwrap()
+    }
+
+    #[test]
+    fn marks_are_one_based() {
+        let n = p("a: 1\nb:\n  c: x\n");
+        let b = n.get("b").unwrap();
+        let (k, _) = &b.entries().unwrap()[0];
+        assert_eq!((k.mark.line, k.mark.col), (3, 3));
+    }
+
+    #[test]
+    fn anchors_aliases_and_merge_keys() {
+        let n = p("base: &b {x: 1, y: 2}\nuse:\n  <<: *b\n  y: 3\nlist: [*b]\n");
+        let u = n.get("use").unwrap();
+        assert_eq!(u.get("x").unwrap().as_str(), Some("1"));
+        assert_eq!(u.get("y").unwrap().as_str(), Some("3"));
+        assert_eq!(u.entries().unwrap().len(), 2);
+        assert!(matches!(&n.get("list").unwrap().kind, NodeKind::Seq(v) if v.len() == 1));
+    }
+
+    #[test]
+    fn duplicate_keys_are_reported() {
+        let (_, problems) = parse("a: 1\na: 2\n", 0).unwrap();
+        assert_eq!(problems.len(), 1);
+        assert!(problems[0].message.contains("duplicate key \"a\""));
+        assert_eq!(problems[0].mark.line, 2);
+    }
+
+    #[test]
+    fn plain_scalars_resolve_by_core_schema() {
+        assert_eq!(resolve_plain("~"), Resolved::Null);
+        assert_eq!(resolve_plain("true"), Resolved::Bool(true));
+        assert_eq!(resolve_plain("-12"), Resolved::Int(-12));
+        assert_eq!(resolve_plain("1.25"), Resolved::Float(1.25));
+        assert_eq!(resolve_plain("1.2.3"), Resolved::Str);
+        assert_eq!(resolve_plain("30s"), Resolved::Str);
+        assert_eq!(resolve_plain("yes"), Resolved::Str);
+    }
+
+    #[test]
+    fn syntax_errors_carry_a_position() {
+        let e = parse("a: [1, 2\nb: 3\n", 0).unwrap_err();
+        assert!(e.mark.line >= 1);
+    }
+}
