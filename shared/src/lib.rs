@@ -8,3 +8,12 @@ pub mod model;
 pub mod source;
 pub mod suggest;
 pub mod yaml;
+pub mod builtins;
+pub mod load;
+pub mod machine;
+pub mod schema;
+pub mod validate;
+pub mod vars;
+
+pub use load::{load_file, load_str, LoadOptions, Loaded};
+pub use source::{Diagnostic, Diagnostics};

@@ -1,0 +1,576 @@
+//! Loading a pipeline file: the sequence every command shares.
+//!
+//! read → substitute `((vars))` → parse YAML → inline `file:` includes →
+//! strict decode → read `*_file` fields → register built-ins → validate.
+//! Each phase reports every problem it finds; a phase with problems ends the
+//! load, because later phases would only report their echoes.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use crate::builtins;
+use crate::de::decode;
+use crate::model::{FileRef, Fix, Message, Pipeline, Step, StepKind};
+use crate::source::{Diagnostic, Diagnostics, Mark, SourceFiles};
+use crate::validate;
+use crate::vars::{substitute, Vars};
+use crate::yaml::{self, Node, NodeKind};
+
+/// What a load needs besides the file.
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    pub vars: Vars,
+    /// `$STEPPE_MODEL`: the model of agents that name none (before `defaults.model`).
+    pub env_model: Option<String>,
+}
+
+impl LoadOptions {
+    pub fn from_env(vars: Vars) -> Self {
+        LoadOptions {
+            vars,
+            env_model: std::env::var("STEPPE_MODEL").ok().filter(|m| !m.is_empty()),
+        }
+    }
+}
+
+/// A loaded, valid pipeline.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub pipeline: Pipeline,
+    pub path: PathBuf,
+    /// The directory `*_file` paths are relative to.
+    pub dir: PathBuf,
+    pub files: SourceFiles,
+    pub source_map: SourceMap,
+}
+
+/// Key path → position, for every key and list item of the loaded document.
+#[derive(Debug, Clone, Default)]
+pub struct SourceMap {
+    marks: HashMap<String, Mark>,
+}
+
+impl SourceMap {
+    fn build(root: &Node) -> Self {
+        let mut marks = HashMap::new();
+        marks.insert(String::new(), root.mark);
+        fn walk(n: &Node, path: &str, marks: &mut HashMap<String, Mark>) {
+            match &n.kind {
+                NodeKind::Map(entries) => {
+                    for (k, v) in entries {
+                        let key = k.as_str().unwrap_or_default();
+                        let p = if path.is_empty() { key.to_string() } else { format!("{path}.{key}") };
+                        marks.insert(p.clone(), k.mark);
+                        walk(v, &p, marks);
+                    }
+                }
+                NodeKind::Seq(items) => {
+                    for (i, v) in items.iter().enumerate() {
+                        let p = format!("{path}[{i}]");
+                        marks.insert(p.clone(), v.mark);
+                        walk(v, &p, marks);
+                    }
+                }
+                NodeKind::Scalar(_) => {}
+            }
+        }
+        walk(root, "", &mut marks);
+        SourceMap { marks }
+    }
+
+    /// The position of `path`, or of its nearest ancestor that has one.
+    pub fn lookup(&self, path: &str) -> Mark {
+        let mut p = path;
+        loop {
+            if let Some(m) = self.marks.get(p) {
+                return *m;
+            }
+            match p.rfind(['.', '[']) {
+                Some(i) => p = &p[..i],
+                None => return self.marks.get("").copied().unwrap_or_default(),
+            }
+        }
+    }
+}
+
+/// Collects positioned diagnostics for one load.
+pub struct Report<'a> {
+    pub files: &'a SourceFiles,
+    pub map: &'a SourceMap,
+    pub diags: Vec<Diagnostic>,
+}
+
+impl<'a> Report<'a> {
+    pub fn new(files: &'a SourceFiles, map: &'a SourceMap) -> Self {
+        Report { files, map, diags: Vec::new() }
+    }
+
+    pub fn at_mark(&mut self, mark: Mark, path: &str, message: impl Into<String>) {
+        self.diags.push(Diagnostic {
+            file: self.files.path(mark.file).to_path_buf(),
+            line: mark.line,
+            col: mark.col,
+            path: path.to_string(),
+            message: message.into(),
+        });
+    }
+
+    pub fn err(&mut self, path: &str, message: impl Into<String>) {
+        let mark = self.map.lookup(path);
+        self.at_mark(mark, path, message);
+    }
+}
+
+fn whole_file_error(path: &Path, message: String) -> Diagnostics {
+    Diagnostics(vec![Diagnostic {
+        file: path.to_path_buf(),
+        line: 0,
+        col: 0,
+        path: String::new(),
+        message,
+    }])
+}
+
+/// Loads and validates the pipeline at `path`.
+pub fn load_file(path: &Path, opts: &LoadOptions) -> Result<Loaded, Diagnostics> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| whole_file_error(path, format!("cannot read the pipeline: {e}")))?;
+    load_str(&text, path, opts)
+}
+
+/// Loads and validates pipeline `text` as if read from `path`.
+pub fn load_str(text: &str, path: &Path, opts: &LoadOptions) -> Result<Loaded, Diagnostics> {
+    let dir = path
+        .parent()
+        .map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p })
+        .unwrap_or(Path::new("."))
+        .to_path_buf();
+    let mut files = SourceFiles::default();
+    let file_id = files.add(path);
+    let text = substitute(text, &opts.vars);
+    let (root, yaml_problems) = yaml::parse(&text, file_id).map_err(|e| {
+        Diagnostics(vec![Diagnostic {
+            file: path.to_path_buf(),
+            line: e.mark.line,
+            col: e.mark.col,
+            path: String::new(),
+            message: format!("invalid YAML: {}", e.message),
+        }])
+    })?;
+    let Some(mut root) = root else {
+        return Err(whole_file_error(path, "the pipeline file is empty".into()));
+    };
+    if !matches!(root.kind, NodeKind::Map(_)) {
+        let map = SourceMap::build(&root);
+        let mut r = Report::new(&files, &map);
+        r.err("", format!("a pipeline is a mapping of jobs:, resources:, … — this file holds {}", root.describe()));
+        return Err(Diagnostics(r.diags));
+    }
+
+    // Includes first, so positions and decoding cover the included documents.
+    let mut include_problems = Vec::new();
+    inline_includes(&mut root, &dir, &mut files, opts, &mut include_problems);
+    let map = SourceMap::build(&root);
+    let mut report = Report::new(&files, &map);
+    for p in yaml_problems {
+        report.at_mark(p.mark, "", p.message);
+    }
+    for (mark, path, msg) in include_problems {
+        report.at_mark(mark, &path, msg);
+    }
+
+    let (pipeline, problems) = decode::<Pipeline>(&root, "");
+    for p in problems {
+        report.at_mark(p.mark, &p.path, p.message);
+    }
+    if !report.diags.is_empty() {
+        return Err(Diagnostics(report.diags));
+    }
+    let Some(mut pipeline) = pipeline else {
+        report.err("", "the pipeline could not be decoded");
+        return Err(Diagnostics(report.diags));
+    };
+
+    resolve_files(&mut pipeline, &dir, &mut report);
+    if !report.diags.is_empty() {
+        return Err(Diagnostics(report.diags));
+    }
+    register_builtins(&mut pipeline, &mut report);
+    if !report.diags.is_empty() {
+        return Err(Diagnostics(report.diags));
+    }
+
+    validate::validate(&pipeline, opts, &mut report);
+    if !report.diags.is_empty() {
+        return Err(Diagnostics(report.diags));
+    }
+    Ok(Loaded {
+        pipeline,
+        path: path.to_path_buf(),
+        dir,
+        files,
+        source_map: map,
+    })
+}
+
+/// Inlines whole-document `file:` includes of `tasks:` and `agents:` entries,
+/// one level deep: the entry's own keys win, except `privileged`, which is on
+/// if either says so.
+fn inline_includes(
+    root: &mut Node,
+    dir: &Path,
+    files: &mut SourceFiles,
+    opts: &LoadOptions,
+    problems: &mut Vec<(Mark, String, String)>,
+) {
+    let NodeKind::Map(entries) = &mut root.kind else { return };
+    for (k, v) in entries.iter_mut() {
+        let section = match k.as_str() {
+            Some(s @ ("tasks" | "agents")) => s,
+            _ => continue,
+        };
+        let NodeKind::Seq(items) = &mut v.kind else { continue };
+        let forbidden: &[&str] = if section == "tasks" { &["file", "run_file"] } else { &["file", "system_file"] };
+        for (i, item) in items.iter_mut().enumerate() {
+            let entry_path = format!("{section}[{i}]");
+            let Some(file_node) = item.get("file") else { continue };
+            let Some(rel) = file_node.as_str().map(str::to_string) else { continue };
+            let mark = file_node.mark;
+            let fpath = format!("{entry_path}.file");
+            if Path::new(&rel).is_absolute() {
+                problems.push((mark, fpath, format!("file: \"{rel}\" must be relative to the pipeline directory")));
+                continue;
+            }
+            let full = dir.join(&rel);
+            let text = match std::fs::read_to_string(&full) {
+                Ok(t) => t,
+                Err(_) => {
+                    problems.push((mark, fpath, format!("file: no such file relative to the pipeline directory: {rel}")));
+                    continue;
+                }
+            };
+            if text.trim().is_empty() {
+                problems.push((mark, fpath, format!("file: {rel} is empty")));
+                continue;
+            }
+            let id = files.add(&full);
+            let doc = match yaml::parse(&substitute(&text, &opts.vars), id) {
+                Ok((Some(doc), dup)) => {
+                    for d in dup {
+                        problems.push((d.mark, fpath.clone(), d.message));
+                    }
+                    doc
+                }
+                Ok((None, _)) => {
+                    problems.push((mark, fpath, format!("file: {rel} is empty")));
+                    continue;
+                }
+                Err(e) => {
+                    problems.push((e.mark, fpath, format!("invalid YAML in {rel}: {}", e.message)));
+                    continue;
+                }
+            };
+            let NodeKind::Map(doc_entries) = doc.kind else {
+                problems.push((doc.mark, fpath, format!("file: {rel} must hold a mapping of {} fields", &section[..section.len() - 1])));
+                continue;
+            };
+            let NodeKind::Map(inline) = &mut item.kind else { continue };
+            let mut merged: Vec<(Node, Node)> = Vec::new();
+            for (dk, dv) in doc_entries {
+                let Some(name) = dk.as_str() else { continue };
+                if forbidden.contains(&name) {
+                    problems.push((dk.mark, fpath.clone(), format!("{rel} sets {name}:, but includes are resolved one level deep only")));
+                    continue;
+                }
+                if name == "name" {
+                    continue;
+                }
+                match inline.iter().position(|(ik, _)| ik.as_str() == Some(name)) {
+                    None => merged.push((dk, dv)),
+                    Some(pos) if name == "privileged" => {
+                        let inline_on = inline[pos].1.as_str() == Some("true");
+                        let doc_on = dv.as_str() == Some("true");
+                        if doc_on && !inline_on {
+                            inline[pos].1 = dv;
+                        }
+                    }
+                    Some(_) => {}
+                }
+            }
+            inline.extend(merged);
+        }
+    }
+}
+
+/// Reads a `*_file` path relative to the pipeline directory.
+fn read_relative(dir: &Path, rel: &str, key: &str) -> Result<String, String> {
+    let full = dir.join(rel);
+    let text = std::fs::read_to_string(&full)
+        .map_err(|_| format!("{key}: no such file relative to the pipeline directory: {rel}"))?;
+    if text.trim().is_empty() {
+        return Err(format!("{key}: {rel} is empty"));
+    }
+    Ok(text)
+}
+
+/// Resolves an inline field and its `_file` twin into the inline field.
+fn twin(
+    inline: &mut Option<String>,
+    file: &Option<String>,
+    names: (&str, &str),
+    dir: &Path,
+    path: &str,
+    r: &mut Report,
+) {
+    let Some(rel) = file else { return };
+    if inline.is_some() {
+        r.err(&format!("{path}.{}", names.1), format!("{}: and {}: are mutually exclusive", names.0, names.1));
+        return;
+    }
+    match read_relative(dir, rel, names.1) {
+        Ok(t) => *inline = Some(t),
+        Err(e) => r.err(&format!("{path}.{}", names.1), e),
+    }
+}
+
+fn resolve_message_list(
+    prompt: &Option<String>,
+    prompt_file: &Option<FileRef>,
+    messages: &Option<Vec<String>>,
+    message_files: &Option<Vec<FileRef>>,
+    dir: &Path,
+    path: &str,
+    r: &mut Report,
+) -> Vec<Message> {
+    if prompt.is_some() && prompt_file.is_some() {
+        r.err(&format!("{path}.prompt_file"), "prompt: and prompt_file: are mutually exclusive");
+    }
+    if messages.is_some() && message_files.is_some() {
+        r.err(&format!("{path}.message_files"), "messages: and message_files: are mutually exclusive");
+    }
+    let short = if prompt.is_some() { Some("prompt") } else if prompt_file.is_some() { Some("prompt_file") } else { None };
+    let long = if messages.is_some() { Some("messages") } else if message_files.is_some() { Some("message_files") } else { None };
+    if let (Some(s), Some(l)) = (short, long) {
+        r.err(
+            &format!("{path}.{s}"),
+            format!("{s}: and {l}: are mutually exclusive — {l}: is the list of user turns; {s}: is a one-message shorthand for it"),
+        );
+    }
+    let mut out = Vec::new();
+    let mut read = |f: &FileRef, key: &str, out: &mut Vec<Message>| match f {
+        FileRef::Path(rel) => {
+            if Path::new(rel).is_absolute() {
+                r.err(key, format!("\"{rel}\" must be relative to the pipeline directory"));
+                return;
+            }
+            match read_relative(dir, rel, key.rsplit('.').next().unwrap_or(key)) {
+                Ok(t) => out.push(Message::Text(t)),
+                Err(e) => r.err(key, e),
+            }
+        }
+        FileRef::Artifact { artifact, path } => out.push(Message::Artifact {
+            artifact: artifact.clone(),
+            path: path.clone(),
+        }),
+    };
+    if let Some(p) = prompt {
+        out.push(Message::Text(p.clone()));
+    }
+    if let Some(f) = prompt_file {
+        read(f, &format!("{path}.prompt_file"), &mut out);
+    }
+    if let Some(m) = messages {
+        out.extend(m.iter().cloned().map(Message::Text));
+    }
+    if let Some(files) = message_files {
+        for (i, f) in files.iter().enumerate() {
+            read(f, &format!("{path}.message_files[{i}]"), &mut out);
+        }
+    }
+    out
+}
+
+fn resolve_fix(fix: &mut Option<Fix>, dir: &Path, path: &str, r: &mut Report) {
+    if let Some(Fix::Spec(spec)) = fix {
+        let p = format!("{path}.fix");
+        spec.resolved_messages = resolve_message_list(
+            &spec.prompt,
+            &spec.prompt_file,
+            &spec.messages,
+            &spec.message_files,
+            dir,
+            &p,
+            r,
+        );
+    }
+}
+
+fn resolve_step(s: &mut Step, dir: &Path, path: &str, r: &mut Report) {
+    let kind = s.kind();
+    if s.run_file.is_some() && kind.is_some_and(|k| k != StepKind::Task) {
+        r.err(&format!("{path}.run_file"), "run_file: is only valid on task steps");
+    } else {
+        twin(&mut s.run, &s.run_file, ("run", "run_file"), dir, path, r);
+    }
+    let has_messages = s.prompt.is_some() || s.prompt_file.is_some() || s.messages.is_some() || s.message_files.is_some();
+    if kind.is_some_and(|k| k != StepKind::Agent) && has_messages {
+        for (set, key) in [
+            (s.prompt_file.is_some(), "prompt_file"),
+            (s.message_files.is_some(), "message_files"),
+        ] {
+            if set {
+                r.err(&format!("{path}.{key}"), format!("{key}: is only valid on agent steps"));
+            }
+        }
+    } else if has_messages {
+        s.resolved_messages = resolve_message_list(
+            &s.prompt,
+            &s.prompt_file,
+            &s.messages,
+            &s.message_files,
+            dir,
+            path,
+            r,
+        );
+    }
+    resolve_fix(&mut s.fix, dir, path, r);
+    for_each_child_mut(s, path, &mut |c, p| resolve_step(c, dir, p, r));
+}
+
+/// Calls `f` on every nested step (plan children and hooks) with its path.
+pub(crate) fn for_each_child_mut(s: &mut Step, path: &str, f: &mut dyn FnMut(&mut Step, &str)) {
+    if let Some(t) = &mut s.try_ {
+        f(t, &format!("{path}.try"));
+    }
+    if let Some(d) = &mut s.do_ {
+        for (i, c) in d.iter_mut().enumerate() {
+            f(c, &format!("{path}.do[{i}]"));
+        }
+    }
+    if let Some(p) = &mut s.in_parallel {
+        let paths: Vec<String> = (0..p.steps.len()).map(|i| p.step_path(i)).collect();
+        for (c, sp) in p.steps.iter_mut().zip(paths) {
+            f(c, &format!("{path}.{sp}"));
+        }
+    }
+    if let Some(rc) = &mut s.race {
+        let paths: Vec<String> = (0..rc.steps.len()).map(|i| rc.step_path(i)).collect();
+        for (c, sp) in rc.steps.iter_mut().zip(paths) {
+            f(c, &format!("{path}.{sp}"));
+        }
+    }
+    if let Some(e) = &mut s.ensemble {
+        for (i, c) in e.agents.iter_mut().enumerate() {
+            f(c, &format!("{path}.ensemble.agents[{i}]"));
+        }
+    }
+    for (key, h) in [
+        ("on_success", &mut s.on_success),
+        ("on_failure", &mut s.on_failure),
+        ("on_error", &mut s.on_error),
+        ("on_abort", &mut s.on_abort),
+        ("ensure", &mut s.ensure),
+    ] {
+        if let Some(h) = h {
+            f(h, &format!("{path}.{key}"));
+        }
+    }
+}
+
+fn resolve_files(p: &mut Pipeline, dir: &Path, r: &mut Report) {
+    for (i, t) in p.tasks.iter_mut().enumerate() {
+        let path = format!("tasks[{i}]");
+        twin(&mut t.run, &t.run_file, ("run", "run_file"), dir, &path, r);
+        resolve_fix(&mut t.fix, dir, &path, r);
+    }
+    for (i, a) in p.agents.iter_mut().enumerate() {
+        let path = format!("agents[{i}]");
+        if let Some(sf) = &a.system_file {
+            if let Some(profile) = sf.strip_prefix("@builtin/") {
+                if a.system.is_some() {
+                    r.err(&format!("{path}.system_file"), "system: and system_file: are mutually exclusive");
+                } else {
+                    match builtins::profile_persona(profile) {
+                        Some(text) => a.system = Some(text.to_string()),
+                        None => r.err(
+                            &format!("{path}.system_file"),
+                            format!(
+                                "\"{sf}\" names no built-in profile; the profiles are {}{}",
+                                builtins::PROFILE_NAMES.join(", "),
+                                crate::suggest::did_you_mean(profile, builtins::PROFILE_NAMES.iter().copied())
+                            ),
+                        ),
+                    }
+                }
+                continue;
+            }
+        }
+        twin(&mut a.system, &a.system_file, ("system", "system_file"), dir, &path, r);
+    }
+    for (i, t) in p.resource_types.iter_mut().enumerate() {
+        let path = format!("resource_types[{i}].config");
+        if let Some(c) = &mut t.config {
+            twin(&mut c.check, &c.check_file, ("check", "check_file"), dir, &path, r);
+            twin(&mut c.in_, &c.in_file, ("in", "in_file"), dir, &path, r);
+            twin(&mut c.out, &c.out_file, ("out", "out_file"), dir, &path, r);
+            if let Some(e) = &mut c.expr {
+                let path = format!("{path}.expr");
+                twin(&mut e.check, &e.check_file, ("check", "check_file"), dir, &path, r);
+                twin(&mut e.in_, &e.in_file, ("in", "in_file"), dir, &path, r);
+                twin(&mut e.out, &e.out_file, ("out", "out_file"), dir, &path, r);
+            }
+        }
+    }
+    for (j, job) in p.jobs.iter_mut().enumerate() {
+        for (i, s) in job.plan.iter_mut().enumerate() {
+            resolve_step(s, dir, &format!("jobs[{j}].plan[{i}]"), r);
+        }
+        for (key, h) in [
+            ("on_success", &mut job.on_success),
+            ("on_failure", &mut job.on_failure),
+            ("on_error", &mut job.on_error),
+            ("on_abort", &mut job.on_abort),
+            ("ensure", &mut job.ensure),
+        ] {
+            if let Some(h) = h {
+                resolve_step(h, dir, &format!("jobs[{j}].{key}"), r);
+            }
+        }
+    }
+}
+
+/// Merges `@builtin/` entries over their profiles and adds the profiles and
+/// built-in resource types the file does not shadow.
+fn register_builtins(p: &mut Pipeline, r: &mut Report) {
+    for (i, a) in p.agents.iter_mut().enumerate() {
+        if let Some(name) = a.name.strip_prefix("@builtin/") {
+            match builtins::profile(name) {
+                Some(profile) => *a = builtins::merge_agent(profile, std::mem::take(a)),
+                None => r.err(
+                    &format!("agents[{i}].name"),
+                    format!(
+                        "\"{}\" names no built-in profile; the profiles are {}{}",
+                        a.name,
+                        builtins::PROFILE_NAMES.iter().map(|n| format!("@builtin/{n}")).collect::<Vec<_>>().join(", "),
+                        crate::suggest::did_you_mean(name, builtins::PROFILE_NAMES.iter().copied())
+                    ),
+                ),
+            }
+        }
+    }
+    for name in builtins::PROFILE_NAMES {
+        let full = format!("@builtin/{name}");
+        if !p.agents.iter().any(|a| a.name == full) {
+            if let Some(profile) = builtins::profile(name) {
+                p.agents.push(profile);
+            }
+        }
+    }
+    for name in builtins::BUILTIN_RESOURCE_TYPES {
+        if !p.resource_types.iter().any(|t| t.name == *name) {
+            if let Some(t) = builtins::resource_type(name) {
+                p.resource_types.push(t);
+            }
+        }
+    }
+}

@@ -1,0 +1,237 @@
+//! Whole-job rules: `((var))` references, routing segments, and artifact flow
+//! (every input names something fetched or produced earlier).
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+use serde_json::Value;
+
+use super::steps::effective_inputs;
+use super::steps::effective_outputs;
+use super::{first_segment, Cx};
+use crate::model::{Job, Message, Step, StepKind, VersionSpec};
+use crate::vars::find_refs;
+
+pub(crate) fn check_job(cx: &mut Cx, job: &Job, path: &str) {
+    check_vars(cx, job, path);
+    check_routing(cx, job, path);
+    check_every(cx, job, path);
+    let mut avail = BTreeSet::new();
+    for (i, s) in job.plan.iter().enumerate() {
+        flow_step(cx, job, s, &format!("{path}.plan[{i}]"), &mut avail);
+    }
+}
+
+/// `((x))` left after substitution must come from an earlier top-level `load_var:`.
+fn check_vars(cx: &mut Cx, job: &Job, path: &str) {
+    let mut produced: HashSet<&str> = HashSet::new();
+    for (i, s) in job.plan.iter().enumerate() {
+        let sp = format!("{path}.plan[{i}]");
+        let mut fields: Vec<(&str, &str)> = Vec::new();
+        for (v, key) in [
+            (&s.run, "run"),
+            (&s.prompt, "prompt"),
+            (&s.image, "image"),
+            (&s.dir, "dir"),
+            (&s.file, "file"),
+        ] {
+            if let Some(v) = v {
+                fields.push((key, v));
+            }
+        }
+        for m in &s.resolved_messages {
+            if let Message::Text(t) = m {
+                if s.prompt.as_deref() != Some(t.as_str()) {
+                    fields.push(("messages", t));
+                }
+            }
+        }
+        let mut params = Vec::new();
+        if let Some(p) = &s.params {
+            strings(p, &mut params);
+        }
+        for (key, text) in fields.into_iter().chain(params.iter().map(|t| ("params", t.as_str()))) {
+            for (_, name) in find_refs(text) {
+                if !produced.contains(name) {
+                    cx.err(
+                        &format!("{sp}.{key}"),
+                        format!("{key} references (({name})), which is neither passed with --var/--vars-file nor produced by an earlier load_var: step"),
+                    );
+                }
+            }
+        }
+        if let Some(n) = &s.load_var {
+            produced.insert(n.as_str());
+        }
+    }
+}
+
+fn strings(v: &Value, out: &mut Vec<String>) {
+    match v {
+        Value::String(s) => out.push(s.clone()),
+        Value::Array(a) => a.iter().for_each(|x| strings(x, out)),
+        Value::Object(o) => o.values().for_each(|x| strings(x, out)),
+        _ => {}
+    }
+}
+
+/// Routing: targets resolve within the step's segment (the run of non-get
+/// top-level steps between gets); backward targets need `max_visits`.
+fn check_routing(cx: &mut Cx, job: &Job, path: &str) {
+    let mut segments: Vec<Vec<usize>> = vec![Vec::new()];
+    for (i, s) in job.plan.iter().enumerate() {
+        if s.get.is_some() {
+            segments.push(Vec::new());
+        } else if let Some(seg) = segments.last_mut() {
+            seg.push(i);
+        }
+    }
+    for seg in segments {
+        let routes = |s: &Step| -> Vec<(String, String)> {
+            let mut r = Vec::new();
+            if let Some(to) = &s.to {
+                for (t, k) in [(&to.success, "to.success"), (&to.failure, "to.failure")] {
+                    if let Some(t) = t {
+                        r.push((k.to_string(), t.clone()));
+                    }
+                }
+            }
+            let verdicts = s.verdicts.as_ref().or(s.ensemble.as_ref().and_then(|e| e.verdicts.as_ref()));
+            for (vi, v) in verdicts.into_iter().flatten().enumerate() {
+                if let Some(t) = &v.target {
+                    let key = if s.ensemble.is_some() { format!("ensemble.verdicts[{vi}]") } else { format!("verdicts[{vi}]") };
+                    r.push((key, t.clone()));
+                }
+            }
+            r
+        };
+        let uses_routing = seg.iter().any(|&i| !routes(&job.plan[i]).is_empty());
+        if !uses_routing {
+            continue;
+        }
+        let mut names: HashMap<&str, usize> = HashMap::new();
+        for &i in &seg {
+            if let Some(n) = job.plan[i].name() {
+                if n == "next" {
+                    cx.err(&format!("{path}.plan[{i}]"), "step \"next\" collides with the reserved to: target (next = the following step)");
+                }
+                if let Some(prev) = names.insert(n, i) {
+                    cx.err(&format!("{path}.plan[{i}]"), format!("step name \"{n}\" appears twice in one routing segment (plan[{prev}] and plan[{i}]); to: targets must be unambiguous"));
+                }
+            }
+        }
+        for &i in &seg {
+            let s = &job.plan[i];
+            let mut backward = false;
+            for (key, target) in routes(s) {
+                if target == "next" {
+                    continue;
+                }
+                match names.get(target.as_str()) {
+                    None => {
+                        let sug = cx.suggest(&target, names.keys().copied());
+                        cx.err(&format!("{path}.plan[{i}].{key}"), format!("route target \"{target}\" is not a step in this part of the plan (targets resolve among the steps between gets){sug}"));
+                    }
+                    Some(&t) if t <= i => backward = true,
+                    Some(_) => {}
+                }
+            }
+            if backward && s.max_visits.is_none() {
+                cx.err(&format!("{path}.plan[{i}]"), "a route back to this step or an earlier one needs max_visits (1..1000) to bound the loop");
+            }
+        }
+    }
+    // Routing keys off the top level (inside blocks) have no segment to resolve in.
+    for (i, s) in job.plan.iter().enumerate() {
+        for (suffix, c) in s.children() {
+            nested_routes(cx, c, &format!("{path}.plan[{i}].{suffix}"), s.kind());
+        }
+    }
+}
+
+fn nested_routes(cx: &mut Cx, s: &Step, path: &str, parent: Option<StepKind>) {
+    let has_targets = s.to.is_some() || s.verdicts.as_ref().is_some_and(|v| v.iter().any(|v| v.target.is_some()));
+    if has_targets && matches!(parent, Some(StepKind::InParallel | StepKind::Race)) {
+        cx.err(path, "a step inside in_parallel/race may not route (to:/verdict targets); route from the block");
+    }
+    for (suffix, c) in s.children() {
+        nested_routes(cx, c, &format!("{path}.{suffix}"), s.kind());
+    }
+}
+
+fn check_every(cx: &mut Cx, job: &Job, path: &str) {
+    let mut seen: HashSet<String> = HashSet::new();
+    for (i, s) in job.plan.iter().enumerate() {
+        if s.get.is_some() && matches!(s.version, Some(VersionSpec::Every)) {
+            let r = s.resource.clone().or(s.get.clone()).unwrap_or_default();
+            if !seen.insert(r.clone()) {
+                cx.err(&format!("{path}.plan[{i}].version"), format!("version: every is set twice on resource \"{r}\" in one job"));
+            }
+        }
+    }
+}
+
+fn need(cx: &mut Cx, avail: &BTreeSet<String>, name: &str, path: &str, what: &str) {
+    if !avail.contains(name) {
+        let sug = cx.suggest(name, avail.iter().map(String::as_str));
+        cx.err(path, format!("{what} \"{name}\" is not fetched or produced by any earlier step{sug}"));
+    }
+}
+
+/// Walks one step in plan order, checking its inputs against `avail` and adding its outputs.
+fn flow_step(cx: &mut Cx, job: &Job, s: &Step, path: &str, avail: &mut BTreeSet<String>) {
+    let Some(kind) = s.kind() else { return };
+    match kind {
+        StepKind::Get => {
+            avail.insert(s.get.clone().unwrap_or_default());
+        }
+        StepKind::Task | StepKind::Agent | StepKind::Put | StepKind::LoadVar => {
+            let inputs = effective_inputs(cx, s);
+            let mapping = s.input_mapping.as_ref();
+            for (i, name) in inputs.iter().enumerate() {
+                let source = mapping
+                    .and_then(|m| m.get(name))
+                    .and_then(Value::as_str)
+                    .unwrap_or(name);
+                let p = if s.inputs.is_some() { format!("{path}.inputs[{i}]") } else { format!("{path}.task") };
+                need(cx, avail, source, &p, "input");
+            }
+            if let Some(f) = &s.file {
+                let first = first_segment(f);
+                if !s.input_names().iter().any(|n| n == first) {
+                    cx.err(&format!("{path}.file"), format!("load_var file \"{f}\" must lie inside one of the step's inputs ({})", s.input_names().join(", ")));
+                }
+            }
+            for a in s.across.iter().flatten() {
+                if let Some(f) = &a.from_file {
+                    need(cx, avail, first_segment(f), &format!("{path}.across"), "from_file artifact");
+                }
+            }
+            let outputs = effective_outputs(cx, s);
+            let omap = s.output_mapping.as_ref();
+            for o in outputs {
+                let name = omap.and_then(|m| m.get(&o)).and_then(Value::as_str).map(str::to_string).unwrap_or(o);
+                avail.insert(name);
+            }
+        }
+        StepKind::Try | StepKind::Do => {
+            for (suffix, c) in s.children() {
+                flow_step(cx, job, c, &format!("{path}.{suffix}"), avail);
+            }
+        }
+        StepKind::InParallel | StepKind::Race | StepKind::Ensemble => {
+            let start = avail.clone();
+            let mut added = BTreeSet::new();
+            for (suffix, c) in s.children() {
+                let mut branch = start.clone();
+                flow_step(cx, job, c, &format!("{path}.{suffix}"), &mut branch);
+                added.extend(branch.difference(&start).cloned().collect::<Vec<_>>());
+            }
+            avail.extend(added);
+        }
+        StepKind::Approval => {}
+    }
+    for (key, h) in s.hooks() {
+        let mut hook_avail = avail.clone();
+        flow_step(cx, job, h, &format!("{path}.{key}"), &mut hook_avail);
+    }
+}
