@@ -574,3 +574,127 @@ fn register_builtins(p: &mut Pipeline, r: &mut Report) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Message, ToolGrant};
+
+    fn dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("steppe-load-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("inc")).unwrap();
+        d
+    }
+
+    fn load(d: &Path, text: &str) -> Result<Loaded, Diagnostics> {
+        let p = d.join("pipeline.yml");
+        std::fs::write(&p, text).unwrap();
+        load_file(&p, &LoadOptions::default())
+    }
+
+    fn messages(e: &Diagnostics) -> String {
+        e.to_string()
+    }
+
+    #[test]
+    fn includes_merge_with_inline_fields_winning() {
+        let d = dir("include");
+        std::fs::write(
+            d.join("inc/task.yml"),
+            "name: ignored\nrun: echo from file\ntimeout: 10m\nprivileged: true\nimage: alpine\noutputs: [out]\n",
+        )
+        .unwrap();
+        let l = load(
+            &d,
+            "tasks:\n- name: unit\n  file: inc/task.yml\n  timeout: 5m\n  privileged: false\njobs:\n- name: j\n  plan:\n  - task: unit\n",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let t = &l.pipeline.tasks[0];
+        assert_eq!(t.name, "unit");
+        assert_eq!(t.run.as_deref(), Some("echo from file"));
+        assert_eq!(t.timeout.map(|t| t.to_string()).as_deref(), Some("5m0s"));
+        assert_eq!(t.privileged, Some(true), "privileged is on if either says so");
+        assert_eq!(t.outputs.as_deref(), Some(&["out".to_string()][..]));
+    }
+
+    #[test]
+    fn includes_are_one_level_deep_and_positioned_in_their_own_file() {
+        let d = dir("nested");
+        std::fs::write(d.join("inc/a.yml"), "file: inc/b.yml\nrun: echo\n").unwrap();
+        std::fs::write(d.join("inc/bad.yml"), "run: echo\nrnu: typo\n").unwrap();
+        let e = load(&d, "tasks:\n- name: a\n  file: inc/a.yml\n- name: b\n  file: inc/bad.yml\n- name: c\n  file: inc/missing.yml\njobs:\n- name: j\n  plan:\n  - task: a\n").unwrap_err();
+        let m = messages(&e);
+        assert!(m.contains("sets file:, but includes are resolved one level deep only"), "{m}");
+        assert!(m.contains("inc/bad.yml:2:1: tasks[1].rnu: unknown key \"rnu\" (did you mean \"run\"?)"), "{m}");
+        assert!(m.contains("no such file relative to the pipeline directory: inc/missing.yml"), "{m}");
+    }
+
+    #[test]
+    fn file_fields_are_read_relative_to_the_pipeline() {
+        let d = dir("files");
+        std::fs::write(d.join("inc/run.sh"), "echo from run_file\n").unwrap();
+        std::fs::write(d.join("inc/m1.md"), "first\n").unwrap();
+        std::fs::write(d.join("inc/persona.md"), "You are terse.\n").unwrap();
+        let l = load(
+            &d,
+            "agents:\n- name: a\n  source: {model: ollama/llama3}\n  system_file: inc/persona.md\njobs:\n- name: j\n  plan:\n  - task: t\n    run_file: inc/run.sh\n    outputs: [repo]\n  - agent: a\n    inputs: [repo]\n    message_files: [inc/m1.md, {artifact: repo, path: NOTES.md}]\n",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let job = &l.pipeline.jobs[0];
+        assert_eq!(job.plan[0].run.as_deref(), Some("echo from run_file\n"));
+        assert_eq!(
+            job.plan[1].resolved_messages,
+            vec![
+                Message::Text("first\n".into()),
+                Message::Artifact { artifact: "repo".into(), path: "NOTES.md".into() }
+            ]
+        );
+        assert_eq!(l.pipeline.agents[0].system.as_deref(), Some("You are terse.\n"));
+    }
+
+    #[test]
+    fn file_field_errors() {
+        let d = dir("fileerr");
+        std::fs::write(d.join("inc/empty.sh"), "  \n").unwrap();
+        let e = load(
+            &d,
+            "jobs:\n- name: j\n  plan:\n  - task: t\n    run: echo\n    run_file: inc/empty.sh\n  - task: u\n    run_file: inc/empty.sh\n  - agent: a\n    run_file: inc/empty.sh\n",
+        )
+        .unwrap_err();
+        let m = messages(&e);
+        assert!(m.contains("run: and run_file: are mutually exclusive"), "{m}");
+        assert!(m.contains("run_file: inc/empty.sh is empty"), "{m}");
+        assert!(m.contains("run_file: is only valid on task steps"), "{m}");
+    }
+
+    #[test]
+    fn builtin_profiles_merge_under_user_entries() {
+        let d = dir("profiles");
+        let l = load(
+            &d,
+            "agents:\n- name: \"@builtin/reviewer\"\n  source: {model: ollama/llama3}\n  tools: [read_file]\ndefaults:\n  model: ollama/llama3\njobs:\n- name: j\n  plan:\n  - agent: \"@builtin/reviewer\"\n    messages: [review]\n  - agent: \"@builtin/explorer\"\n    messages: [find]\n",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let r = l.pipeline.agents.iter().find(|a| a.name == "@builtin/reviewer").unwrap();
+        assert_eq!(r.max_turns, Some(30));
+        assert_eq!(r.max_context_bytes, Some(400_000));
+        assert_eq!(r.tools.as_deref(), Some(&[ToolGrant::Name("read_file".into())][..]));
+        assert!(r.system.as_deref().unwrap_or_default().contains("reviewer"));
+        assert!(l.pipeline.agents.iter().any(|a| a.name == "@builtin/explorer"));
+        assert!(l.pipeline.resource_types.iter().any(|t| t.name == "git"));
+    }
+
+    #[test]
+    fn decode_errors_name_the_nested_path() {
+        let d = dir("nestedpath");
+        let e = load(
+            &d,
+            "jobs:\n- name: j\n  plan:\n  - do:\n    - task: a\n      run: echo\n      attempts: many\n    - in_parallel:\n        steps:\n        - task: b\n          run: echo\n          timeout: soon\n",
+        )
+        .unwrap_err();
+        let m = messages(&e);
+        assert!(m.contains("pipeline.yml:7:17: jobs[0].plan[0].do[0].attempts: expected a whole number"), "{m}");
+        assert!(m.contains("jobs[0].plan[0].do[1].in_parallel.steps[0].timeout: \"soon\" is not a duration"), "{m}");
+    }
+}

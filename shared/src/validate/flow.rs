@@ -15,9 +15,35 @@ pub(crate) fn check_job(cx: &mut Cx, job: &Job, path: &str) {
     check_vars(cx, job, path);
     check_routing(cx, job, path);
     check_every(cx, job, path);
-    let mut avail = BTreeSet::new();
+    let mut avail = Scope { layers: vec![BTreeSet::new()] };
     for (i, s) in job.plan.iter().enumerate() {
         flow_step(cx, job, s, &format!("{path}.plan[{i}]"), &mut avail);
+    }
+}
+
+/// The artifacts available at a point of the plan, as layers so a branch or
+/// hook can add names that vanish when it ends without copying the whole set.
+struct Scope {
+    layers: Vec<BTreeSet<String>>,
+}
+
+impl Scope {
+    fn contains(&self, name: &str) -> bool {
+        self.layers.iter().any(|l| l.contains(name))
+    }
+    fn insert(&mut self, name: String) {
+        if let Some(top) = self.layers.last_mut() {
+            top.insert(name);
+        }
+    }
+    fn push(&mut self) {
+        self.layers.push(BTreeSet::new());
+    }
+    fn pop(&mut self) -> BTreeSet<String> {
+        self.layers.pop().unwrap_or_default()
+    }
+    fn names(&self) -> impl Iterator<Item = &str> {
+        self.layers.iter().flat_map(|l| l.iter().map(String::as_str))
     }
 }
 
@@ -170,15 +196,15 @@ fn check_every(cx: &mut Cx, job: &Job, path: &str) {
     }
 }
 
-fn need(cx: &mut Cx, avail: &BTreeSet<String>, name: &str, path: &str, what: &str) {
+fn need(cx: &mut Cx, avail: &Scope, name: &str, path: &str, what: &str) {
     if !avail.contains(name) {
-        let sug = cx.suggest(name, avail.iter().map(String::as_str));
+        let sug = cx.suggest(name, avail.names());
         cx.err(path, format!("{what} \"{name}\" is not fetched or produced by any earlier step{sug}"));
     }
 }
 
 /// Walks one step in plan order, checking its inputs against `avail` and adding its outputs.
-fn flow_step(cx: &mut Cx, job: &Job, s: &Step, path: &str, avail: &mut BTreeSet<String>) {
+fn flow_step(cx: &mut Cx, job: &Job, s: &Step, path: &str, avail: &mut Scope) {
     let Some(kind) = s.kind() else { return };
     match kind {
         StepKind::Get => {
@@ -219,19 +245,21 @@ fn flow_step(cx: &mut Cx, job: &Job, s: &Step, path: &str, avail: &mut BTreeSet<
             }
         }
         StepKind::InParallel | StepKind::Race | StepKind::Ensemble => {
-            let start = avail.clone();
             let mut added = BTreeSet::new();
             for (suffix, c) in s.children() {
-                let mut branch = start.clone();
-                flow_step(cx, job, c, &format!("{path}.{suffix}"), &mut branch);
-                added.extend(branch.difference(&start).cloned().collect::<Vec<_>>());
+                avail.push();
+                flow_step(cx, job, c, &format!("{path}.{suffix}"), avail);
+                added.extend(avail.pop());
             }
-            avail.extend(added);
+            for name in added {
+                avail.insert(name);
+            }
         }
         StepKind::Approval => {}
     }
     for (key, h) in s.hooks() {
-        let mut hook_avail = avail.clone();
-        flow_step(cx, job, h, &format!("{path}.{key}"), &mut hook_avail);
+        avail.push();
+        flow_step(cx, job, h, &format!("{path}.{key}"), avail);
+        avail.pop();
     }
 }

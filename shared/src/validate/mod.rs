@@ -63,6 +63,7 @@ pub fn validate(p: &Pipeline, opts: &LoadOptions, r: &mut Report) {
     index(&mut cx);
     top_level(&mut cx);
     resources::check(&mut cx);
+    task_entries(&mut cx);
     for (j, job) in p.jobs.iter().enumerate() {
         steps::check_job(&mut cx, job, &format!("jobs[{j}]"));
     }
@@ -157,6 +158,72 @@ fn top_level(cx: &mut Cx) {
             cx.err("assert.outcome", "outcome is only valid on a job assert");
         }
         step_fields_off_step(cx, a, "assert");
+    }
+}
+
+/// A tasks: entry's own container fields. The rules that need an image are
+/// judged at each step using the entry (a step may supply the image); an entry
+/// no step uses is judged on its own.
+fn task_entries(cx: &mut Cx) {
+    let p = cx.p;
+    let mut used = HashSet::new();
+    fn walk<'a>(s: &'a crate::model::Step, used: &mut HashSet<&'a str>) {
+        if let (Some(t), None) = (&s.task, &s.run) {
+            used.insert(t.as_str());
+        }
+        for (_, c) in s.children() {
+            walk(c, used);
+        }
+        for (_, h) in s.hooks() {
+            walk(h, used);
+        }
+    }
+    for j in &p.jobs {
+        for s in &j.plan {
+            walk(s, &mut used);
+        }
+        for (_, h) in j.hooks() {
+            walk(h, &mut used);
+        }
+    }
+    for (i, t) in p.tasks.iter().enumerate() {
+        let path = format!("tasks[{i}]");
+        let is_used = used.contains(t.name.as_str());
+        check_container(
+            cx,
+            &Container {
+                image: t.image.as_deref(),
+                user: t.user.as_deref(),
+                network: if is_used { None } else { t.network.as_deref() },
+                privileged: if is_used { None } else { t.privileged },
+                limits: if is_used { None } else { t.container_limits.as_ref() },
+                env: t.env.as_deref(),
+            },
+            t.image.as_deref(),
+            &path,
+        );
+        if is_used {
+            if let Some(l) = &t.container_limits {
+                if l.cpu.is_none() && l.memory.is_none() {
+                    cx.err(&format!("{path}.container_limits"), "container_limits sets neither cpu nor memory");
+                }
+            }
+        }
+        if t.timeout.is_some_and(|d| !d.is_positive()) {
+            cx.err(&format!("{path}.timeout"), "timeout must be a positive duration");
+        }
+        if let Some(i) = &t.inputs {
+            check_artifact_names(cx, i, &format!("{path}.inputs"), "input");
+        }
+        if let Some(o) = &t.outputs {
+            check_artifact_names(cx, o, &format!("{path}.outputs"), "output");
+        }
+        if let Some(f) = &t.fix {
+            steps::check_fix(cx, f, &format!("{path}.fix"));
+        }
+        if t.run.is_none() {
+            cx.err(&path, format!("tasks: entry \"{}\" needs run: (or run_file:, or a file: that sets it)", t.name));
+        }
     }
 }
 

@@ -480,6 +480,33 @@ fn check_common(cx: &mut Cx, s: &Step, kind: StepKind, path: &str) {
             image.as_deref(),
             path,
         );
+        // Container fields a task inherits from its entry obey the same rules
+        // against the step's resolved image.
+        if let Some(entry) = s.task.as_deref().filter(|_| kind == StepKind::Task && s.run.is_none()).and_then(|t| cx.tasks.get(t).copied()) {
+            let inherited = Container {
+                image: None,
+                user: None,
+                network: if s.network.is_none() { entry.network.as_deref() } else { None },
+                privileged: if s.privileged != Some(true) { entry.privileged } else { None },
+                limits: if s.container_limits.is_none() { entry.container_limits.as_ref() } else { None },
+                env: None,
+            };
+            let mut sub = Vec::new();
+            if let Some(n) = inherited.network {
+                if image.is_none() {
+                    sub.push(format!("network \"{n}\" requires image: (inherited from tasks: entry \"{}\")", entry.name));
+                }
+            }
+            if inherited.privileged == Some(true) && image.is_none() {
+                sub.push(format!("privileged requires image: (inherited from tasks: entry \"{}\")", entry.name));
+            }
+            if inherited.limits.is_some() && image.is_none() {
+                sub.push(format!("container_limits requires image: (inherited from tasks: entry \"{}\")", entry.name));
+            }
+            for m in sub {
+                cx.err(&format!("{path}.task"), m);
+            }
+        }
     } else {
         for (v, key) in [(&s.image, "image"), (&s.user, "user"), (&s.network, "network")] {
             if let Some(v) = v {
@@ -804,19 +831,11 @@ fn job_gets(job: &Job, resource: &str) -> bool {
 
 fn check_task(cx: &mut Cx, s: &Step, path: &str) {
     let name = s.task.as_deref().unwrap_or_default();
-    let entry = if s.run.is_none() {
-        match cx.tasks.get(name).copied() {
-            Some(t) => Some(t),
-            None => {
-                let names: Vec<&str> = cx.p.tasks.iter().map(|t| t.name.as_str()).collect();
-                let sug = cx.suggest(name, names);
-                cx.err(&format!("{path}.task"), format!("task \"{name}\" has no run: and there is no tasks: entry of that name{sug}"));
-                None
-            }
-        }
-    } else {
-        None
-    };
+    if s.run.is_none() && !cx.tasks.contains_key(name) {
+        let names: Vec<&str> = cx.p.tasks.iter().map(|t| t.name.as_str()).collect();
+        let sug = cx.suggest(name, names);
+        cx.err(&format!("{path}.task"), format!("task \"{name}\" has no run: and there is no tasks: entry of that name{sug}"));
+    }
     let inputs = effective_inputs(cx, s);
     let outputs = effective_outputs(cx, s);
     for (m, key, names, what) in [
@@ -836,8 +855,6 @@ fn check_task(cx: &mut Cx, s: &Step, path: &str) {
     }
     if let Some(f) = &s.fix {
         check_fix(cx, f, &format!("{path}.fix"));
-    } else if let Some(f) = entry.and_then(|e| e.fix.as_ref()) {
-        check_fix(cx, f, &format!("{path}.task"));
     }
 }
 

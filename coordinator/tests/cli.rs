@@ -1,0 +1,134 @@
+//! The `steppe` binary as a user meets it: help, schema, validate's outputs.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn steppe(args: &[&str], dir: &std::path::Path) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_steppe"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("STEPPE_MODEL")
+        .output()
+        .expect("run steppe");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("steppe-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("mkdir");
+    d
+}
+
+#[test]
+fn help_teaches_the_commands() {
+    let (code, out, _) = steppe(&["--help"], &std::env::temp_dir());
+    assert_eq!(code, 0);
+    assert!(out.contains("validate"), "{out}");
+    assert!(out.contains("schema"), "{out}");
+    let (code, out, _) = steppe(&["validate", "--help"], &std::env::temp_dir());
+    assert_eq!(code, 0);
+    assert!(out.contains("--syntax-only") && out.contains("--vars-file") && out.contains("Exit status"), "{out}");
+}
+
+#[test]
+fn schema_is_json_and_rejects_unknown_keys() {
+    let (code, out, _) = steppe(&["schema"], &std::env::temp_dir());
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).expect("schema is JSON");
+    assert_eq!(v["type"], "object");
+    assert_eq!(v["additionalProperties"], false);
+    for key in ["jobs", "resources", "resource_types", "agents", "tasks", "mcp_servers", "defaults", "workspace", "assert"] {
+        assert!(v["properties"].get(key).is_some(), "schema lacks top-level {key}");
+    }
+    let step = &v["$defs"]["Step"]["properties"];
+    for key in ["get", "task", "agent", "messages", "across", "verdicts", "ensemble", "approval", "load_var"] {
+        assert!(step.get(key).is_some(), "schema Step lacks {key}");
+    }
+}
+
+#[test]
+fn validate_prints_a_summary_and_reports_every_error_with_positions() {
+    let d = scratch("summary");
+    std::fs::write(
+        d.join("ok.yml"),
+        "resource_types:\n- name: t\n  config:\n    check: echo '[]'\n    in: 'true'\nresources:\n- {name: r, type: t}\njobs:\n- name: build\n  plan:\n  - get: r\n  - task: hello\n    run: echo hi\n",
+    )
+    .expect("write");
+    let (code, out, err) = steppe(&["validate", "--syntax-only", "ok.yml"], &d);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.trim(), "ok: ok.yml (1 job(s), 1 resource(s), 0 agent(s))");
+
+    std::fs::write(
+        d.join("bad.yml"),
+        "jobs:\n- name: build\n  plan:\n  - task: a\n    run: echo\n    promt: hi\n    attempts: 0\n  - task: b\n    run: echo\n    trigger: true\n",
+    )
+    .expect("write");
+    let (code, _, err) = steppe(&["validate", "--syntax-only", "bad.yml"], &d);
+    assert_eq!(code, 2);
+    assert!(err.contains("bad.yml:6:5: jobs[0].plan[0].promt: unknown key \"promt\" (did you mean \"prompt\"?)"), "{err}");
+    // Decoding problems stop the load (later rules would only echo them) …
+    assert!(!err.contains("attempts must be at least 1"), "{err}");
+
+    std::fs::write(
+        d.join("rules.yml"),
+        "jobs:\n- name: build\n  plan:\n  - task: a\n    run: echo\n    attempts: 0\n  - task: b\n    run: echo\n    trigger: true\n",
+    )
+    .expect("write");
+    let (code, _, err) = steppe(&["validate", "--syntax-only", "rules.yml"], &d);
+    assert_eq!(code, 2);
+    // … while every rule violation is reported together.
+    assert!(err.contains("rules.yml:6:5: jobs[0].plan[0].attempts: attempts must be at least 1"), "{err}");
+    assert!(err.contains("rules.yml:9:5: jobs[0].plan[1].trigger: trigger is only valid on get steps"), "{err}");
+    assert!(err.contains("2 problem(s)"), "{err}");
+}
+
+#[test]
+fn vars_are_substituted_and_unresolved_ones_named() {
+    let d = scratch("vars");
+    std::fs::write(d.join("p.yml"), "jobs:\n- name: j\n  plan:\n  - task: t\n    run: echo ((greeting)) ((who))\n").expect("write");
+    std::fs::write(d.join("vars.yml"), "greeting: hello\nwho: file\n").expect("write");
+    let (code, _, err) = steppe(&["validate", "--syntax-only", "p.yml"], &d);
+    assert_eq!(code, 2);
+    assert!(err.contains("references ((greeting)), which is neither passed with --var/--vars-file"), "{err}");
+    let (code, _, err) = steppe(&["validate", "--syntax-only", "p.yml", "--vars-file", "vars.yml"], &d);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = steppe(&["validate", "--syntax-only", "p.yml", "--var", "greeting=hi"], &d);
+    assert_eq!(code, 2);
+    assert!(err.contains("((who))") && !err.contains("((greeting))"), "{err}");
+    let (code, _, err) = steppe(&["validate", "p.yml", "--var", "bad name=x"], &d);
+    assert_eq!(code, 2);
+    assert!(err.contains("is not a variable name"), "{err}");
+}
+
+#[test]
+fn machine_checks_run_unless_syntax_only() {
+    let d = scratch("machine");
+    std::fs::write(
+        d.join("p.yml"),
+        "agents:\n- name: a\n  source: {model: openrouter/x/y, api_key_env: STEPPE_TEST_SURELY_UNSET_KEY}\n  tools: [{mcp: srv}]\nmcp_servers:\n- {name: srv, command: steppe-no-such-mcp-binary}\njobs:\n- name: j\n  plan:\n  - agent: a\n    messages: [hi]\n",
+    )
+    .expect("write");
+    let (code, _, err) = steppe(&["validate", "--syntax-only", "p.yml"], &d);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = steppe(&["validate", "p.yml"], &d);
+    assert_eq!(code, 2);
+    assert!(err.contains("STEPPE_TEST_SURELY_UNSET_KEY"), "{err}");
+    assert!(err.contains("steppe-no-such-mcp-binary") && err.contains("not on PATH"), "{err}");
+}
+
+#[test]
+fn unreadable_and_empty_files_are_clear_errors() {
+    let d = scratch("empty");
+    let (code, _, err) = steppe(&["validate", "missing.yml"], &d);
+    assert_eq!(code, 2);
+    assert!(err.contains("missing.yml") && err.contains("cannot read"), "{err}");
+    std::fs::write(d.join("empty.yml"), "# nothing\n").expect("write");
+    let (code, _, err) = steppe(&["validate", "empty.yml"], &d);
+    assert_eq!(code, 2);
+    assert!(err.contains("empty"), "{err}");
+}

@@ -1,0 +1,213 @@
+//! The engine-side sandbox policy for agent tool calls (seed 004).
+//!
+//! Deny by default: a tool must be known to the engine, and every path a tool
+//! touches is checked before the call runs. The step's directory is the only
+//! write root; read roots may be added; `..` and symlinks cannot lead out.
+//! A check that cannot complete (an I/O error while resolving) is a denial,
+//! never a pass.
+
+use std::path::{Component, Path, PathBuf};
+
+use steppe_shared::builtins::BUILTIN_TOOLS;
+
+/// What a tool call wants to do with a path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    Read,
+    Write,
+}
+
+/// A refused tool call, as recorded on the step.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{tool}: {reason}")]
+pub struct Denial {
+    pub tool: String,
+    /// The path as the model wrote it (empty when the denial is not about a path).
+    pub path: String,
+    pub reason: String,
+}
+
+/// The roots one step's tools may touch.
+#[derive(Debug, Clone)]
+pub struct SandboxPolicy {
+    write_root: PathBuf,
+    read_roots: Vec<PathBuf>,
+}
+
+impl SandboxPolicy {
+    /// `write_root` (the step's directory) must exist; roots are canonicalized once.
+    pub fn new(write_root: &Path, read_roots: &[PathBuf]) -> std::io::Result<Self> {
+        let write_root = write_root.canonicalize()?;
+        let read_roots = read_roots.iter().map(|r| r.canonicalize()).collect::<Result<_, _>>()?;
+        Ok(SandboxPolicy { write_root, read_roots })
+    }
+
+    pub fn write_root(&self) -> &Path {
+        &self.write_root
+    }
+
+    /// A tool the engine does not know is refused, whatever the grant says.
+    pub fn check_tool(&self, tool: &str, custom: &[String]) -> Result<(), Denial> {
+        if BUILTIN_TOOLS.contains(&tool) || custom.iter().any(|c| c == tool) {
+            return Ok(());
+        }
+        Err(Denial {
+            tool: tool.to_string(),
+            path: String::new(),
+            reason: format!("unknown tool for the engine: \"{tool}\""),
+        })
+    }
+
+    /// Resolves `requested` (relative to `cwd`, or absolute) and checks it lies
+    /// under a root that allows `access`. Returns the resolved path.
+    pub fn check_path(&self, tool: &str, requested: &str, cwd: &Path, access: Access) -> Result<PathBuf, Denial> {
+        let deny = |reason: String| Denial {
+            tool: tool.to_string(),
+            path: requested.to_string(),
+            reason,
+        };
+        if requested.contains('\0') {
+            return Err(deny("path contains a NUL byte".into()));
+        }
+        let joined = if Path::new(requested).is_absolute() { PathBuf::from(requested) } else { cwd.join(requested) };
+        let lexical = normalize(&joined).ok_or_else(|| deny(format!("\"{requested}\" climbs above the filesystem root")))?;
+        let resolved = resolve_existing_prefix(&lexical).map_err(|e| deny(format!("could not resolve \"{requested}\": {e}")))?;
+        let inside = |root: &Path| resolved.starts_with(root);
+        let allowed = match access {
+            Access::Write => inside(&self.write_root),
+            Access::Read => inside(&self.write_root) || self.read_roots.iter().any(|r| inside(r)),
+        };
+        if allowed {
+            return Ok(resolved);
+        }
+        let what = match access {
+            Access::Write => format!("writes are confined to {}", self.write_root.display()),
+            Access::Read => "reads are confined to the step's directory and its read roots".to_string(),
+        };
+        Err(deny(format!("\"{requested}\" resolves to {}, outside the sandbox: {what}", resolved.display())))
+    }
+}
+
+/// Lexically removes `.` and `..`; `None` when `..` climbs above the root.
+fn normalize(p: &Path) -> Option<PathBuf> {
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            Component::ParentDir => {
+                if !out.pop() || out.as_os_str().is_empty() {
+                    return None;
+                }
+            }
+            Component::CurDir => {}
+            other => out.push(other.as_os_str()),
+        }
+    }
+    Some(out)
+}
+
+/// Canonicalizes the longest existing prefix of `p` (following symlinks) and
+/// appends the rest, so a file that does not exist yet is judged by where its
+/// directory really is.
+fn resolve_existing_prefix(p: &Path) -> std::io::Result<PathBuf> {
+    let mut existing = p.to_path_buf();
+    let mut tail: Vec<std::ffi::OsString> = Vec::new();
+    loop {
+        match existing.symlink_metadata() {
+            Ok(_) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let Some(name) = existing.file_name().map(|n| n.to_os_string()) else { return Err(e) };
+                tail.push(name);
+                if !existing.pop() {
+                    return Err(e);
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let mut resolved = existing.canonicalize()?;
+    for t in tail.into_iter().rev() {
+        resolved.push(t);
+    }
+    Ok(resolved)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    struct Fixture {
+        base: PathBuf,
+        step: PathBuf,
+        repo: PathBuf,
+    }
+
+    fn fixture(name: &str) -> Fixture {
+        let base = std::env::temp_dir().join(format!("steppe-sandbox-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let step = base.join("step");
+        let repo = base.join("repo");
+        std::fs::create_dir_all(step.join("out")).unwrap();
+        std::fs::create_dir_all(&repo).unwrap();
+        std::fs::write(base.join("secret.txt"), "s").unwrap();
+        std::fs::write(repo.join("README"), "r").unwrap();
+        Fixture { base, step, repo }
+    }
+
+    #[test]
+    fn paths_inside_the_step_are_allowed_even_before_they_exist() {
+        let f = fixture("inside");
+        let p = SandboxPolicy::new(&f.step, &[]).unwrap();
+        assert!(p.check_path("write_file", "out/new/dir/file.md", &f.step, Access::Write).is_ok());
+        assert!(p.check_path("read_file", "out/../out/x", &f.step, Access::Read).is_ok());
+        let abs = f.step.join("out/y").to_string_lossy().into_owned();
+        assert!(p.check_path("write_file", &abs, &f.step, Access::Write).is_ok());
+    }
+
+    #[test]
+    fn dot_dot_escapes_are_denied_and_say_why() {
+        let f = fixture("dotdot");
+        let p = SandboxPolicy::new(&f.step, &[]).unwrap();
+        let d = p.check_path("read_file", "../secret.txt", &f.step, Access::Read).unwrap_err();
+        assert_eq!(d.tool, "read_file");
+        assert_eq!(d.path, "../secret.txt");
+        assert!(d.reason.contains("outside the sandbox"), "{}", d.reason);
+        assert!(p.check_path("write_file", "/etc/passwd", &f.step, Access::Write).is_err());
+        assert!(p.check_path("read_file", "../../../../../../../../etc/shadow", &f.step, Access::Read).is_err());
+    }
+
+    #[test]
+    fn symlinks_cannot_lead_out() {
+        let f = fixture("symlink");
+        symlink(&f.base, f.step.join("escape")).unwrap();
+        symlink(f.base.join("secret.txt"), f.step.join("out/link.txt")).unwrap();
+        let p = SandboxPolicy::new(&f.step, &[]).unwrap();
+        assert!(p.check_path("read_file", "escape/secret.txt", &f.step, Access::Read).is_err());
+        assert!(p.check_path("write_file", "escape/new.txt", &f.step, Access::Write).is_err());
+        assert!(p.check_path("read_file", "out/link.txt", &f.step, Access::Read).is_err());
+        // A symlink that stays inside is fine.
+        symlink(f.step.join("out"), f.step.join("alias")).unwrap();
+        assert!(p.check_path("write_file", "alias/z.txt", &f.step, Access::Write).is_ok());
+    }
+
+    #[test]
+    fn read_roots_widen_reads_never_writes() {
+        let f = fixture("readroots");
+        let p = SandboxPolicy::new(&f.step, std::slice::from_ref(&f.repo)).unwrap();
+        let readme = f.repo.join("README").to_string_lossy().into_owned();
+        assert!(p.check_path("read_file", &readme, &f.step, Access::Read).is_ok());
+        let d = p.check_path("write_file", &readme, &f.step, Access::Write).unwrap_err();
+        assert!(d.reason.contains("writes are confined"), "{}", d.reason);
+    }
+
+    #[test]
+    fn unknown_tools_and_malformed_paths_are_denied() {
+        let f = fixture("unknown");
+        let p = SandboxPolicy::new(&f.step, &[]).unwrap();
+        assert!(p.check_tool("read_file", &[]).is_ok());
+        assert!(p.check_tool("post_review", &["post_review".into()]).is_ok());
+        let d = p.check_tool("Bash", &[]).unwrap_err();
+        assert_eq!(d.reason, "unknown tool for the engine: \"Bash\"");
+        assert!(p.check_path("read_file", "a\0b", &f.step, Access::Read).is_err());
+    }
+}
