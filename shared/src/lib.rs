@@ -4,6 +4,7 @@
 
 pub mod de;
 pub mod duration;
+pub mod expr;
 pub mod model;
 pub mod source;
 pub mod suggest;

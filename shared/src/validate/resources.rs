@@ -1,6 +1,7 @@
 //! Resource types, resources and MCP servers.
 
 use super::{check_container, check_env, is_env_name, Container, Cx};
+use crate::expr::{compile, Stage};
 use crate::model::{McpStage, ResourceType};
 
 /// Which backend a resource type uses.
@@ -179,6 +180,17 @@ fn check_type(cx: &mut Cx, t: &ResourceType, path: &str) {
         if e.check.is_none() && e.in_.is_none() && e.out.is_none() {
             cx.err(&format!("{c_path}.expr"), format!("resource_type \"{}\": expr: sets none of check/in/out", t.name));
         }
+        for (src, stage) in [(&e.check, Stage::Check), (&e.in_, Stage::In), (&e.out, Stage::Out)] {
+            if let Some(src) = src {
+                if let Err(err) = compile(src, stage) {
+                    let (line, col) = line_col(src, err.pos);
+                    cx.err(
+                        &format!("{c_path}.expr.{}", stage.name()),
+                        format!("resource_type \"{}\": expr.{}: {} (line {line}, column {col} of the expression)", t.name, stage.name(), err.message),
+                    );
+                }
+            }
+        }
         let banned: Vec<&str> = [
             (t.image.is_some(), "image:"),
             (t.network.is_some(), "network:"),
@@ -223,4 +235,12 @@ fn check_type(cx: &mut Cx, t: &ResourceType, path: &str) {
             }
         }
     }
+}
+
+/// 1-based line and column of byte offset `pos` in `src`.
+fn line_col(src: &str, pos: usize) -> (usize, usize) {
+    let before = &src[..pos.min(src.len())];
+    let line = before.matches('\n').count() + 1;
+    let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, col)
 }
