@@ -7,7 +7,7 @@ fn steppe(args: &[&str], dir: &std::path::Path) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_steppe"))
         .args(args)
         .current_dir(dir)
-        .env_remove("STEPPE_MODEL")
+        .env_remove("STEPPE_MODEL").env_remove("STEPS_MODEL")
         .output()
         .expect("run steppe");
     (

@@ -46,7 +46,7 @@ fn doc_examples_behave_as_documented() {
         let out = Command::new(env!("CARGO_BIN_EXE_steppe"))
             .args(["validate", "--syntax-only", "example.yml"])
             .current_dir(&dir)
-            .env_remove("STEPPE_MODEL")
+            .env_remove("STEPPE_MODEL").env_remove("STEPS_MODEL")
             .output()
             .expect("run steppe");
         let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));

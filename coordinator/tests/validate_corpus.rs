@@ -25,7 +25,7 @@ fn validate(file: &Path) -> (i32, String) {
         .arg("--syntax-only")
         .arg(file.file_name().expect("file name"))
         .current_dir(file.parent().expect("parent"))
-        .env_remove("STEPPE_MODEL")
+        .env_remove("STEPPE_MODEL").env_remove("STEPS_MODEL")
         .output()
         .expect("run steppe");
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));

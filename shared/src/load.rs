@@ -20,7 +20,7 @@ use crate::yaml::{self, Node, NodeKind};
 #[derive(Debug, Clone, Default)]
 pub struct LoadOptions {
     pub vars: Vars,
-    /// `$STEPPE_MODEL`: the model of agents that name none (before `defaults.model`).
+    /// `$STEPPE_MODEL` (or `$STEPS_MODEL`): the model of agents that name none (before `defaults.model`).
     pub env_model: Option<String>,
 }
 
@@ -28,7 +28,10 @@ impl LoadOptions {
     pub fn from_env(vars: Vars) -> Self {
         LoadOptions {
             vars,
-            env_model: std::env::var("STEPPE_MODEL").ok().filter(|m| !m.is_empty()),
+            // STEPS_MODEL is the reference runner's spelling; accepted so its setups carry over.
+            env_model: ["STEPPE_MODEL", "STEPS_MODEL"]
+                .iter()
+                .find_map(|v| std::env::var(v).ok().filter(|m| !m.is_empty())),
         }
     }
 }

@@ -334,8 +334,8 @@ impl Step {
         }
     }
 
-    /// The name the step is known by in routing and the execution log:
-    /// the value of its kind key (a get logs under its resource).
+    /// The name the step is known by in routing: the value of its kind key
+    /// (a `try:` wrapper goes by the step it wraps).
     pub fn name(&self) -> Option<&str> {
         self.get
             .as_deref()
@@ -343,6 +343,7 @@ impl Step {
             .or(self.put.as_deref())
             .or(self.agent.as_deref())
             .or(self.load_var.as_deref())
+            .or_else(|| self.try_.as_deref().and_then(Step::name))
     }
 
     /// The hooks that are set, with their keys.

@@ -121,10 +121,21 @@ fn check_routing(cx: &mut Cx, job: &Job, path: &str) {
                     }
                 }
             }
-            let verdicts = s.verdicts.as_ref().or(s.ensemble.as_ref().and_then(|e| e.verdicts.as_ref()));
+            // A try: wrapper routes on its inner agent's verdicts.
+            let verdicts = s
+                .verdicts
+                .as_ref()
+                .or(s.ensemble.as_ref().and_then(|e| e.verdicts.as_ref()))
+                .or(s.try_.as_ref().and_then(|t| t.verdicts.as_ref()));
             for (vi, v) in verdicts.into_iter().flatten().enumerate() {
                 if let Some(t) = &v.target {
-                    let key = if s.ensemble.is_some() { format!("ensemble.verdicts[{vi}]") } else { format!("verdicts[{vi}]") };
+                    let key = if s.ensemble.is_some() {
+                        format!("ensemble.verdicts[{vi}]")
+                    } else if s.verdicts.is_none() {
+                        format!("try.verdicts[{vi}]")
+                    } else {
+                        format!("verdicts[{vi}]")
+                    };
                     r.push((key, t.clone()));
                 }
             }
