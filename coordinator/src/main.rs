@@ -1,7 +1,10 @@
 //! The `steppe` command line.
 
+mod engine;
+
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -15,7 +18,9 @@ use steppe_shared::{load_file, machine, schema, LoadOptions};
 /// steps (get, task, put, agent, and the blocks that combine them).
 ///
 /// Start here:
-///   steppe validate pipeline.yml      check a pipeline without running it
+///   steppe run pipeline.yml --job build   run one job
+///   steppe test pipeline.yml           run every job, check its asserts
+///   steppe validate pipeline.yml       check a pipeline without running it
 ///   steppe schema > steppe.schema.json   JSON Schema for your editor
 #[derive(Parser, Debug)]
 #[command(name = "steppe", version, about, long_about, verbatim_doc_comment)]
@@ -49,6 +54,44 @@ enum Command {
         #[command(flatten)]
         vars: VarArgs,
     },
+    /// Run one job of a pipeline, on this machine.
+    ///
+    /// Each step that does work runs in a fresh directory holding only its declared
+    /// inputs; declared outputs are kept (by content hash) only when the step succeeds.
+    /// Steps print as they start and end; their output is streamed, prefixed by step.
+    ///
+    /// Exit status: 0 succeeded, 1 failed, 130 aborted (Ctrl-C), 2 anything else
+    /// (errored steps, invalid pipeline).
+    ///
+    /// Examples:
+    ///   steppe run ci.yml                 (the pipeline has one job)
+    ///   steppe run ci.yml --job build --var branch=main
+    #[command(verbatim_doc_comment)]
+    Run {
+        /// The pipeline file.
+        pipeline: PathBuf,
+        /// The job to run (required when the pipeline has more than one).
+        #[arg(long)]
+        job: Option<String>,
+        #[command(flatten)]
+        exec: ExecArgs,
+        #[command(flatten)]
+        vars: VarArgs,
+    },
+    /// Run every job once, in order, and check the pipeline's asserts.
+    ///
+    /// Prints PASS <job> or FAIL <job>: <error> per job, checks the pipeline-level
+    /// assert.execution against the job names, then N/N passed.
+    /// Exit status: 0 only when every job passed; 2 otherwise.
+    #[command(verbatim_doc_comment)]
+    Test {
+        /// The pipeline file.
+        pipeline: PathBuf,
+        #[command(flatten)]
+        exec: ExecArgs,
+        #[command(flatten)]
+        vars: VarArgs,
+    },
     /// Print the JSON Schema of the pipeline format.
     ///
     /// Generated from the same types the loader decodes into, so it cannot drift.
@@ -56,6 +99,16 @@ enum Command {
     ///   # yaml-language-server: $schema=./steppe.schema.json
     #[command(verbatim_doc_comment)]
     Schema,
+}
+
+#[derive(Args, Debug, Default)]
+struct ExecArgs {
+    /// Worker slots: steps that may run at once (default: one per core).
+    #[arg(long, value_name = "N")]
+    workers: Option<usize>,
+    /// Print only the summary, not each step.
+    #[arg(long, short)]
+    quiet: bool,
 }
 
 #[derive(Args, Debug, Default)]
@@ -117,6 +170,8 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Validate { pipeline, syntax_only, vars } => validate(&pipeline, syntax_only, &vars),
+        Command::Run { pipeline, job, exec, vars } => run_job(&pipeline, job.as_deref(), &exec, &vars),
+        Command::Test { pipeline, exec, vars } => test(&pipeline, &exec, &vars),
         Command::Schema => {
             println!("{}", schema::pipeline_schema_json());
             Ok(ExitCode::SUCCESS)
@@ -159,5 +214,161 @@ fn validate(path: &Path, syntax_only: bool, vars: &VarArgs) -> Result<ExitCode> 
         p.resources.len(),
         user_agents
     );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn load_or_report(path: &Path, vars: &VarArgs) -> Result<Result<steppe_shared::Loaded, ExitCode>> {
+    let opts = LoadOptions::from_env(vars.resolve()?);
+    match load_file(path, &opts) {
+        Ok(l) => Ok(Ok(l)),
+        Err(diags) => {
+            for d in diags.iter() {
+                eprintln!("{d}");
+            }
+            eprintln!("steppe: error: {} problem(s) in {}", diags.len(), path.display());
+            Ok(Err(ExitCode::from(2)))
+        }
+    }
+}
+
+/// Builds the embedded engine: a local artifact store and an in-process worker pool.
+fn embedded(loaded: &steppe_shared::Loaded, exec: &ExecArgs) -> Result<(Arc<engine::Engine>, tokio::sync::watch::Sender<bool>)> {
+    use steppe_shared::artifacts::LocalArtifactStore;
+    use steppe_worker::pool::WorkerPool;
+    let state = loaded.dir.join(".steppe");
+    let store: Arc<dyn steppe_shared::artifacts::ArtifactStore> = Arc::new(
+        LocalArtifactStore::new(&state.join("artifacts")).with_context(|| format!("creating {}", state.display()))?,
+    );
+    let work = std::env::temp_dir().join(format!("steppe-work-{}", std::process::id()));
+    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+    let slots = exec.workers.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2));
+    let out = Arc::new(engine::Output::new(exec.quiet));
+    let (cancel_tx, cancel_rx) = tokio::sync::watch::channel(false);
+    let (_never_tx, never_rx) = tokio::sync::watch::channel(false);
+    std::mem::forget(_never_tx);
+    let pool = WorkerPool::new(slots, store.clone(), work.clone(), out.clone(), cancel_rx.clone());
+    let grace_pool = WorkerPool::new(slots, store.clone(), work, out.clone(), never_rx);
+    let dir = if loaded.dir.as_os_str().is_empty() { PathBuf::from(".") } else { loaded.dir.clone() };
+    let engine = engine::Engine {
+        pipeline: Arc::new(loaded.pipeline.clone()),
+        dir,
+        store,
+        pool,
+        grace_pool,
+        out,
+        cancel: cancel_rx,
+    };
+    Ok((Arc::new(engine), cancel_tx))
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")
+}
+
+fn run_id() -> String {
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0);
+    format!("r-{t:x}-{}", std::process::id())
+}
+
+fn run_job(path: &Path, job: Option<&str>, exec: &ExecArgs, vars: &VarArgs) -> Result<ExitCode> {
+    let loaded = match load_or_report(path, vars)? {
+        Ok(l) => l,
+        Err(code) => return Ok(code),
+    };
+    let jobs = &loaded.pipeline.jobs;
+    let job = match job {
+        Some(name) => match jobs.iter().find(|j| j.name == name) {
+            Some(j) => j.clone(),
+            None => {
+                let names: Vec<&str> = jobs.iter().map(|j| j.name.as_str()).collect();
+                anyhow::bail!(
+                    "job \"{name}\" is not in {}; jobs: {}{}",
+                    path.display(),
+                    names.join(", "),
+                    steppe_shared::suggest::did_you_mean(name, names.iter().copied())
+                );
+            }
+        },
+        None if jobs.len() == 1 => jobs[0].clone(),
+        None => {
+            let names: Vec<&str> = jobs.iter().map(|j| j.name.as_str()).collect();
+            anyhow::bail!("{} has {} jobs; pick one with --job ({})", path.display(), jobs.len(), names.join(", "));
+        }
+    };
+    let (engine, cancel) = embedded(&loaded, exec)?;
+    let rt = runtime()?;
+    let result = rt.block_on(async {
+        let run = engine::JobRun::new(engine.clone(), job.clone(), run_id());
+        let fut = run.run();
+        tokio::pin!(fut);
+        tokio::select! {
+            r = &mut fut => r,
+            _ = tokio::signal::ctrl_c() => {
+                eprintln!("steppe: interrupted; stopping (hooks get their grace)");
+                let _ = cancel.send(true);
+                fut.await
+            }
+        }
+    });
+    let outcome = steppe_shared::outcome::Outcome::of(&result.result);
+    match &result.result {
+        Ok(()) => println!("job {} succeeded", job.name),
+        Err(e) => {
+            println!("job {} {}: {}", job.name, outcome.word(), e.message);
+        }
+    }
+    Ok(ExitCode::from(outcome.exit_code()))
+}
+
+fn test(path: &Path, exec: &ExecArgs, vars: &VarArgs) -> Result<ExitCode> {
+    let loaded = match load_or_report(path, vars)? {
+        Ok(l) => l,
+        Err(code) => return Ok(code),
+    };
+    let (engine, cancel) = embedded(&loaded, exec)?;
+    let rt = runtime()?;
+    let jobs = loaded.pipeline.jobs.clone();
+    let mut failures: Vec<(String, String)> = Vec::new();
+    let mut aborted = false;
+    for job in &jobs {
+        let result = rt.block_on(async {
+            let run = engine::JobRun::new(engine.clone(), job.clone(), run_id());
+            let fut = run.run();
+            tokio::pin!(fut);
+            tokio::select! {
+                r = &mut fut => r,
+                _ = tokio::signal::ctrl_c() => {
+                    let _ = cancel.send(true);
+                    fut.await
+                }
+            }
+        });
+        match result.result {
+            Ok(()) => println!("PASS {}", job.name),
+            Err(e) => {
+                aborted |= e.class == steppe_shared::outcome::Class::Aborted;
+                println!("FAIL {}: {}", job.name, e.message);
+                failures.push((job.name.clone(), e.message));
+            }
+        }
+        if aborted {
+            return Ok(ExitCode::from(130));
+        }
+    }
+    if let Some(want) = loaded.pipeline.assert.as_ref().and_then(|a| a.execution.as_ref()) {
+        let got: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
+        if want != &got {
+            eprintln!("steppe: error: pipeline assert.execution mismatch\n  want: [{}]\n  got:  [{}]", want.join(", "), got.join(", "));
+            return Ok(ExitCode::from(2));
+        }
+    }
+    if !failures.is_empty() {
+        eprintln!("steppe: error: test: {} job(s) failed:", failures.len());
+        for (j, e) in &failures {
+            eprintln!("  {j}: {e}");
+        }
+        return Ok(ExitCode::from(2));
+    }
+    println!("{}/{} passed", jobs.len(), jobs.len());
     Ok(ExitCode::SUCCESS)
 }

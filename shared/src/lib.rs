@@ -5,9 +5,13 @@
 pub mod de;
 pub mod duration;
 pub mod expr;
+pub mod artifacts;
+pub mod assignment;
 pub mod model;
+pub mod outcome;
 pub mod source;
 pub mod suggest;
+pub mod template;
 pub mod yaml;
 pub mod builtins;
 pub mod load;

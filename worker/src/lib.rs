@@ -1,7 +1,9 @@
-//! steppe-worker: executes one assignment at a time on behalf of the coordinator.
+//! steppe-worker: executes assignments on behalf of the coordinator.
 //!
-//! For now it holds the sandbox policy every agent tool call is checked
-//! against; task execution and agent conversations land here next
-//! (see ARCHITECTURE.md).
+//! `exec` runs one assignment (a fresh directory of declared inputs, `sh -c`,
+//! outputs stored by content hash); `pool` is the in-process pool embedded
+//! mode uses; `sandbox` is the policy every agent tool call is checked against.
 
+pub mod exec;
+pub mod pool;
 pub mod sandbox;

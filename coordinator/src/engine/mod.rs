@@ -1,0 +1,836 @@
+//! The plan walker: interprets a job's plan (blocks, modifiers, hooks,
+//! routing, asserts) in the coordinator and hands every step that does work
+//! to the worker pool as an [`Assignment`].
+
+mod output;
+mod resources;
+
+pub use output::Output;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use steppe_shared::artifacts::{ArtifactRef, ArtifactStore};
+use steppe_shared::assignment::{Assignment, Cwd, Judge};
+use steppe_shared::model::{AcrossVar, Inputs, Job, Pipeline, Step, StepKind, TaskDef, VersionSpec};
+use steppe_shared::outcome::{Class, Outcome, StepError};
+use steppe_shared::template;
+use steppe_shared::vars::find_refs;
+use steppe_worker::pool::WorkerPool;
+use tokio::sync::watch;
+
+type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Everything one process-wide engine shares between runs.
+pub struct Engine {
+    pub pipeline: Arc<Pipeline>,
+    /// The pipeline's directory: resource checks run here.
+    pub dir: PathBuf,
+    pub store: Arc<dyn ArtifactStore>,
+    pub pool: WorkerPool,
+    /// A pool whose commands are not killed by Ctrl-C: hooks get their grace on it.
+    pub grace_pool: WorkerPool,
+    pub out: Arc<Output>,
+    pub cancel: watch::Receiver<bool>,
+}
+
+/// What running one step produced.
+#[derive(Debug, Clone)]
+pub struct Done {
+    /// The outcome after `try:` tolerance and hooks.
+    pub result: Result<(), StepError>,
+    /// The outcome routing sees (before `try:` tolerance).
+    pub routed: Result<(), StepError>,
+    /// Execution-log entries, in order.
+    pub log: Vec<String>,
+    /// Skipped by its `when:` guard: no outcome at all.
+    pub skipped: bool,
+    /// Outputs the step produced (registered by the caller).
+    pub outputs: Vec<(String, ArtifactRef)>,
+}
+
+impl Done {
+    fn ok(log: Vec<String>) -> Self {
+        Done { result: Ok(()), routed: Ok(()), log, skipped: false, outputs: Vec::new() }
+    }
+    fn err(e: StepError, log: Vec<String>) -> Self {
+        Done { result: Err(e.clone()), routed: Err(e), log, skipped: false, outputs: Vec::new() }
+    }
+    fn skipped() -> Self {
+        Done { result: Ok(()), routed: Ok(()), log: Vec::new(), skipped: true, outputs: Vec::new() }
+    }
+}
+
+/// The result of one job run.
+#[derive(Debug, Clone)]
+pub struct JobResult {
+    pub result: Result<(), StepError>,
+    pub log: Vec<String>,
+}
+
+/// One run of one job.
+pub struct JobRun {
+    engine: Arc<Engine>,
+    job: Job,
+    run_id: String,
+    artifacts: Mutex<HashMap<String, ArtifactRef>>,
+    /// Values captured by `load_var:` steps.
+    vars: Mutex<HashMap<String, String>>,
+    /// Versions pinned for this input set by an `every` get.
+    every: Mutex<HashMap<String, Value>>,
+}
+
+/// A matrix cell's variables, in axis order.
+type Cell = Vec<(String, String)>;
+
+fn cell_label(name: &str, cell: &Cell) -> String {
+    if name.contains("{{") {
+        return render_cell(name, cell).unwrap_or_else(|_| name.to_string());
+    }
+    let pairs: Vec<String> = cell.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    format!("{name} [{}]", pairs.join(" "))
+}
+
+fn render_cell(text: &str, cell: &Cell) -> Result<String, String> {
+    if cell.is_empty() || !text.contains("{{") {
+        return Ok(text.to_string());
+    }
+    let vars: serde_json::Map<String, Value> = cell.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect();
+    template::render(text, &json!({ "vars": vars }))
+}
+
+fn classify_all(errors: &[StepError]) -> Class {
+    if errors.iter().any(|e| e.class == Class::Aborted) {
+        Class::Aborted
+    } else if errors.iter().any(|e| e.class == Class::Errored) {
+        Class::Errored
+    } else {
+        Class::Failed
+    }
+}
+
+impl JobRun {
+    pub fn new(engine: Arc<Engine>, job: Job, run_id: String) -> Arc<Self> {
+        Arc::new(JobRun {
+            engine,
+            job,
+            run_id,
+            artifacts: Mutex::new(HashMap::new()),
+            vars: Mutex::new(HashMap::new()),
+            every: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn aborted(&self) -> bool {
+        *self.engine.cancel.borrow()
+    }
+
+    /// Hands an assignment to the pool. After Ctrl-C only hooks still run:
+    /// on the grace pool (not killed by the cancel) and for at most 60 s.
+    async fn dispatch(&self, mut a: Assignment) -> steppe_shared::assignment::AssignmentResult {
+        if self.aborted() {
+            let grace = Duration::from_secs(60);
+            a.timeout = Some(a.timeout.map_or(grace, |t| t.min(grace)));
+            return self.engine.grace_pool.dispatch(a).await;
+        }
+        self.engine.pool.dispatch(a).await
+    }
+
+    fn artifact(&self, name: &str) -> Option<ArtifactRef> {
+        self.artifacts.lock().ok()?.get(name).cloned()
+    }
+
+    fn register(&self, outputs: &[(String, ArtifactRef)]) {
+        if let Ok(mut a) = self.artifacts.lock() {
+            for (n, r) in outputs {
+                a.insert(n.clone(), r.clone());
+            }
+        }
+    }
+
+    /// Replaces `((name))` captured by earlier `load_var:` steps.
+    fn subst(&self, text: &str) -> String {
+        let vars = match self.vars.lock() {
+            Ok(v) => v.clone(),
+            Err(_) => return text.to_string(),
+        };
+        if vars.is_empty() || find_refs(text).is_empty() {
+            return text.to_string();
+        }
+        let map = vars.into_iter().collect();
+        steppe_shared::vars::substitute(text, &map)
+    }
+
+    fn subst_value(&self, v: &Value) -> Value {
+        match v {
+            Value::String(s) => Value::String(self.subst(s)),
+            Value::Array(a) => Value::Array(a.iter().map(|x| self.subst_value(x)).collect()),
+            Value::Object(o) => Value::Object(o.iter().map(|(k, x)| (k.clone(), self.subst_value(x))).collect()),
+            other => other.clone(),
+        }
+    }
+
+    /// Runs the job: plan (with routing), job hooks, job assert.
+    pub async fn run(self: &Arc<Self>) -> JobResult {
+        let job_timeout = self.job.timeout.and_then(|t| t.to_std());
+        let started = Instant::now();
+        let (mut result, mut log) = self.walk_plan(0, job_timeout, started).await;
+        // Job hooks.
+        let outcome = Outcome::of(&result);
+        let hooks = self.job.hooks();
+        let pick: Vec<&Step> = hooks
+            .iter()
+            .filter(|(k, _)| *k == outcome.hook() || *k == "ensure")
+            .map(|(_, s)| *s)
+            .collect();
+        for h in pick {
+            let d = self.step(h, Vec::new(), true).await;
+            log.extend(d.log);
+            if let Err(e) = d.result {
+                if result.is_ok() {
+                    result = Err(StepError::failed(format!("job hook: {}", e.message)));
+                } else {
+                    self.engine.out.note(&format!("job hook failed: {}", e.message));
+                }
+            }
+        }
+        // Job assert.
+        if let Some(a) = &self.job.assert {
+            if let Some(want) = &a.execution {
+                if want != &log {
+                    let e = StepError::failed(format!(
+                        "assert.execution mismatch\n  want: [{}]\n  got:  [{}]",
+                        want.join(", "),
+                        log.join(", ")
+                    ));
+                    return JobResult { result: Err(e), log };
+                }
+                if a.outcome.as_deref() != Some("succeeded") {
+                    result = Ok(());
+                }
+            }
+            match a.outcome.as_deref() {
+                Some("failed") => {
+                    result = match result {
+                        Err(_) => Ok(()),
+                        Ok(()) if a.execution.is_some() => Ok(()),
+                        Ok(()) => Err(StepError::failed("assert.outcome: want failed, got succeeded")),
+                    };
+                }
+                Some("succeeded") => {
+                    if let Err(e) = &result {
+                        result = Err(StepError { class: e.class, message: format!("assert.outcome: want succeeded, got {}: {}", Outcome::of(&result).word(), e.message) });
+                    }
+                }
+                _ => {}
+            }
+        }
+        JobResult { result, log }
+    }
+
+    /// Walks the top-level plan from `start`, following routes.
+    fn walk_plan(self: &Arc<Self>, start: usize, job_timeout: Option<Duration>, started: Instant) -> BoxFut<'_, (Result<(), StepError>, Vec<String>)> {
+        Box::pin(async move {
+            let plan = &self.job.plan;
+            let mut log = Vec::new();
+            let mut visits: HashMap<usize, i64> = HashMap::new();
+            let mut i = start;
+            while i < plan.len() {
+                if self.aborted() {
+                    return (Err(StepError::aborted("aborted")), log);
+                }
+                if let Some(t) = job_timeout {
+                    if started.elapsed() > t {
+                        return (Err(StepError::failed(format!("job \"{}\" timed out", self.job.name))), log);
+                    }
+                }
+                let s = &plan[i];
+                // An `every` get fans the rest of the plan out per version.
+                if s.get.is_some() && matches!(s.version, Some(VersionSpec::Every)) {
+                    return self.every_get(s, i, job_timeout, started, log).await;
+                }
+                let v = visits.entry(i).or_insert(0);
+                *v += 1;
+                if let Some(max) = s.max_visits {
+                    if *v > max {
+                        let name = s.name().unwrap_or("step");
+                        return (Err(StepError::failed(format!("{name}: max_visits {max} exceeded"))), log);
+                    }
+                }
+                let d = self.step(s, Vec::new(), false).await;
+                log.extend(d.log.clone());
+                if d.skipped {
+                    i += 1;
+                    continue;
+                }
+                match self.route(i, s, &d) {
+                    Some(Route::Next) => i += 1,
+                    Some(Route::To(j)) => i = j,
+                    None => {
+                        if let Err(e) = d.result {
+                            return (Err(e), log);
+                        }
+                        i += 1;
+                    }
+                }
+            }
+            (Ok(()), log)
+        })
+    }
+
+    /// Where a finished top-level step sends the plan, if it routes.
+    fn route(&self, i: usize, s: &Step, d: &Done) -> Option<Route> {
+        let key = match &d.routed {
+            Ok(()) => "success",
+            Err(e) if e.class == Class::Failed => "failure",
+            Err(_) => return None,
+        };
+        let target = match &s.to {
+            Some(to) => if key == "success" { to.success.clone() } else { to.failure.clone() },
+            None => None,
+        }?;
+        if target == "next" {
+            return Some(Route::Next);
+        }
+        // Targets resolve within the segment: the steps between gets.
+        let plan = &self.job.plan;
+        let lo = plan[..i].iter().rposition(|s| s.get.is_some()).map_or(0, |g| g + 1);
+        let hi = plan[i..].iter().position(|s| s.get.is_some()).map_or(plan.len(), |g| i + g);
+        (lo..hi).find(|&j| plan[j].name() == Some(target.as_str())).map(Route::To)
+    }
+
+    async fn every_get(self: &Arc<Self>, s: &Step, i: usize, job_timeout: Option<Duration>, started: Instant, mut log: Vec<String>) -> (Result<(), StepError>, Vec<String>) {
+        let resource = s.resource.clone().or(s.get.clone()).unwrap_or_default();
+        let versions = match self.check_versions(&resource).await {
+            Ok(v) => v,
+            Err(e) => return (Err(e), log),
+        };
+        if versions.is_empty() {
+            self.engine.out.note(&format!("get {resource}: cannot build; no versions exist for: {resource}"));
+            return (Ok(()), log);
+        }
+        let snapshot = self.artifacts.lock().map(|a| a.clone()).unwrap_or_default();
+        let mut errors = Vec::new();
+        for v in versions {
+            if let Ok(mut a) = self.artifacts.lock() {
+                *a = snapshot.clone();
+            }
+            if let Ok(mut e) = self.every.lock() {
+                e.insert(resource.clone(), v);
+            }
+            let d = self.step(s, Vec::new(), false).await;
+            log.extend(d.log);
+            if let Err(e) = d.result {
+                errors.push(e);
+                continue;
+            }
+            let (r, l) = self.walk_plan(i + 1, job_timeout, started).await;
+            log.extend(l);
+            if let Err(e) = r {
+                errors.push(e);
+            }
+        }
+        if errors.is_empty() {
+            (Ok(()), log)
+        } else {
+            let class = classify_all(&errors);
+            let msg = errors.iter().map(|e| e.message.clone()).collect::<Vec<_>>().join("; ");
+            (Err(StepError { class, message: msg }), log)
+        }
+    }
+
+    /// Runs one step with its `when:` guard, attempts, hooks and `try:` tolerance.
+    pub fn step<'a>(self: &'a Arc<Self>, s: &'a Step, cell: Cell, in_hook: bool) -> BoxFut<'a, Done> {
+        Box::pin(async move {
+            let Some(kind) = s.kind() else {
+                return Done::err(StepError::errored("step has no kind"), Vec::new());
+            };
+            if s.across.is_some() && cell.is_empty() {
+                return self.across(s, kind).await;
+            }
+            if let Some(w) = &s.when {
+                if kind != StepKind::Get {
+                    match self.guard(s, &w.run, &cell).await {
+                        Ok(true) => {}
+                        Ok(false) => return Done::skipped(),
+                        Err(e) => return Done::err(e, Vec::new()),
+                    }
+                }
+            }
+            let mut d = match kind {
+                StepKind::Task => self.task(s, &cell).await,
+                StepKind::Get => self.get(s).await,
+                StepKind::Put => self.put(s, &cell).await,
+                StepKind::LoadVar => self.load_var(s).await,
+                StepKind::Do => self.do_block(s.do_.as_deref().unwrap_or(&[])).await,
+                StepKind::Try => self.try_block(s).await,
+                StepKind::InParallel => {
+                    let p = s.in_parallel.as_ref();
+                    let steps = p.map(|p| p.steps.as_slice()).unwrap_or(&[]);
+                    self.parallel(steps, p.and_then(|p| p.limit).filter(|l| *l > 0).map(|l| l as usize), p.and_then(|p| p.fail_fast).unwrap_or(false)).await
+                }
+                StepKind::Race => self.race(s.race.as_ref().map(|r| r.steps.as_slice()).unwrap_or(&[])).await,
+                StepKind::Agent | StepKind::Ensemble => {
+                    let label = s.agent.clone().unwrap_or_else(|| "ensemble".into());
+                    self.engine.out.start(&label);
+                    let e = StepError::errored(format!("{label}: agent steps are not supported by this build of steppe yet"));
+                    self.engine.out.end(&label, &Err(e.clone()), Duration::ZERO);
+                    Done::err(e, vec![label])
+                }
+                StepKind::Approval => {
+                    let e = StepError::errored("approval: approval steps are not supported by this build of steppe yet");
+                    Done::err(e, Vec::new())
+                }
+            };
+            if !d.outputs.is_empty() && d.result.is_ok() && cell.is_empty() {
+                self.register(&d.outputs);
+            }
+            // Hooks see the step's real outcome.
+            let hooks = s.hooks();
+            if !hooks.is_empty() {
+                let outcome = Outcome::of(&d.routed);
+                let mut hook_err: Option<StepError> = None;
+                for (key, h) in hooks.iter().filter(|(k, _)| *k == outcome.hook()) {
+                    let hd = self.step(h, cell.clone(), true).await;
+                    d.log.extend(hd.log);
+                    if let Err(e) = hd.result {
+                        if *key == "on_success" {
+                            hook_err = Some(StepError::failed(format!("on_success hook: {}", e.message)));
+                        } else {
+                            self.engine.out.note(&format!("{key} hook failed: {}", e.message));
+                        }
+                    }
+                }
+                for (_, h) in hooks.iter().filter(|(k, _)| *k == "ensure") {
+                    let hd = self.step(h, cell.clone(), true).await;
+                    d.log.extend(hd.log);
+                    if let Err(e) = hd.result {
+                        if hook_err.is_none() && d.routed.is_ok() {
+                            hook_err = Some(StepError::failed(format!("ensure hook: {}", e.message)));
+                        } else {
+                            self.engine.out.note(&format!("ensure hook failed: {}", e.message));
+                        }
+                    }
+                }
+                if let (Some(e), Ok(())) = (hook_err, &d.routed) {
+                    d.result = Err(e.clone());
+                    d.routed = Err(e);
+                }
+            }
+            let _ = in_hook;
+            if kind == StepKind::Try {
+                if let Err(e) = &d.result {
+                    if e.class != Class::Aborted {
+                        let name = s.try_.as_deref().and_then(Step::name).unwrap_or("step");
+                        let word = if e.class == Class::Failed { "failed" } else { "errored" };
+                        self.engine.out.note(&format!("try: {name} {word} (tried, continuing)"));
+                        d.result = Ok(());
+                    }
+                }
+            }
+            d
+        })
+    }
+
+    /// Runs a `when:` guard in a space holding the step's inputs.
+    async fn guard(self: &Arc<Self>, s: &Step, cmd: &str, cell: &Cell) -> Result<bool, StepError> {
+        let inputs = self.input_refs(&self.step_inputs(s), s.input_mapping.as_ref());
+        let a = Assignment {
+            run_id: self.run_id.clone(),
+            step: format!("{} (when)", s.name().unwrap_or("step")),
+            attempt: 1,
+            command: render_cell(&self.subst(cmd), cell).map_err(StepError::errored)?,
+            env: s.env.clone().unwrap_or_default(),
+            cwd: Cwd::StepDir,
+            inputs,
+            outputs: Vec::new(),
+            timeout: None,
+            judge: Judge::default(),
+            image: None,
+            stream: false,
+        };
+        let r = self.dispatch(a).await;
+        match r.result {
+            Ok(()) => Ok(true),
+            Err(e) if e.class == Class::Aborted => Err(e),
+            Err(_) if r.exit_code.is_some() => Ok(false),
+            Err(e) => Err(StepError::errored(format!("when: could not run the guard: {}", e.message))),
+        }
+    }
+
+    fn entry(&self, s: &Step) -> Option<&TaskDef> {
+        if s.run.is_some() {
+            return None;
+        }
+        let name = s.task.as_deref()?;
+        self.engine.pipeline.tasks.iter().find(|t| t.name == name)
+    }
+
+    fn step_inputs(&self, s: &Step) -> Vec<String> {
+        match &s.inputs {
+            Some(Inputs::Names(n)) => n.clone(),
+            Some(Inputs::All) => self.artifacts.lock().map(|a| a.keys().cloned().collect()).unwrap_or_default(),
+            _ => self.entry(s).and_then(|e| e.inputs.clone()).unwrap_or_default(),
+        }
+    }
+
+    /// Input names → stored artifacts (mapped names read their plan artifact).
+    /// Inputs nothing produced (a skipped or tolerated producer) are just absent.
+    fn input_refs(&self, names: &[String], mapping: Option<&serde_json::Map<String, Value>>) -> Vec<(String, ArtifactRef)> {
+        names
+            .iter()
+            .filter_map(|n| {
+                let source = mapping.and_then(|m| m.get(n)).and_then(Value::as_str).unwrap_or(n);
+                self.artifact(source).map(|r| (n.clone(), r))
+            })
+            .collect()
+    }
+
+    async fn task(self: &Arc<Self>, s: &Step, cell: &Cell) -> Done {
+        let name = s.task.clone().unwrap_or_default();
+        let label = if cell.is_empty() { name.clone() } else { cell_label(&name, cell) };
+        let entry = self.entry(s);
+        let run = s.run.clone().or_else(|| entry.and_then(|e| e.run.clone())).unwrap_or_default();
+        let command = match render_cell(&self.subst(&run), cell) {
+            Ok(c) => c,
+            Err(e) => return self.finish_err(&label, StepError::errored(format!("{label}: {e}"))),
+        };
+        let outputs = s.outputs.clone().or_else(|| entry.and_then(|e| e.outputs.clone())).unwrap_or_default();
+        let image = s.image.clone().filter(|i| !i.is_empty()).or_else(|| entry.and_then(|e| e.image.clone()));
+        let image = match image.map(|i| render_cell(&self.subst(&i), cell)).transpose() {
+            Ok(i) => i,
+            Err(e) => return self.finish_err(&label, StepError::errored(format!("{label}: {e}"))),
+        };
+        let env = s.env.clone().or_else(|| entry.and_then(|e| e.env.clone())).unwrap_or_default();
+        let timeout = s.timeout.or_else(|| entry.and_then(|e| e.timeout)).and_then(|t| t.to_std());
+        let judge = s.assert.as_ref().map(|a| Judge { stdout: a.stdout.clone(), code: a.code, files: a.files.clone().unwrap_or_default() }).unwrap_or_default();
+        let inputs = self.input_refs(&self.step_inputs(s), s.input_mapping.as_ref());
+        let a = Assignment {
+            run_id: self.run_id.clone(),
+            step: label.clone(),
+            attempt: 1,
+            command,
+            env,
+            cwd: Cwd::StepDir,
+            inputs,
+            outputs: outputs.clone(),
+            timeout,
+            judge,
+            image,
+            stream: true,
+        };
+        let mut d = self.attempts(&label, a, s.attempts.unwrap_or(1)).await;
+        if let Some(m) = &s.output_mapping {
+            for (n, _) in d.outputs.iter_mut() {
+                if let Some(to) = m.get(n.as_str()).and_then(Value::as_str) {
+                    *n = to.to_string();
+                }
+            }
+        }
+        d
+    }
+
+    fn finish_err(&self, label: &str, e: StepError) -> Done {
+        self.engine.out.start(label);
+        self.engine.out.end(label, &Err(e.clone()), Duration::ZERO);
+        Done::err(e, vec![label.to_string()])
+    }
+
+    /// Dispatches with retries: the whole operation again, backoff attempt × 500 ms;
+    /// the step's own timeout ends the attempts.
+    async fn attempts(self: &Arc<Self>, label: &str, mut a: Assignment, attempts: i64) -> Done {
+        let attempts = attempts.max(1) as u32;
+        self.engine.out.start(label);
+        let t0 = Instant::now();
+        let mut last = None;
+        for n in 1..=attempts {
+            a.attempt = n;
+            let r = self.dispatch(a.clone()).await;
+            let timed_out = matches!(&r.result, Err(e) if e.message.contains("timed out after"));
+            let aborted = matches!(&r.result, Err(e) if e.class == Class::Aborted);
+            let ok = r.result.is_ok();
+            last = Some(r);
+            if ok || timed_out || aborted || n == attempts || self.aborted() {
+                break;
+            }
+            self.engine.out.note(&format!("{label}: attempt {n} of {attempts} failed; retrying"));
+            tokio::time::sleep(Duration::from_millis(500 * u64::from(n))).await;
+        }
+        let r = last.expect("at least one attempt");
+        self.engine.out.end(label, &r.result, t0.elapsed());
+        Done { result: r.result.clone(), routed: r.result, log: vec![label.to_string()], skipped: false, outputs: r.outputs }
+    }
+
+    async fn load_var(self: &Arc<Self>, s: &Step) -> Done {
+        let name = s.load_var.clone().unwrap_or_default();
+        let file = s.file.clone().unwrap_or_default();
+        let first = file.split('/').next().unwrap_or_default().to_string();
+        let Some(r) = self.artifact(&first) else {
+            return self.finish_err(&name, StepError::errored(format!("load_var {name}: input \"{first}\" was not produced")));
+        };
+        let tmp = std::env::temp_dir().join(format!("steppe-loadvar-{}-{}", std::process::id(), r.digest));
+        let store = self.engine.store.clone();
+        let dest = tmp.clone();
+        let res = tokio::task::spawn_blocking(move || store.materialize(&r, &dest)).await;
+        let rest: String = file.splitn(2, '/').nth(1).unwrap_or_default().to_string();
+        let text = match res {
+            Ok(Ok(())) => std::fs::read_to_string(tmp.join(&rest)),
+            Ok(Err(e)) => Err(e),
+            Err(e) => Err(std::io::Error::other(e.to_string())),
+        };
+        let _ = std::fs::remove_dir_all(&tmp);
+        match text {
+            Ok(t) => {
+                if let Ok(mut v) = self.vars.lock() {
+                    v.entry(name.clone()).or_insert_with(|| t.trim().to_string());
+                }
+                Done::ok(vec![name])
+            }
+            Err(e) => self.finish_err(&name, StepError::errored(format!("load_var {name}: reading {file}: {e}"))),
+        }
+    }
+
+    async fn do_block(self: &Arc<Self>, steps: &[Step]) -> Done {
+        let mut log = Vec::new();
+        for s in steps {
+            let d = self.step(s, Vec::new(), false).await;
+            log.extend(d.log);
+            if let Err(e) = d.result {
+                return Done::err(e, log);
+            }
+        }
+        Done::ok(log)
+    }
+
+    async fn try_block(self: &Arc<Self>, s: &Step) -> Done {
+        match &s.try_ {
+            Some(inner) => self.step(inner, Vec::new(), false).await,
+            None => Done::ok(Vec::new()),
+        }
+    }
+
+    async fn parallel(self: &Arc<Self>, steps: &[Step], limit: Option<usize>, fail_fast: bool) -> Done {
+        let gate = Arc::new(tokio::sync::Semaphore::new(limit.unwrap_or(steps.len().max(1))));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let futs = steps.iter().map(|s| {
+            let gate = gate.clone();
+            let stop = stop.clone();
+            async move {
+                let _permit = gate.acquire_owned().await;
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    return None;
+                }
+                let d = self.step(s, Vec::new(), false).await;
+                if fail_fast && d.result.is_err() {
+                    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+                Some(d)
+            }
+        });
+        let results = join_all(futs.collect()).await;
+        let mut log = Vec::new();
+        let mut errors = Vec::new();
+        for d in results.into_iter().flatten() {
+            log.extend(d.log);
+            if let Err(e) = d.result {
+                errors.push(e);
+            }
+        }
+        if errors.is_empty() {
+            Done::ok(log)
+        } else {
+            let class = classify_all(&errors);
+            let msg = errors.iter().map(|e| e.message.clone()).collect::<Vec<_>>().join("; ");
+            Done::err(StepError { class, message: msg }, log)
+        }
+    }
+
+    async fn race(self: &Arc<Self>, steps: &[Step]) -> Done {
+        let mut futs: Vec<BoxFut<'_, Done>> = steps.iter().map(|s| self.step(s, Vec::new(), false)).collect();
+        let mut errors = Vec::new();
+        while !futs.is_empty() {
+            let (d, _, rest) = select_all(futs).await;
+            futs = rest;
+            if d.result.is_ok() {
+                // Losers are dropped: their commands are killed and record nothing.
+                return Done { log: d.log, ..Done::ok(Vec::new()) };
+            }
+            if let Err(e) = d.result {
+                errors.push(e);
+            }
+        }
+        let class = classify_all(&errors);
+        let msg = errors.iter().map(|e| e.message.clone()).collect::<Vec<_>>().join("; ");
+        Done::err(StepError { class, message: format!("race: every branch failed: {msg}") }, Vec::new())
+    }
+
+    /// An `across:` step: one cell per combination (last axis fastest).
+    async fn across(self: &Arc<Self>, s: &Step, kind: StepKind) -> Done {
+        let axes = s.across.as_deref().unwrap_or(&[]);
+        let mut values: Vec<(String, Vec<String>)> = Vec::new();
+        for ax in axes {
+            match self.axis_values(ax).await {
+                Ok(v) => values.push((ax.var.clone().unwrap_or_default(), v)),
+                Err(e) => return Done::err(e, Vec::new()),
+            }
+        }
+        let mut cells: Vec<Cell> = vec![Vec::new()];
+        for (var, vals) in &values {
+            let mut next = Vec::new();
+            for c in &cells {
+                for v in vals {
+                    let mut c = c.clone();
+                    c.push((var.clone(), v.clone()));
+                    next.push(c);
+                }
+            }
+            cells = next;
+        }
+        if cells.is_empty() || values.iter().any(|(_, v)| v.is_empty()) {
+            self.engine.out.note(&format!("across: 0 cells ({} is empty); nothing to run", s.name().unwrap_or("step")));
+            return Done::ok(Vec::new());
+        }
+        let _ = kind;
+        let limit = s.max_in_flight.filter(|m| *m > 1).map(|m| m as usize).unwrap_or(1);
+        let gate = Arc::new(tokio::sync::Semaphore::new(limit));
+        let futs = cells.iter().map(|c| {
+            let gate = gate.clone();
+            async move {
+                let _p = gate.acquire_owned().await;
+                (c.clone(), self.step(s, c.clone(), false).await)
+            }
+        });
+        let results = join_all(futs.collect()).await;
+        let mut log = Vec::new();
+        let mut errors = Vec::new();
+        let mut collected: Vec<(Cell, Vec<(String, ArtifactRef)>)> = Vec::new();
+        for (c, d) in results {
+            log.extend(d.log);
+            match d.result {
+                Ok(()) => collected.push((c, d.outputs)),
+                Err(e) => errors.push(e),
+            }
+        }
+        // Collected outputs: <out>/<v1>/<v2>/… from the cells that succeeded.
+        let outs = s.output_names().to_vec();
+        if !outs.is_empty() {
+            let store = self.engine.store.clone();
+            let res = tokio::task::spawn_blocking(move || -> std::io::Result<Vec<(String, ArtifactRef)>> {
+                let mut regs = Vec::new();
+                for o in outs {
+                    let tmp = std::env::temp_dir().join(format!("steppe-collect-{}-{o}-{}", std::process::id(), rand_suffix()));
+                    std::fs::create_dir_all(&tmp)?;
+                    for (c, outputs) in &collected {
+                        if let Some((_, r)) = outputs.iter().find(|(n, _)| n == &o) {
+                            let mut dest = tmp.clone();
+                            for (_, v) in c {
+                                dest.push(v);
+                            }
+                            store.materialize(r, &dest)?;
+                        }
+                    }
+                    regs.push((o, store.put_dir(&tmp)?));
+                    let _ = std::fs::remove_dir_all(&tmp);
+                }
+                Ok(regs)
+            })
+            .await;
+            match res {
+                Ok(Ok(regs)) => self.register(&regs),
+                Ok(Err(e)) => errors.push(StepError::errored(format!("across: collecting outputs: {e}"))),
+                Err(e) => errors.push(StepError::errored(format!("across: collecting outputs: {e}"))),
+            }
+        }
+        if errors.is_empty() {
+            Done::ok(log)
+        } else {
+            let class = classify_all(&errors);
+            let msg = errors.iter().map(|e| e.message.clone()).collect::<Vec<_>>().join("; ");
+            Done::err(StepError { class, message: msg }, log)
+        }
+    }
+
+    async fn axis_values(self: &Arc<Self>, ax: &AcrossVar) -> Result<Vec<String>, StepError> {
+        if let Some(v) = &ax.values {
+            return Ok(v.iter().map(|x| match x {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            }).collect());
+        }
+        let Some(f) = &ax.from_file else { return Ok(Vec::new()) };
+        let first = f.split('/').next().unwrap_or_default();
+        let rest = f.splitn(2, '/').nth(1).unwrap_or_default().to_string();
+        let r = self.artifact(first).ok_or_else(|| StepError::failed(format!("across from_file {f}: artifact \"{first}\" was not produced")))?;
+        let tmp = std::env::temp_dir().join(format!("steppe-across-{}-{}", std::process::id(), rand_suffix()));
+        let store = self.engine.store.clone();
+        let dest = tmp.clone();
+        tokio::task::spawn_blocking(move || store.materialize(&r, &dest))
+            .await
+            .map_err(|e| StepError::errored(e.to_string()))?
+            .map_err(|e| StepError::errored(format!("across from_file {f}: {e}")))?;
+        let text = std::fs::read(tmp.join(&rest));
+        let _ = std::fs::remove_dir_all(&tmp);
+        let text = text.map_err(|e| StepError::failed(format!("across from_file {f}: {e}")))?;
+        if text.len() > 1 << 20 {
+            return Err(StepError::failed(format!("across from_file {f}: larger than 1 MiB")));
+        }
+        let v: Vec<Value> = serde_json::from_slice(&text).map_err(|e| StepError::failed(format!("across from_file {f}: not a JSON array of strings: {e}")))?;
+        if v.len() > 1000 {
+            return Err(StepError::failed(format!("across from_file {f}: {} items; the limit is 1000", v.len())));
+        }
+        v.into_iter()
+            .map(|x| x.as_str().map(str::to_string).ok_or_else(|| StepError::failed(format!("across from_file {f}: every item must be a string"))))
+            .collect()
+    }
+}
+
+enum Route {
+    Next,
+    To(usize),
+}
+
+fn rand_suffix() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Polls every future to completion, returning results in input order.
+async fn join_all<'a, T: Send + 'a>(futs: Vec<impl Future<Output = T> + Send + 'a>) -> Vec<T> {
+    let mut pinned: Vec<Pin<Box<dyn Future<Output = T> + Send + 'a>>> = futs.into_iter().map(|f| Box::pin(f) as _).collect();
+    let mut out: Vec<Option<T>> = (0..pinned.len()).map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (i, f) in pinned.iter_mut().enumerate() {
+            if out[i].is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => out[i] = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending { std::task::Poll::Pending } else { std::task::Poll::Ready(()) }
+    })
+    .await;
+    out.into_iter().flatten().collect()
+}
+
+/// Waits for the first future to finish; returns it, its index and the rest.
+async fn select_all<'a, T>(mut futs: Vec<BoxFut<'a, T>>) -> (T, usize, Vec<BoxFut<'a, T>>) {
+    let (v, i) = std::future::poll_fn(|cx| {
+        for (i, f) in futs.iter_mut().enumerate() {
+            if let std::task::Poll::Ready(v) = f.as_mut().poll(cx) {
+                return std::task::Poll::Ready((v, i));
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await;
+    drop(futs.remove(i));
+    (v, i, futs)
+}

@@ -1,0 +1,64 @@
+//! The unit of work a coordinator hands a worker, and what comes back.
+//! (These become the `steppe.v1` proto messages when workers leave the process.)
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::artifacts::ArtifactRef;
+use crate::outcome::StepError;
+
+/// Where the command runs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Cwd {
+    /// A fresh directory holding the inputs and an empty directory per output.
+    StepDir,
+    /// A fresh empty directory that is itself captured as output `"."` (a get's `in`).
+    CaptureSelf,
+    /// An existing host directory (a resource `check`).
+    Host(PathBuf),
+}
+
+/// How success is judged: by exit code 0, or (when any field is set) by the
+/// step's assert, which then takes over completely.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Judge {
+    pub stdout: Option<String>,
+    pub code: Option<i64>,
+    pub files: Vec<String>,
+}
+
+impl Judge {
+    pub fn is_assert(&self) -> bool {
+        self.stdout.is_some() || self.code.is_some() || !self.files.is_empty()
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Assignment {
+    pub run_id: String,
+    /// The step's label; output lines are prefixed with it.
+    pub step: String,
+    pub attempt: u32,
+    /// Run with `sh -c`.
+    pub command: String,
+    /// Declared environment variable names passed through from the host.
+    pub env: Vec<String>,
+    pub cwd: Cwd,
+    pub inputs: Vec<(String, ArtifactRef)>,
+    pub outputs: Vec<String>,
+    pub timeout: Option<Duration>,
+    pub judge: Judge,
+    pub image: Option<String>,
+    /// Echo output lines live (resource checks stay quiet).
+    pub stream: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct AssignmentResult {
+    pub exit_code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    /// Captured outputs (only when the step passed).
+    pub outputs: Vec<(String, ArtifactRef)>,
+    pub result: Result<(), StepError>,
+}

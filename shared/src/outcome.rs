@@ -1,0 +1,91 @@
+//! The outcome model: succeeded, failed, errored, aborted — and the exit codes.
+
+use std::fmt;
+
+/// How a step that did not succeed ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    /// A task-level failure: non-zero exit, assert mismatch, own timeout, …
+    Failed,
+    /// Anything unmarked: infrastructure, render errors, resource checks, …
+    Errored,
+    /// The run was cancelled (Ctrl-C); overrides everything.
+    Aborted,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepError {
+    pub class: Class,
+    pub message: String,
+}
+
+impl StepError {
+    pub fn failed(m: impl Into<String>) -> Self {
+        StepError { class: Class::Failed, message: m.into() }
+    }
+    pub fn errored(m: impl Into<String>) -> Self {
+        StepError { class: Class::Errored, message: m.into() }
+    }
+    pub fn aborted(m: impl Into<String>) -> Self {
+        StepError { class: Class::Aborted, message: m.into() }
+    }
+}
+
+impl fmt::Display for StepError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for StepError {}
+
+/// The four outcomes a step or job can have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Succeeded,
+    Failed,
+    Errored,
+    Aborted,
+}
+
+impl Outcome {
+    pub fn of(r: &Result<(), StepError>) -> Outcome {
+        match r {
+            Ok(()) => Outcome::Succeeded,
+            Err(e) => match e.class {
+                Class::Failed => Outcome::Failed,
+                Class::Errored => Outcome::Errored,
+                Class::Aborted => Outcome::Aborted,
+            },
+        }
+    }
+
+    pub fn word(self) -> &'static str {
+        match self {
+            Outcome::Succeeded => "succeeded",
+            Outcome::Failed => "failed",
+            Outcome::Errored => "errored",
+            Outcome::Aborted => "aborted",
+        }
+    }
+
+    /// The hook that fires for this outcome.
+    pub fn hook(self) -> &'static str {
+        match self {
+            Outcome::Succeeded => "on_success",
+            Outcome::Failed => "on_failure",
+            Outcome::Errored => "on_error",
+            Outcome::Aborted => "on_abort",
+        }
+    }
+
+    /// The process exit code: 0 ok, 1 failed, 130 aborted, 2 anything else.
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Outcome::Succeeded => 0,
+            Outcome::Failed => 1,
+            Outcome::Aborted => 130,
+            Outcome::Errored => 2,
+        }
+    }
+}

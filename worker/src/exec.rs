@@ -1,0 +1,263 @@
+//! Executes one [`Assignment`]: a fresh directory holding only the declared
+//! inputs, `sh -c` with the host environment allowlist, output streamed and
+//! captured, success judged, outputs stored by content hash.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use steppe_shared::artifacts::ArtifactStore;
+use steppe_shared::assignment::{Assignment, AssignmentResult, Cwd, Judge};
+use steppe_shared::outcome::StepError;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
+use tokio::sync::watch;
+
+/// Host variables every host-executed command sees (plus declared names that are set).
+pub const HOST_ENV: &[&str] = &[
+    "PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "TERM", "TMPDIR", "TMP", "TEMP",
+    "USER", "LOGNAME", "SHELL", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy",
+    "no_proxy",
+];
+
+/// Captured output per stream is capped; the rest is counted, not kept.
+const CAPTURE_CAP: usize = 16 << 20;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// Where live output lines go.
+pub trait LineSink: Send + Sync {
+    fn line(&self, step: &str, stream: Stream, line: &str);
+}
+
+static SEQ: AtomicU64 = AtomicU64::new(0);
+
+fn fresh_dir(root: &Path) -> std::io::Result<PathBuf> {
+    let n = SEQ.fetch_add(1, Ordering::Relaxed);
+    let d = root.join(format!("step-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d)?;
+    Ok(d)
+}
+
+/// Runs `a`; `cancel` turning true kills the command (aborted).
+pub async fn execute(
+    a: &Assignment,
+    store: Arc<dyn ArtifactStore>,
+    work_root: &Path,
+    sink: Arc<dyn LineSink>,
+    cancel: watch::Receiver<bool>,
+) -> AssignmentResult {
+    let fail = |e: StepError| AssignmentResult { exit_code: None, stdout: String::new(), stderr: String::new(), outputs: Vec::new(), result: Err(e) };
+    if let Some(image) = &a.image {
+        return fail(StepError::errored(format!(
+            "{}: image \"{image}\": container steps are not supported by this build of steppe yet",
+            a.step
+        )));
+    }
+    let dir = match &a.cwd {
+        Cwd::Host(p) => p.clone(),
+        _ => match fresh_dir(work_root) {
+            Ok(d) => d,
+            Err(e) => return fail(StepError::errored(format!("{}: cannot create a step directory: {e}", a.step))),
+        },
+    };
+    let owned = !matches!(a.cwd, Cwd::Host(_));
+    let result = run_in(a, &dir, store, sink, cancel).await;
+    if owned {
+        let _ = tokio::fs::remove_dir_all(&dir).await;
+    }
+    result
+}
+
+async fn run_in(
+    a: &Assignment,
+    dir: &Path,
+    store: Arc<dyn ArtifactStore>,
+    sink: Arc<dyn LineSink>,
+    mut cancel: watch::Receiver<bool>,
+) -> AssignmentResult {
+    let fail = |e: StepError| AssignmentResult { exit_code: None, stdout: String::new(), stderr: String::new(), outputs: Vec::new(), result: Err(e) };
+    if a.cwd == Cwd::StepDir {
+        for (name, r) in &a.inputs {
+            let s = store.clone();
+            let (r, dest) = (r.clone(), dir.join(name));
+            let done = tokio::task::spawn_blocking(move || s.materialize(&r, &dest)).await;
+            if let Err(e) = done.map_err(|e| e.to_string()).and_then(|r| r.map_err(|e| e.to_string())) {
+                return fail(StepError::errored(format!("{}: materializing input \"{name}\": {e}", a.step)));
+            }
+        }
+        for o in &a.outputs {
+            if let Err(e) = std::fs::create_dir_all(dir.join(o)) {
+                return fail(StepError::errored(format!("{}: creating output \"{o}\": {e}", a.step)));
+            }
+        }
+    }
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c").arg(&a.command).current_dir(dir).env_clear();
+    for name in HOST_ENV.iter().copied().chain(a.env.iter().map(String::as_str)) {
+        if let Some(v) = std::env::var_os(name) {
+            cmd.env(name, v);
+        }
+    }
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0).kill_on_drop(true);
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => return fail(StepError::errored(format!("{}: cannot start sh: {e}", a.step))),
+    };
+    let pid = child.id();
+    let out_task = child.stdout.take().map(|s| tokio::spawn(read_stream(BufReader::new(s), a.step.clone(), Stream::Stdout, sink.clone(), a.stream)));
+    let err_task = child.stderr.take().map(|s| tokio::spawn(read_stream(BufReader::new(s), a.step.clone(), Stream::Stderr, sink.clone(), a.stream)));
+    let deadline = async {
+        match a.timeout {
+            Some(t) => tokio::time::sleep(t).await,
+            None => std::future::pending().await,
+        }
+    };
+    let cancelled = async {
+        loop {
+            if *cancel.borrow() {
+                return;
+            }
+            if cancel.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    let mut stop: Option<StepError> = None;
+    let status = tokio::select! {
+        s = child.wait() => s.ok(),
+        _ = deadline => {
+            stop = Some(StepError::failed(format!("{}: timed out after {}", a.step, fmt_duration(a.timeout.unwrap_or_default()))));
+            None
+        }
+        _ = cancelled => {
+            stop = Some(StepError::aborted(format!("{}: aborted", a.step)));
+            None
+        }
+    };
+    if stop.is_some() {
+        if let Some(pid) = pid {
+            // SAFETY: signalling the process group this command leads; no memory is touched.
+            unsafe {
+                libc::kill(-(pid as i32), libc::SIGKILL);
+            }
+        }
+        let _ = child.wait().await;
+    }
+    let collect = |t: Option<tokio::task::JoinHandle<String>>| async move {
+        match t {
+            Some(t) => tokio::time::timeout(Duration::from_secs(2), t).await.ok().and_then(Result::ok).unwrap_or_default(),
+            None => String::new(),
+        }
+    };
+    let stdout = collect(out_task).await;
+    let stderr = collect(err_task).await;
+    let exit_code = status.and_then(|s| s.code().or_else(|| s.signal_code()));
+    let mut res = AssignmentResult { exit_code, stdout, stderr, outputs: Vec::new(), result: Ok(()) };
+    if let Some(e) = stop {
+        res.result = Err(e);
+        return res;
+    }
+    res.result = judge(a, &a.judge, dir, exit_code, &res.stdout);
+    if res.result.is_ok() {
+        let targets: Vec<(String, PathBuf)> = match a.cwd {
+            Cwd::CaptureSelf => vec![(".".to_string(), dir.to_path_buf())],
+            _ => a.outputs.iter().map(|o| (o.clone(), dir.join(o))).collect(),
+        };
+        for (name, path) in targets {
+            let s = store.clone();
+            match tokio::task::spawn_blocking(move || s.put_dir(&path)).await {
+                Ok(Ok(r)) => res.outputs.push((name, r)),
+                Ok(Err(e)) => {
+                    res.result = Err(StepError::errored(format!("{}: capturing output \"{name}\": {e}", a.step)));
+                    break;
+                }
+                Err(e) => {
+                    res.result = Err(StepError::errored(format!("{}: capturing output \"{name}\": {e}", a.step)));
+                    break;
+                }
+            }
+        }
+    }
+    res
+}
+
+trait SignalCode {
+    fn signal_code(&self) -> Option<i32>;
+}
+
+impl SignalCode for std::process::ExitStatus {
+    fn signal_code(&self) -> Option<i32> {
+        use std::os::unix::process::ExitStatusExt;
+        self.signal().map(|s| 128 + s)
+    }
+}
+
+async fn read_stream<R: tokio::io::AsyncRead + Unpin>(
+    mut r: BufReader<R>,
+    step: String,
+    stream: Stream,
+    sink: Arc<dyn LineSink>,
+    echo: bool,
+) -> String {
+    let mut captured = String::new();
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        match r.read_until(b'\n', &mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {
+                let line = String::from_utf8_lossy(&buf);
+                if echo {
+                    sink.line(&step, stream, line.trim_end_matches('\n'));
+                }
+                if captured.len() < CAPTURE_CAP {
+                    captured.push_str(&line);
+                }
+            }
+        }
+    }
+    captured
+}
+
+/// Success by exit code, or — when the step asserts anything — by every set
+/// assert field (the exit code then only counts if `code:` is set).
+fn judge(a: &Assignment, j: &Judge, dir: &Path, exit: Option<i32>, stdout: &str) -> Result<(), StepError> {
+    let code = exit.unwrap_or(-1);
+    if !j.is_assert() {
+        return if code == 0 { Ok(()) } else { Err(StepError::failed(format!("{}: exit status {code}", a.step))) };
+    }
+    if let Some(want) = j.code {
+        if i64::from(code) != want {
+            return Err(StepError::failed(format!("{}: assert.code: want {want}, got {code}", a.step)));
+        }
+    }
+    if let Some(s) = &j.stdout {
+        if !stdout.contains(s.as_str()) {
+            return Err(StepError::failed(format!("{}: assert.stdout: output does not contain {s:?}", a.step)));
+        }
+    }
+    for f in &j.files {
+        let p = dir.join(f);
+        match std::fs::metadata(&p) {
+            Err(_) => return Err(StepError::failed(format!("{}: assert.files: {f} does not exist", a.step))),
+            Ok(m) if m.is_dir() => return Err(StepError::failed(format!("{}: assert.files: {f} is a directory, not a file", a.step))),
+            Ok(m) if m.len() == 0 => return Err(StepError::failed(format!("{}: assert.files: {f} is empty", a.step))),
+            Ok(_) => {}
+        }
+    }
+    Ok(())
+}
+
+pub fn fmt_duration(d: Duration) -> String {
+    steppe_shared::duration::Duration::parse(&format!("{}ns", d.as_nanos()))
+        .map(|d| d.to_string())
+        .unwrap_or_else(|_| format!("{d:?}"))
+}
