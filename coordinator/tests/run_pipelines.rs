@@ -1,0 +1,136 @@
+//! Pipelines run end to end through the real `steppe` binary.
+//!
+//! `tests/run/*.yml` check themselves: every job carries `assert:` blocks, so
+//! `steppe test` passing means the engine did what the language says.
+//! `tests/run/failing/*.yml` must make `steppe test` fail with their
+//! `# expect:` fragments (the suite can fail).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn steppe(args: &[&str], dir: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_steppe"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("STEPPE_MODEL")
+        .output()
+        .expect("run steppe")
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+fn fixtures(sub: &str) -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/run").join(sub);
+    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("tests/run")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yml"))
+        .collect();
+    v.sort();
+    assert!(!v.is_empty());
+    v
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("steppe-run-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("mkdir");
+    d
+}
+
+#[test]
+fn self_checking_pipelines_pass() {
+    let mut failures = Vec::new();
+    for f in fixtures("") {
+        let name = f.file_stem().and_then(|s| s.to_str()).unwrap_or("x").to_string();
+        let work = scratch(&name);
+        // The pipeline runs from a copy, so its .steppe/ state stays out of the tree.
+        let copy = work.join(f.file_name().expect("name"));
+        std::fs::copy(&f, &copy).expect("copy");
+        let counter = work.join("counter").to_string_lossy().into_owned();
+        let lp = work.join("loop").to_string_lossy().into_owned();
+        let out = steppe(
+            &["test", copy.to_str().expect("utf8"), "--var", &format!("counter={counter}"), "--var", &format!("loop={lp}")],
+            &work,
+        );
+        let t = text(&out);
+        if out.status.code() != Some(0) || !t.lines().any(|l| l.ends_with(" passed") && l.contains('/')) {
+            failures.push(format!("{}: exit {:?}\n{t}", f.display(), out.status.code()));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn failing_pipelines_fail_with_their_message() {
+    for f in fixtures("failing") {
+        let body = std::fs::read_to_string(&f).expect("read");
+        let work = scratch("failing");
+        let out = steppe(&["test", f.to_str().expect("utf8")], &work);
+        let t = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{}: {t}", f.display());
+        for e in body.lines().filter_map(|l| l.strip_prefix("# expect:")).map(str::trim) {
+            assert!(t.contains(e), "{}: output lacks {e:?}:\n{t}", f.display());
+        }
+    }
+}
+
+#[test]
+fn run_exit_codes_follow_the_outcome() {
+    let d = scratch("exit");
+    let write = |name: &str, body: &str| std::fs::write(d.join(name), body).expect("write");
+    write("ok.yml", "jobs:\n- name: j\n  plan:\n  - task: t\n    run: echo hi\n");
+    write("failed.yml", "jobs:\n- name: j\n  plan:\n  - task: t\n    run: exit 7\n");
+    write(
+        "errored.yml",
+        "resource_types:\n- name: t\n  config:\n    check: echo not-json\n    in: 'true'\nresources:\n- {name: r, type: t}\njobs:\n- name: j\n  plan:\n  - get: r\n",
+    );
+    write("two.yml", "jobs:\n- name: a\n  plan:\n  - task: t\n    run: 'true'\n- name: b\n  plan:\n  - task: t\n    run: 'true'\n");
+    let out = steppe(&["run", "ok.yml"], &d);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let t = text(&out);
+    assert!(t.contains("▶ t") && t.contains("[t] hi") && t.contains("✔ t ("), "{t}");
+    let out = steppe(&["run", "failed.yml"], &d);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("exit status 7"), "{}", text(&out));
+    let out = steppe(&["run", "errored.yml"], &d);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("could not parse JSON output"), "{}", text(&out));
+    let out = steppe(&["run", "two.yml"], &d);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out).contains("pick one with --job (a, b)"), "{}", text(&out));
+    let out = steppe(&["run", "two.yml", "--job", "bb"], &d);
+    assert!(text(&out).contains("did you mean \"b\""), "{}", text(&out));
+    assert_eq!(steppe(&["run", "two.yml", "--job", "b"], &d).status.code(), Some(0));
+}
+
+#[test]
+fn ctrl_c_aborts_with_130_and_hooks_get_their_grace() {
+    let d = scratch("abort");
+    let marker = d.join("hook-ran");
+    std::fs::write(
+        d.join("p.yml"),
+        format!(
+            "jobs:\n- name: j\n  plan:\n  - task: long\n    run: sleep 30\n    on_abort:\n      task: note\n      run: echo aborted > {}\n",
+            marker.display()
+        ),
+    )
+    .expect("write");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_steppe"))
+        .args(["run", "p.yml"])
+        .current_dir(&d)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    std::thread::sleep(Duration::from_millis(800));
+    let t0 = Instant::now();
+    let status = Command::new("kill").args(["-INT", &child.id().to_string()]).status().expect("kill");
+    assert!(status.success());
+    let code = child.wait().expect("wait").code();
+    assert_eq!(code, Some(130));
+    assert!(t0.elapsed() < Duration::from_secs(10), "abort took {:?}", t0.elapsed());
+    assert_eq!(std::fs::read_to_string(&marker).unwrap_or_default().trim(), "aborted");
+}
