@@ -1,6 +1,8 @@
 //! The `steppe` command line.
 
+mod dispatch;
 mod engine;
+mod service;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -92,6 +94,24 @@ enum Command {
         #[command(flatten)]
         vars: VarArgs,
     },
+    /// Run steps for a coordinator: a worker in its own process.
+    ///
+    /// Connects to the coordinator's worker service (a `steppe run --listen ADDR`),
+    /// takes assignments from its queue, runs each in a fresh directory of its
+    /// declared inputs, and streams output lines and results back. Exits when
+    /// the coordinator closes the session.
+    ///
+    /// Example:
+    ///   steppe worker --coordinator http://127.0.0.1:7070 --slots 4
+    #[command(verbatim_doc_comment)]
+    Worker {
+        /// The coordinator's URL.
+        #[arg(long, value_name = "URL")]
+        coordinator: String,
+        /// Assignments run at once (default: one per core).
+        #[arg(long, value_name = "N")]
+        slots: Option<u32>,
+    },
     /// Print the JSON Schema of the pipeline format.
     ///
     /// Generated from the same types the loader decodes into, so it cannot drift.
@@ -103,9 +123,14 @@ enum Command {
 
 #[derive(Args, Debug, Default)]
 struct ExecArgs {
-    /// Worker slots: steps that may run at once (default: one per core).
+    /// Worker slots in this process: steps that may run at once (default: one
+    /// per core). 0 runs nothing locally: steps wait for `steppe worker`s.
     #[arg(long, value_name = "N")]
     workers: Option<usize>,
+    /// Also serve remote workers on this address (gRPC), e.g. 127.0.0.1:7070.
+    /// They share this machine's artifact directory.
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<std::net::SocketAddr>,
     /// Print only the summary, not each step.
     #[arg(long, short)]
     quiet: bool,
@@ -172,6 +197,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Validate { pipeline, syntax_only, vars } => validate(&pipeline, syntax_only, &vars),
         Command::Run { pipeline, job, exec, vars } => run_job(&pipeline, job.as_deref(), &exec, &vars),
         Command::Test { pipeline, exec, vars } => test(&pipeline, &exec, &vars),
+        Command::Worker { coordinator, slots } => worker(&coordinator, slots),
         Command::Schema => {
             println!("{}", schema::pipeline_schema_json());
             Ok(ExitCode::SUCCESS)
@@ -231,34 +257,81 @@ fn load_or_report(path: &Path, vars: &VarArgs) -> Result<Result<steppe_shared::L
     }
 }
 
-/// Builds the embedded engine: a local artifact store and an in-process worker pool.
-fn embedded(loaded: &steppe_shared::Loaded, exec: &ExecArgs) -> Result<(Arc<engine::Engine>, tokio::sync::watch::Sender<bool>)> {
+/// Builds the engine: a local artifact store, the in-process queue and
+/// Dispatcher, `--workers` local worker loops and, with `--listen`, the worker
+/// service for remote `steppe worker`s. Must be called inside the runtime.
+fn engine(loaded: &steppe_shared::Loaded, exec: &ExecArgs) -> Result<Arc<engine::Engine>> {
     use steppe_shared::artifacts::LocalArtifactStore;
-    use steppe_worker::pool::WorkerPool;
+    use steppe_shared::queue::InProcessQueue;
     let state = loaded.dir.join(".steppe");
+    let artifact_dir = state.join("artifacts");
     let store: Arc<dyn steppe_shared::artifacts::ArtifactStore> = Arc::new(
-        LocalArtifactStore::new(&state.join("artifacts")).with_context(|| format!("creating {}", state.display()))?,
+        LocalArtifactStore::new(&artifact_dir).with_context(|| format!("creating {}", artifact_dir.display()))?,
     );
+    let artifact_dir = artifact_dir.canonicalize().unwrap_or(artifact_dir);
     let work = std::env::temp_dir().join(format!("steppe-work-{}", std::process::id()));
     std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
-    let slots = exec.workers.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2));
+    let slots = exec.workers.unwrap_or_else(cores);
+    if slots == 0 && exec.listen.is_none() {
+        anyhow::bail!("--workers 0 leaves nobody to run steps; add --listen ADDR and start `steppe worker`s");
+    }
     let out = Arc::new(engine::Output::new(exec.quiet));
-    let (cancel_tx, cancel_rx) = tokio::sync::watch::channel(false);
-    let (_never_tx, never_rx) = tokio::sync::watch::channel(false);
-    std::mem::forget(_never_tx);
-    let pool = WorkerPool::new(slots, store.clone(), work.clone(), out.clone(), cancel_rx.clone());
-    let grace_pool = WorkerPool::new(slots, store.clone(), work, out.clone(), never_rx);
+    let (_cancel_tx, cancel_rx) = tokio::sync::watch::channel(false);
+    let dispatcher = dispatch::Dispatcher::new(Arc::new(InProcessQueue::new()));
+    steppe_worker::local::spawn_local_workers(slots, dispatcher.queue.clone(), store.clone(), work, out.clone(), dispatcher.clone(), dispatcher.local.clone());
+    if let Some(addr) = exec.listen {
+        let notes_out = out.clone();
+        let svc = service::WorkerService {
+            dispatcher: dispatcher.clone(),
+            sink: out.clone(),
+            artifact_dir,
+            notes: Arc::new(move |m| notes_out.note(&m)),
+        };
+        let listener = std::net::TcpListener::bind(addr).with_context(|| format!("--listen {addr}"))?;
+        listener.set_nonblocking(true)?;
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        out.note(&format!("serving workers on {}", listener.local_addr()?));
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        tokio::spawn(async move {
+            let r = tonic::transport::Server::builder()
+                .tcp_nodelay(true)
+                .add_service(svc.server())
+                .serve_with_incoming(incoming)
+                .await;
+            if let Err(e) = r {
+                eprintln!("steppe: worker service stopped: {e}");
+            }
+        });
+    }
     let dir = if loaded.dir.as_os_str().is_empty() { PathBuf::from(".") } else { loaded.dir.clone() };
-    let engine = engine::Engine {
+    Ok(Arc::new(engine::Engine {
         pipeline: Arc::new(loaded.pipeline.clone()),
         dir,
         store,
-        pool,
-        grace_pool,
+        dispatcher,
         out,
         cancel: cancel_rx,
-    };
-    Ok((Arc::new(engine), cancel_tx))
+        cancel_tx: _cancel_tx,
+    }))
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2)
+}
+
+/// Runs one job, turning Ctrl-C into an abort (hooks still get their grace).
+async fn run_one(engine: &Arc<engine::Engine>, job: &steppe_shared::model::Job) -> engine::JobResult {
+    let run = engine::JobRun::new(engine.clone(), job.clone(), run_id());
+    let fut = run.run();
+    tokio::pin!(fut);
+    tokio::select! {
+        r = &mut fut => r,
+        _ = tokio::signal::ctrl_c() => {
+            eprintln!("steppe: interrupted; stopping (hooks get their grace)");
+            engine.abort();
+            fut.await
+        }
+    }
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
@@ -295,21 +368,11 @@ fn run_job(path: &Path, job: Option<&str>, exec: &ExecArgs, vars: &VarArgs) -> R
             anyhow::bail!("{} has {} jobs; pick one with --job ({})", path.display(), jobs.len(), names.join(", "));
         }
     };
-    let (engine, cancel) = embedded(&loaded, exec)?;
     let rt = runtime()?;
     let result = rt.block_on(async {
-        let run = engine::JobRun::new(engine.clone(), job.clone(), run_id());
-        let fut = run.run();
-        tokio::pin!(fut);
-        tokio::select! {
-            r = &mut fut => r,
-            _ = tokio::signal::ctrl_c() => {
-                eprintln!("steppe: interrupted; stopping (hooks get their grace)");
-                let _ = cancel.send(true);
-                fut.await
-            }
-        }
-    });
+        let engine = engine(&loaded, exec)?;
+        anyhow::Ok(run_one(&engine, &job).await)
+    })?;
     let outcome = steppe_shared::outcome::Outcome::of(&result.result);
     match &result.result {
         Ok(()) => println!("job {} succeeded", job.name),
@@ -325,24 +388,13 @@ fn test(path: &Path, exec: &ExecArgs, vars: &VarArgs) -> Result<ExitCode> {
         Ok(l) => l,
         Err(code) => return Ok(code),
     };
-    let (engine, cancel) = embedded(&loaded, exec)?;
     let rt = runtime()?;
+    let engine = rt.block_on(async { engine(&loaded, exec) })?;
     let jobs = loaded.pipeline.jobs.clone();
     let mut failures: Vec<(String, String)> = Vec::new();
     let mut aborted = false;
     for job in &jobs {
-        let result = rt.block_on(async {
-            let run = engine::JobRun::new(engine.clone(), job.clone(), run_id());
-            let fut = run.run();
-            tokio::pin!(fut);
-            tokio::select! {
-                r = &mut fut => r,
-                _ = tokio::signal::ctrl_c() => {
-                    let _ = cancel.send(true);
-                    fut.await
-                }
-            }
-        });
+        let result = rt.block_on(run_one(&engine, job));
         match result.result {
             Ok(()) => println!("PASS {}", job.name),
             Err(e) => {
@@ -370,5 +422,18 @@ fn test(path: &Path, exec: &ExecArgs, vars: &VarArgs) -> Result<ExitCode> {
         return Ok(ExitCode::from(2));
     }
     println!("{}/{} passed", jobs.len(), jobs.len());
+    Ok(ExitCode::SUCCESS)
+}
+
+fn worker(url: &str, slots: Option<u32>) -> Result<ExitCode> {
+    let rt = runtime()?;
+    let slots = slots.unwrap_or(cores() as u32);
+    let name = format!("{}:{}", std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".into()), std::process::id());
+    let work = std::env::temp_dir().join(format!("steppe-worker-{}", std::process::id()));
+    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+    eprintln!("steppe worker {name}: connecting to {url} with {slots} slot(s)");
+    rt.block_on(steppe_worker::remote::run(url, slots, &name, work.clone()))?;
+    let _ = std::fs::remove_dir_all(&work);
+    eprintln!("steppe worker {name}: the coordinator closed the session");
     Ok(ExitCode::SUCCESS)
 }

@@ -134,3 +134,39 @@ fn ctrl_c_aborts_with_130_and_hooks_get_their_grace() {
     assert!(t0.elapsed() < Duration::from_secs(10), "abort took {:?}", t0.elapsed());
     assert_eq!(std::fs::read_to_string(&marker).unwrap_or_default().trim(), "aborted");
 }
+
+/// The coordinator/worker split is real: the same self-checking pipelines,
+/// with no local worker slots, run on a `steppe worker` in another process
+/// connected over loopback gRPC.
+#[test]
+fn pipelines_run_on_a_separate_worker_process() {
+    use std::io::{BufRead, BufReader};
+    let work = scratch("split");
+    for name in ["blocks.yml", "workspace.yml", "resources.yml"] {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/run").join(name);
+        std::fs::copy(&src, work.join(name)).expect("copy");
+        let mut coord = Command::new(env!("CARGO_BIN_EXE_steppe"))
+            .args(["test", name, "--workers", "0", "--listen", "127.0.0.1:0"])
+            .current_dir(&work)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn coordinator");
+        let mut lines = BufReader::new(coord.stdout.take().expect("stdout")).lines();
+        let first = lines.next().expect("a first line").expect("utf8");
+        let addr = first.strip_prefix("serving workers on ").unwrap_or_else(|| panic!("unexpected first line {first:?}")).to_string();
+        let mut worker = Command::new(env!("CARGO_BIN_EXE_steppe"))
+            .args(["worker", "--coordinator", &format!("http://{addr}"), "--slots", "2"])
+            .current_dir(std::env::temp_dir())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn worker");
+        let rest: Vec<String> = lines.map_while(Result::ok).collect();
+        let status = coord.wait().expect("wait coordinator");
+        let all = rest.join("\n");
+        assert_eq!(status.code(), Some(0), "{name} through a remote worker:\n{all}");
+        assert!(all.contains("worker ") && all.contains("joined"), "{all}");
+        assert!(rest.iter().any(|l| l.ends_with(" passed")), "{all}");
+        let wstatus = worker.wait().expect("wait worker");
+        assert_eq!(wstatus.code(), Some(0), "the worker exits cleanly when the coordinator goes");
+    }
+}

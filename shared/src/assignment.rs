@@ -35,6 +35,8 @@ impl Judge {
 
 #[derive(Debug, Clone)]
 pub struct Assignment {
+    /// Unique per dispatch; results are matched to it.
+    pub id: String,
     pub run_id: String,
     /// The step's label; output lines are prefixed with it.
     pub step: String,
@@ -55,6 +57,7 @@ pub struct Assignment {
 
 #[derive(Debug, Clone)]
 pub struct AssignmentResult {
+    pub assignment_id: String,
     pub exit_code: Option<i32>,
     pub stdout: String,
     pub stderr: String,

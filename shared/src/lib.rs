@@ -9,6 +9,7 @@ pub mod artifacts;
 pub mod assignment;
 pub mod model;
 pub mod outcome;
+pub mod queue;
 pub mod source;
 pub mod suggest;
 pub mod template;

@@ -54,7 +54,7 @@ pub async fn execute(
     sink: Arc<dyn LineSink>,
     cancel: watch::Receiver<bool>,
 ) -> AssignmentResult {
-    let fail = |e: StepError| AssignmentResult { exit_code: None, stdout: String::new(), stderr: String::new(), outputs: Vec::new(), result: Err(e) };
+    let fail = |e: StepError| AssignmentResult { assignment_id: a.id.clone(), exit_code: None, stdout: String::new(), stderr: String::new(), outputs: Vec::new(), result: Err(e) };
     if let Some(image) = &a.image {
         return fail(StepError::errored(format!(
             "{}: image \"{image}\": container steps are not supported by this build of steppe yet",
@@ -83,7 +83,7 @@ async fn run_in(
     sink: Arc<dyn LineSink>,
     mut cancel: watch::Receiver<bool>,
 ) -> AssignmentResult {
-    let fail = |e: StepError| AssignmentResult { exit_code: None, stdout: String::new(), stderr: String::new(), outputs: Vec::new(), result: Err(e) };
+    let fail = |e: StepError| AssignmentResult { assignment_id: a.id.clone(), exit_code: None, stdout: String::new(), stderr: String::new(), outputs: Vec::new(), result: Err(e) };
     if a.cwd == Cwd::StepDir {
         for (name, r) in &a.inputs {
             let s = store.clone();
@@ -160,7 +160,7 @@ async fn run_in(
     let stdout = collect(out_task).await;
     let stderr = collect(err_task).await;
     let exit_code = status.and_then(|s| s.code().or_else(|| s.signal_code()));
-    let mut res = AssignmentResult { exit_code, stdout, stderr, outputs: Vec::new(), result: Ok(()) };
+    let mut res = AssignmentResult { assignment_id: a.id.clone(), exit_code, stdout, stderr, outputs: Vec::new(), result: Ok(()) };
     if let Some(e) = stop {
         res.result = Err(e);
         return res;

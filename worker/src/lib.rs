@@ -1,9 +1,13 @@
 //! steppe-worker: executes assignments on behalf of the coordinator.
 //!
 //! `exec` runs one assignment (a fresh directory of declared inputs, `sh -c`,
-//! outputs stored by content hash); `pool` is the in-process pool embedded
-//! mode uses; `sandbox` is the policy every agent tool call is checked against.
+//! outputs stored by content hash). `local` runs worker loops inside the
+//! coordinator's process (embedded mode); `remote` is `steppe worker`, the same
+//! loop over a gRPC session; `wire` converts to and from `steppe.v1`.
+//! `sandbox` is the policy every agent tool call is checked against.
 
 pub mod exec;
-pub mod pool;
+pub mod local;
+pub mod remote;
 pub mod sandbox;
+pub mod wire;

@@ -21,7 +21,7 @@ use steppe_shared::model::{AcrossVar, Inputs, Job, Pipeline, Step, StepKind, Tas
 use steppe_shared::outcome::{Class, Outcome, StepError};
 use steppe_shared::template;
 use steppe_shared::vars::find_refs;
-use steppe_worker::pool::WorkerPool;
+use crate::dispatch::Dispatcher;
 use tokio::sync::watch;
 
 type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -32,11 +32,18 @@ pub struct Engine {
     /// The pipeline's directory: resource checks run here.
     pub dir: PathBuf,
     pub store: Arc<dyn ArtifactStore>,
-    pub pool: WorkerPool,
-    /// A pool whose commands are not killed by Ctrl-C: hooks get their grace on it.
-    pub grace_pool: WorkerPool,
+    pub dispatcher: Arc<Dispatcher>,
     pub out: Arc<Output>,
     pub cancel: watch::Receiver<bool>,
+    pub cancel_tx: watch::Sender<bool>,
+}
+
+impl Engine {
+    /// Ctrl-C: mark the run aborted and stop everything in flight.
+    pub fn abort(&self) {
+        let _ = self.cancel_tx.send(true);
+        self.dispatcher.cancel_all();
+    }
 }
 
 /// What running one step produced.
@@ -130,15 +137,14 @@ impl JobRun {
         *self.engine.cancel.borrow()
     }
 
-    /// Hands an assignment to the pool. After Ctrl-C only hooks still run:
-    /// on the grace pool (not killed by the cancel) and for at most 60 s.
+    /// Hands an assignment to the Dispatcher. After Ctrl-C only hooks still
+    /// run, for at most 60 s each (the cancel reached what was already running).
     async fn dispatch(&self, mut a: Assignment) -> steppe_shared::assignment::AssignmentResult {
         if self.aborted() {
             let grace = Duration::from_secs(60);
             a.timeout = Some(a.timeout.map_or(grace, |t| t.min(grace)));
-            return self.engine.grace_pool.dispatch(a).await;
         }
-        self.engine.pool.dispatch(a).await
+        self.engine.dispatcher.dispatch(a).await
     }
 
     fn artifact(&self, name: &str) -> Option<ArtifactRef> {
@@ -441,6 +447,7 @@ impl JobRun {
     async fn guard(self: &Arc<Self>, s: &Step, cmd: &str, cell: &Cell) -> Result<bool, StepError> {
         let inputs = self.input_refs(&self.step_inputs(s), s.input_mapping.as_ref());
         let a = Assignment {
+            id: String::new(),
             run_id: self.run_id.clone(),
             step: format!("{} (when)", s.name().unwrap_or("step")),
             attempt: 1,
@@ -511,6 +518,7 @@ impl JobRun {
         let judge = s.assert.as_ref().map(|a| Judge { stdout: a.stdout.clone(), code: a.code, files: a.files.clone().unwrap_or_default() }).unwrap_or_default();
         let inputs = self.input_refs(&self.step_inputs(s), s.input_mapping.as_ref());
         let a = Assignment {
+            id: String::new(),
             run_id: self.run_id.clone(),
             step: label.clone(),
             attempt: 1,

@@ -41,6 +41,7 @@ impl JobRun {
         let data = json!({"source": r.source.clone().unwrap_or(json!({})), "version": {}});
         let command = template::render(&check, &data).map_err(|e| StepError::errored(format!("check {name}: {e}")))?;
         let a = Assignment {
+            id: String::new(),
             run_id: self.run_id.clone(),
             step: format!("{name} (check)"),
             attempt: 1,
@@ -127,6 +128,7 @@ impl JobRun {
         let data = json!({"source": r.source.clone().unwrap_or(json!({})), "version": version, "params": params});
         let command = template::render(&in_cmd, &data).map_err(|e| StepError::errored(format!("get {name}: {e}")))?;
         let a = Assignment {
+            id: String::new(),
             run_id: self.run_id.clone(),
             step: name.to_string(),
             attempt: 1,
@@ -166,6 +168,7 @@ impl JobRun {
             _ => s.input_names().to_vec(),
         };
         let a = Assignment {
+            id: String::new(),
             run_id: self.run_id.clone(),
             step: label.clone(),
             attempt: 1,

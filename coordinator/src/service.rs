@@ -1,0 +1,106 @@
+//! The worker service: remote workers hold a session here and take
+//! assignments from the same queue local workers pull from.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use steppe_proto::v1::coordinator_server::{Coordinator, CoordinatorServer};
+use steppe_proto::v1::{coordinator_message, worker_message, CoordinatorMessage, Welcome, WorkerMessage};
+use steppe_shared::assignment::Assignment;
+use steppe_worker::exec::{LineSink, Stream};
+use steppe_worker::local::Reporter;
+use steppe_worker::wire::{assignment_to_wire, result_from_wire};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::dispatch::Dispatcher;
+
+pub struct WorkerService {
+    pub dispatcher: Arc<Dispatcher>,
+    pub sink: Arc<dyn LineSink>,
+    pub artifact_dir: PathBuf,
+    /// Announces workers as they join and leave.
+    pub notes: Arc<dyn Fn(String) + Send + Sync>,
+}
+
+impl WorkerService {
+    pub fn server(self) -> CoordinatorServer<Self> {
+        CoordinatorServer::new(self)
+    }
+}
+
+type InFlight = Arc<Mutex<HashMap<String, (Assignment, OwnedSemaphorePermit)>>>;
+
+#[tonic::async_trait]
+impl Coordinator for WorkerService {
+    type SessionStream = ReceiverStream<Result<CoordinatorMessage, Status>>;
+
+    async fn session(&self, req: Request<Streaming<WorkerMessage>>) -> Result<Response<Self::SessionStream>, Status> {
+        let peer = req.remote_addr().map(|a| a.to_string()).unwrap_or_else(|| "unknown".into());
+        let mut inbound = req.into_inner();
+        let hello = match inbound.message().await? {
+            Some(WorkerMessage { msg: Some(worker_message::Msg::Hello(h)) }) => h,
+            _ => return Err(Status::invalid_argument("a session starts with Hello")),
+        };
+        let slots = hello.slots.clamp(1, 1024) as usize;
+        let name = if hello.worker.is_empty() { peer } else { hello.worker };
+        (self.notes)(format!("worker {name} joined ({slots} slot(s))"));
+        let (tx, rx) = mpsc::channel(256);
+        let welcome = CoordinatorMessage {
+            msg: Some(coordinator_message::Msg::Welcome(Welcome { artifact_dir: self.artifact_dir.to_string_lossy().into_owned() })),
+        };
+        tx.send(Ok(welcome)).await.map_err(|_| Status::aborted("session closed"))?;
+
+        let inflight: InFlight = Arc::new(Mutex::new(HashMap::new()));
+        let slots_sem = Arc::new(Semaphore::new(slots));
+        let d = self.dispatcher.clone();
+        let (ptx, pflight) = (tx.clone(), inflight.clone());
+        let puller = tokio::spawn(async move {
+            loop {
+                let Ok(permit) = slots_sem.clone().acquire_owned().await else { return };
+                let a = d.queue.pop().await;
+                d.running_remotely(&a.id, ptx.clone());
+                if let Ok(mut m) = pflight.lock() {
+                    m.insert(a.id.clone(), (a.clone(), permit));
+                }
+                let msg = CoordinatorMessage { msg: Some(coordinator_message::Msg::Assignment(assignment_to_wire(&a))) };
+                if ptx.send(Ok(msg)).await.is_err() {
+                    if let Some((a, _)) = pflight.lock().ok().and_then(|mut m| m.remove(&a.id)) {
+                        d.requeue(a);
+                    }
+                    return;
+                }
+            }
+        });
+        let (d, sink, notes) = (self.dispatcher.clone(), self.sink.clone(), self.notes.clone());
+        tokio::spawn(async move {
+            loop {
+                match inbound.message().await {
+                    Ok(Some(WorkerMessage { msg: Some(m) })) => match m {
+                        worker_message::Msg::Line(l) => {
+                            sink.line(&l.step, if l.stderr { Stream::Stderr } else { Stream::Stdout }, &l.line);
+                        }
+                        worker_message::Msg::Result(r) => {
+                            let _freed = inflight.lock().ok().and_then(|mut m| m.remove(&r.assignment_id));
+                            d.complete(result_from_wire(r));
+                        }
+                        worker_message::Msg::Heartbeat(_) | worker_message::Msg::Hello(_) => {}
+                    },
+                    Ok(Some(WorkerMessage { msg: None })) => {}
+                    Ok(None) | Err(_) => break,
+                }
+            }
+            // The worker is gone: what it held goes back on the queue.
+            puller.abort();
+            let lost: Vec<Assignment> = inflight.lock().map(|mut m| m.drain().map(|(_, (a, _))| a).collect()).unwrap_or_default();
+            let n = lost.len();
+            for a in lost {
+                d.requeue(a);
+            }
+            notes(format!("worker {name} left{}", if n > 0 { format!("; {n} assignment(s) requeued") } else { String::new() }));
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}

@@ -1,0 +1,66 @@
+//! Workers inside the coordinator's process (embedded mode): the same
+//! pull-execute-report loop a remote worker runs, over in-process transports.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use steppe_shared::artifacts::ArtifactStore;
+use steppe_shared::assignment::AssignmentResult;
+use steppe_shared::queue::Queue;
+use tokio::sync::watch;
+
+use crate::exec::{execute, LineSink};
+
+/// Cancellation switches of the assignments running in this process, by id.
+#[derive(Clone, Default)]
+pub struct Cancels(Arc<Mutex<HashMap<String, watch::Sender<bool>>>>);
+
+impl Cancels {
+    pub(crate) fn register(&self, id: &str) -> watch::Receiver<bool> {
+        let (tx, rx) = watch::channel(false);
+        if let Ok(mut m) = self.0.lock() {
+            m.insert(id.to_string(), tx);
+        }
+        rx
+    }
+    pub(crate) fn done(&self, id: &str) {
+        if let Ok(mut m) = self.0.lock() {
+            m.remove(id);
+        }
+    }
+    /// Kills the assignment's command if it runs here; true if it did.
+    pub fn cancel(&self, id: &str) -> bool {
+        self.0.lock().ok().and_then(|m| m.get(id).map(|tx| tx.send(true).is_ok())).unwrap_or(false)
+    }
+}
+
+/// Where finished assignments are reported.
+pub trait Reporter: Send + Sync {
+    fn complete(&self, r: AssignmentResult);
+}
+
+/// Starts `slots` loops that take assignments from `queue`, run them and report.
+pub fn spawn_local_workers(
+    slots: usize,
+    queue: Arc<dyn Queue>,
+    store: Arc<dyn ArtifactStore>,
+    work_root: PathBuf,
+    sink: Arc<dyn LineSink>,
+    reporter: Arc<dyn Reporter>,
+    cancels: Cancels,
+) {
+    for _ in 0..slots {
+        let (queue, store, work_root, sink, reporter, cancels) =
+            (queue.clone(), store.clone(), work_root.clone(), sink.clone(), reporter.clone(), cancels.clone());
+        tokio::spawn(async move {
+            loop {
+                let a = queue.pop().await;
+                let cancel = cancels.register(&a.id);
+                let r = execute(&a, store.clone(), &work_root, sink.clone(), cancel).await;
+                cancels.done(&a.id);
+                reporter.complete(r);
+            }
+        });
+    }
+}

@@ -1,0 +1,103 @@
+//! `steppe worker`: a worker in its own process, holding one gRPC session with
+//! the coordinator — assignments and cancellations in, output lines, results
+//! and heartbeats out.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use steppe_proto::v1::coordinator_client::CoordinatorClient;
+use steppe_proto::v1::{coordinator_message, worker_message, Heartbeat, Hello, OutputLine, WorkerMessage};
+use steppe_shared::artifacts::{ArtifactStore, LocalArtifactStore};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::exec::{execute, LineSink, Stream};
+use crate::local::Cancels;
+use crate::wire::{assignment_from_wire, result_to_wire};
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("cannot reach the coordinator at {url}: {source}")]
+    Connect { url: String, source: tonic::transport::Error },
+    #[error("the coordinator refused the session: {0}")]
+    Session(#[from] tonic::Status),
+    #[error("the coordinator closed the session before welcoming this worker")]
+    NoWelcome,
+    #[error("artifact directory {dir}: {source}")]
+    Artifacts { dir: String, source: std::io::Error },
+}
+
+struct Lines {
+    tx: mpsc::Sender<WorkerMessage>,
+    id: String,
+}
+
+impl LineSink for Lines {
+    fn line(&self, step: &str, stream: Stream, line: &str) {
+        let msg = WorkerMessage {
+            msg: Some(worker_message::Msg::Line(OutputLine {
+                assignment_id: self.id.clone(),
+                step: step.to_string(),
+                stderr: stream == Stream::Stderr,
+                line: line.to_string(),
+            })),
+        };
+        // Output is best effort: a full channel drops the line rather than stall the step.
+        let _ = self.tx.try_send(msg);
+    }
+}
+
+/// Serves one coordinator until it closes the session.
+pub async fn run(url: &str, slots: u32, name: &str, work_root: PathBuf) -> Result<(), WorkerError> {
+    let mut client = CoordinatorClient::connect(url.to_string())
+        .await
+        .map_err(|source| WorkerError::Connect { url: url.to_string(), source })?;
+    let (tx, rx) = mpsc::channel::<WorkerMessage>(1024);
+    let _ = tx
+        .send(WorkerMessage { msg: Some(worker_message::Msg::Hello(Hello { worker: name.to_string(), slots })) })
+        .await;
+    let mut inbound = client.session(ReceiverStream::new(rx)).await?.into_inner();
+    let store: Arc<dyn ArtifactStore> = match inbound.message().await? {
+        Some(m) => match m.msg {
+            Some(coordinator_message::Msg::Welcome(w)) => Arc::new(
+                LocalArtifactStore::new(std::path::Path::new(&w.artifact_dir))
+                    .map_err(|source| WorkerError::Artifacts { dir: w.artifact_dir.clone(), source })?,
+            ),
+            _ => return Err(WorkerError::NoWelcome),
+        },
+        None => return Err(WorkerError::NoWelcome),
+    };
+    let heartbeat_tx = tx.clone();
+    let heartbeat = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            if heartbeat_tx.send(WorkerMessage { msg: Some(worker_message::Msg::Heartbeat(Heartbeat {})) }).await.is_err() {
+                return;
+            }
+        }
+    });
+    let cancels = Cancels::default();
+    // A session that ends, cleanly or not, means the coordinator is gone.
+    while let Ok(Some(m)) = inbound.message().await {
+        match m.msg {
+            Some(coordinator_message::Msg::Assignment(wa)) => {
+                let a = assignment_from_wire(wa);
+                let (tx, store, work_root, cancels) = (tx.clone(), store.clone(), work_root.clone(), cancels.clone());
+                tokio::spawn(async move {
+                    let cancel = cancels.register(&a.id);
+                    let sink = Arc::new(Lines { tx: tx.clone(), id: a.id.clone() });
+                    let r = execute(&a, store, &work_root, sink, cancel).await;
+                    cancels.done(&a.id);
+                    let _ = tx.send(WorkerMessage { msg: Some(worker_message::Msg::Result(result_to_wire(&r))) }).await;
+                });
+            }
+            Some(coordinator_message::Msg::Cancel(c)) => {
+                cancels.cancel(&c.assignment_id);
+            }
+            Some(coordinator_message::Msg::Welcome(_)) | None => {}
+        }
+    }
+    heartbeat.abort();
+    Ok(())
+}

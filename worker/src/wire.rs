@@ -1,0 +1,143 @@
+//! Conversions between the engine's types and the `steppe.v1` messages.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use steppe_proto::v1;
+use steppe_shared::artifacts::ArtifactRef;
+use steppe_shared::assignment::{Assignment, AssignmentResult, Cwd, Judge};
+use steppe_shared::outcome::{Class, StepError};
+
+fn named(v: &[(String, ArtifactRef)]) -> Vec<v1::NamedArtifact> {
+    v.iter()
+        .map(|(n, r)| v1::NamedArtifact { name: n.clone(), artifact: Some(v1::ArtifactRef { digest: r.digest.clone() }) })
+        .collect()
+}
+
+fn unnamed(v: Vec<v1::NamedArtifact>) -> Vec<(String, ArtifactRef)> {
+    v.into_iter()
+        .filter_map(|n| n.artifact.map(|a| (n.name, ArtifactRef { digest: a.digest })))
+        .collect()
+}
+
+pub fn assignment_to_wire(a: &Assignment) -> v1::Assignment {
+    v1::Assignment {
+        id: a.id.clone(),
+        run_id: a.run_id.clone(),
+        step: a.step.clone(),
+        attempt: a.attempt,
+        command: a.command.clone(),
+        env: a.env.clone(),
+        cwd: Some(match &a.cwd {
+            Cwd::StepDir => v1::assignment::Cwd::StepDir(true),
+            Cwd::CaptureSelf => v1::assignment::Cwd::CaptureSelf(true),
+            Cwd::Host(p) => v1::assignment::Cwd::HostDir(p.to_string_lossy().into_owned()),
+        }),
+        inputs: named(&a.inputs),
+        outputs: a.outputs.clone(),
+        timeout_ms: a.timeout.map(|t| t.as_millis() as u64),
+        judge: Some(v1::Judge { stdout: a.judge.stdout.clone(), code: a.judge.code, files: a.judge.files.clone() }),
+        image: a.image.clone(),
+        stream: a.stream,
+    }
+}
+
+pub fn assignment_from_wire(a: v1::Assignment) -> Assignment {
+    let judge = a.judge.unwrap_or_default();
+    Assignment {
+        id: a.id,
+        run_id: a.run_id,
+        step: a.step,
+        attempt: a.attempt,
+        command: a.command,
+        env: a.env,
+        cwd: match a.cwd {
+            Some(v1::assignment::Cwd::CaptureSelf(_)) => Cwd::CaptureSelf,
+            Some(v1::assignment::Cwd::HostDir(p)) => Cwd::Host(PathBuf::from(p)),
+            _ => Cwd::StepDir,
+        },
+        inputs: unnamed(a.inputs),
+        outputs: a.outputs,
+        timeout: a.timeout_ms.map(Duration::from_millis),
+        judge: Judge { stdout: judge.stdout, code: judge.code, files: judge.files },
+        image: a.image,
+        stream: a.stream,
+    }
+}
+
+pub fn result_to_wire(r: &AssignmentResult) -> v1::AssignmentResult {
+    let (class, message) = match &r.result {
+        Ok(()) => (v1::OutcomeClass::Succeeded, String::new()),
+        Err(e) => (
+            match e.class {
+                Class::Failed => v1::OutcomeClass::Failed,
+                Class::Errored => v1::OutcomeClass::Errored,
+                Class::Aborted => v1::OutcomeClass::Aborted,
+            },
+            e.message.clone(),
+        ),
+    };
+    v1::AssignmentResult {
+        assignment_id: r.assignment_id.clone(),
+        exit_code: r.exit_code,
+        stdout: r.stdout.clone(),
+        stderr: r.stderr.clone(),
+        outputs: named(&r.outputs),
+        class: class as i32,
+        message,
+    }
+}
+
+pub fn result_from_wire(r: v1::AssignmentResult) -> AssignmentResult {
+    let result = match v1::OutcomeClass::try_from(r.class).unwrap_or(v1::OutcomeClass::Errored) {
+        v1::OutcomeClass::Succeeded => Ok(()),
+        v1::OutcomeClass::Failed => Err(StepError::failed(r.message)),
+        v1::OutcomeClass::Errored => Err(StepError::errored(r.message)),
+        v1::OutcomeClass::Aborted => Err(StepError::aborted(r.message)),
+    };
+    AssignmentResult {
+        assignment_id: r.assignment_id,
+        exit_code: r.exit_code,
+        stdout: r.stdout,
+        stderr: r.stderr,
+        outputs: unnamed(r.outputs),
+        result,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn assignments_and_results_round_trip() {
+        let a = Assignment {
+            id: "a1".into(),
+            run_id: "r".into(),
+            step: "build [os=linux]".into(),
+            attempt: 2,
+            command: "echo hi".into(),
+            env: vec!["GOFLAGS".into()],
+            cwd: Cwd::Host(PathBuf::from("/srv")),
+            inputs: vec![("src".into(), ArtifactRef { digest: "abc".into() })],
+            outputs: vec!["out".into()],
+            timeout: Some(Duration::from_millis(1500)),
+            judge: Judge { stdout: Some("ok".into()), code: Some(3), files: vec!["out/f".into()] },
+            image: None,
+            stream: true,
+        };
+        let b = assignment_from_wire(assignment_to_wire(&a));
+        assert_eq!((b.id, b.cwd, b.inputs, b.timeout, b.judge), (a.id, a.cwd, a.inputs, a.timeout, a.judge));
+        let r = AssignmentResult {
+            assignment_id: "a1".into(),
+            exit_code: Some(1),
+            stdout: "o".into(),
+            stderr: "e".into(),
+            outputs: vec![],
+            result: Err(StepError::failed("boom")),
+        };
+        let back = result_from_wire(result_to_wire(&r));
+        assert_eq!(back.result, r.result);
+        assert_eq!(back.exit_code, Some(1));
+    }
+}
