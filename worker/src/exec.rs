@@ -71,7 +71,9 @@ pub async fn execute(
     let owned = !matches!(a.cwd, Cwd::Host(_));
     let result = run_in(a, &dir, store, sink, cancel).await;
     if owned {
-        let _ = tokio::fs::remove_dir_all(&dir).await;
+        // Most step directories are small: removing them inline is cheaper
+        // than a round trip to the blocking pool.
+        let _ = std::fs::remove_dir(&dir).or_else(|_| std::fs::remove_dir_all(&dir));
     }
     result
 }

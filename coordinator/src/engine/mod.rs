@@ -640,7 +640,7 @@ impl JobRun {
                 Some(d)
             }
         });
-        let results = join_all(futs.collect()).await;
+        let results = join_all(futs).await;
         let mut log = Vec::new();
         let mut errors = Vec::new();
         for d in results.into_iter().flatten() {
@@ -713,7 +713,7 @@ impl JobRun {
                 (c.clone(), self.step(s, c.clone(), false).await)
             }
         });
-        let results = join_all(futs.collect()).await;
+        let results = join_all(futs).await;
         let mut log = Vec::new();
         let mut errors = Vec::new();
         let mut collected: Vec<(Cell, Vec<(String, ArtifactRef)>)> = Vec::new();
@@ -808,37 +808,9 @@ fn rand_suffix() -> u64 {
     N.fetch_add(1, Ordering::Relaxed)
 }
 
-/// Polls every future to completion, returning results in input order.
-async fn join_all<'a, T: Send + 'a>(futs: Vec<impl Future<Output = T> + Send + 'a>) -> Vec<T> {
-    let mut pinned: Vec<Pin<Box<dyn Future<Output = T> + Send + 'a>>> = futs.into_iter().map(|f| Box::pin(f) as _).collect();
-    let mut out: Vec<Option<T>> = (0..pinned.len()).map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (i, f) in pinned.iter_mut().enumerate() {
-            if out[i].is_none() {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => out[i] = Some(v),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending { std::task::Poll::Pending } else { std::task::Poll::Ready(()) }
-    })
-    .await;
-    out.into_iter().flatten().collect()
-}
+use futures::future::join_all;
 
 /// Waits for the first future to finish; returns it, its index and the rest.
-async fn select_all<'a, T>(mut futs: Vec<BoxFut<'a, T>>) -> (T, usize, Vec<BoxFut<'a, T>>) {
-    let (v, i) = std::future::poll_fn(|cx| {
-        for (i, f) in futs.iter_mut().enumerate() {
-            if let std::task::Poll::Ready(v) = f.as_mut().poll(cx) {
-                return std::task::Poll::Ready((v, i));
-            }
-        }
-        std::task::Poll::Pending
-    })
-    .await;
-    drop(futs.remove(i));
-    (v, i, futs)
+async fn select_all<'a, T>(futs: Vec<BoxFut<'a, T>>) -> (T, usize, Vec<BoxFut<'a, T>>) {
+    futures::future::select_all(futs).await
 }
