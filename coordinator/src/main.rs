@@ -112,6 +112,35 @@ enum Command {
         #[arg(long, value_name = "N")]
         slots: Option<u32>,
     },
+    /// Show recorded runs of a pipeline (read-only; never creates the store).
+    ///
+    /// Without flags: the newest runs, one per line. --steps: the steps of the
+    /// newest run (or of --run ID). --logs: its output lines.
+    ///
+    /// Examples:
+    ///   steppe runs ci.yml --job build --limit 5
+    ///   steppe runs ci.yml --steps
+    ///   steppe runs ci.yml --run r-18c2… --logs
+    #[command(verbatim_doc_comment)]
+    Runs {
+        /// The pipeline file (its store is .steppe/<file>.db beside it).
+        pipeline: PathBuf,
+        /// Only runs of this job.
+        #[arg(long)]
+        job: Option<String>,
+        /// How many runs to list.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+        /// Show the steps of one run.
+        #[arg(long)]
+        steps: bool,
+        /// The run to show (default: the newest).
+        #[arg(long, value_name = "ID")]
+        run: Option<String>,
+        /// Show the run's output lines.
+        #[arg(long)]
+        logs: bool,
+    },
     /// Print the JSON Schema of the pipeline format.
     ///
     /// Generated from the same types the loader decodes into, so it cannot drift.
@@ -197,6 +226,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Validate { pipeline, syntax_only, vars } => validate(&pipeline, syntax_only, &vars),
         Command::Run { pipeline, job, exec, vars } => run_job(&pipeline, job.as_deref(), &exec, &vars),
         Command::Test { pipeline, exec, vars } => test(&pipeline, &exec, &vars),
+        Command::Runs { pipeline, job, limit, steps, run, logs } => runs(&pipeline, job.as_deref(), limit, steps, run.as_deref(), logs),
         Command::Worker { coordinator, slots } => worker(&coordinator, slots),
         Command::Schema => {
             println!("{}", schema::pipeline_schema_json());
@@ -275,7 +305,9 @@ fn engine(loaded: &steppe_shared::Loaded, exec: &ExecArgs) -> Result<Arc<engine:
     if slots == 0 && exec.listen.is_none() {
         anyhow::bail!("--workers 0 leaves nobody to run steps; add --listen ADDR and start `steppe worker`s");
     }
-    let out = Arc::new(engine::Output::new(exec.quiet));
+    let db = steppe_shared::store::db_path(&loaded.path);
+    let runs: Arc<dyn steppe_shared::store::Store> = Arc::new(steppe_shared::store::SqliteStore::open(&db)?);
+    let out = Arc::new(engine::Output::new(exec.quiet).with_store(runs));
     let (_cancel_tx, cancel_rx) = tokio::sync::watch::channel(false);
     let dispatcher = dispatch::Dispatcher::new(Arc::new(InProcessQueue::new()));
     steppe_worker::local::spawn_local_workers(slots, dispatcher.queue.clone(), store.clone(), work, out.clone(), dispatcher.clone(), dispatcher.local.clone());
@@ -374,6 +406,9 @@ fn run_job(path: &Path, job: Option<&str>, exec: &ExecArgs, vars: &VarArgs) -> R
         anyhow::Ok(run_one(&engine, &job).await)
     })?;
     let outcome = steppe_shared::outcome::Outcome::of(&result.result);
+    if !exec.quiet {
+        println!("execution: [{}]", result.log.join(", "));
+    }
     match &result.result {
         Ok(()) => println!("job {} succeeded", job.name),
         Err(e) => {
@@ -435,5 +470,73 @@ fn worker(url: &str, slots: Option<u32>) -> Result<ExitCode> {
     rt.block_on(steppe_worker::remote::run(url, slots, &name, work.clone()))?;
     let _ = std::fs::remove_dir_all(&work);
     eprintln!("steppe worker {name}: the coordinator closed the session");
+    Ok(ExitCode::SUCCESS)
+}
+
+fn fmt_ms(ms: i64) -> String {
+    if ms < 1000 {
+        format!("{ms}ms")
+    } else if ms < 60_000 {
+        format!("{:.1}s", ms as f64 / 1000.0)
+    } else {
+        format!("{}m{:02}s", ms / 60_000, (ms % 60_000) / 1000)
+    }
+}
+
+fn fmt_time(ms: i64) -> String {
+    let secs = ms / 1000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}Z", rem / 3600, (rem % 3600) / 60, rem % 60)
+}
+
+fn runs(path: &Path, job: Option<&str>, limit: usize, steps: bool, run: Option<&str>, logs: bool) -> Result<ExitCode> {
+    use steppe_shared::store::{db_path, SqliteStore, Store};
+    let db = db_path(path);
+    let Some(store) = SqliteStore::open_existing(&db)? else {
+        println!("no runs recorded for {} (no store at {})", path.display(), db.display());
+        return Ok(ExitCode::SUCCESS);
+    };
+    if !steps && !logs && run.is_none() {
+        let rows = store.runs(job, limit)?;
+        if rows.is_empty() {
+            println!("no runs recorded for {}", path.display());
+            return Ok(ExitCode::SUCCESS);
+        }
+        println!("{:<26} {:<20} {:<21} {:>9}  OUTCOME", "RUN", "JOB", "STARTED", "DURATION");
+        for r in rows {
+            let dur = r.finished_ms.map(|f| fmt_ms(f - r.started_ms)).unwrap_or_else(|| "-".into());
+            let outcome = r.outcome.clone().unwrap_or_else(|| "running".into());
+            let msg = if r.message.is_empty() { String::new() } else { format!(": {}", r.message.lines().next().unwrap_or_default()) };
+            println!("{:<26} {:<20} {:<21} {:>9}  {outcome}{msg}", r.id, r.job, fmt_time(r.started_ms), dur);
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let record = match run {
+        Some(id) => store.run(id)?.with_context(|| format!("no run {id} in {}", db.display()))?,
+        None => store.runs(job, 1)?.into_iter().next().with_context(|| format!("no runs recorded for {}", path.display()))?,
+    };
+    println!("run {} of job {} ({})", record.id, record.job, record.outcome.as_deref().unwrap_or("running"));
+    if steps || !logs {
+        println!("{:<40} {:<10} {:>9} {:>5}", "STEP", "OUTCOME", "DURATION", "EXIT");
+        for s in store.steps(&record.id)? {
+            let exit = s.exit_code.map(|c| c.to_string()).unwrap_or_else(|| "-".into());
+            println!("{:<40} {:<10} {:>9} {:>5}", s.name, s.outcome, fmt_ms(s.duration_ms), exit);
+        }
+    }
+    if logs {
+        for l in store.logs(&record.id)? {
+            println!("[{}]{} {}", l.step, if l.stderr { " (stderr)" } else { "" }, l.line);
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }

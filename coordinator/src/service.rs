@@ -80,7 +80,7 @@ impl Coordinator for WorkerService {
                 match inbound.message().await {
                     Ok(Some(WorkerMessage { msg: Some(m) })) => match m {
                         worker_message::Msg::Line(l) => {
-                            sink.line(&l.step, if l.stderr { Stream::Stderr } else { Stream::Stdout }, &l.line);
+                            sink.line(&l.run_id, &l.step, if l.stderr { Stream::Stderr } else { Stream::Stdout }, &l.line);
                         }
                         worker_message::Msg::Result(r) => {
                             let _freed = inflight.lock().ok().and_then(|mut m| m.remove(&r.assignment_id));

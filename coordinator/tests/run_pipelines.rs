@@ -170,3 +170,21 @@ fn pipelines_run_on_a_separate_worker_process() {
         assert_eq!(wstatus.code(), Some(0), "the worker exits cleanly when the coordinator goes");
     }
 }
+
+#[test]
+fn runs_are_recorded_and_shown() {
+    let d = scratch("runs");
+    std::fs::write(d.join("p.yml"), "jobs:\n- name: build\n  plan:\n  - task: compile\n    run: echo compiled; echo warn >&2\n  - task: broken\n    run: exit 5\n").expect("write");
+    let out = steppe(&["runs", "p.yml"], &d);
+    assert!(text(&out).contains("no runs recorded"), "{}", text(&out));
+    assert!(!d.join(".steppe").exists(), "a read-only view must not create the store");
+    assert_eq!(steppe(&["run", "p.yml"], &d).status.code(), Some(1));
+    assert_eq!(steppe(&["run", "p.yml"], &d).status.code(), Some(1));
+    let t = text(&steppe(&["runs", "p.yml"], &d));
+    assert_eq!(t.lines().filter(|l| l.contains(" build ") && l.contains("failed")).count(), 2, "{t}");
+    let t = text(&steppe(&["runs", "p.yml", "--steps"], &d));
+    assert!(t.lines().any(|l| l.starts_with("compile") && l.contains("succeeded")), "{t}");
+    assert!(t.lines().any(|l| l.starts_with("broken") && l.contains("failed") && l.trim_end().ends_with('5')), "{t}");
+    let t = text(&steppe(&["runs", "p.yml", "--logs"], &d));
+    assert!(t.contains("[compile] compiled") && t.contains("[compile] (stderr) warn"), "{t}");
+}

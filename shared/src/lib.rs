@@ -11,6 +11,7 @@ pub mod model;
 pub mod outcome;
 pub mod queue;
 pub mod source;
+pub mod store;
 pub mod suggest;
 pub mod template;
 pub mod yaml;

@@ -33,7 +33,7 @@ pub enum Stream {
 
 /// Where live output lines go.
 pub trait LineSink: Send + Sync {
-    fn line(&self, step: &str, stream: Stream, line: &str);
+    fn line(&self, run_id: &str, step: &str, stream: Stream, line: &str);
 }
 
 static SEQ: AtomicU64 = AtomicU64::new(0);
@@ -114,8 +114,8 @@ async fn run_in(
         Err(e) => return fail(StepError::errored(format!("{}: cannot start sh: {e}", a.step))),
     };
     let pid = child.id();
-    let out_task = child.stdout.take().map(|s| tokio::spawn(read_stream(BufReader::new(s), a.step.clone(), Stream::Stdout, sink.clone(), a.stream)));
-    let err_task = child.stderr.take().map(|s| tokio::spawn(read_stream(BufReader::new(s), a.step.clone(), Stream::Stderr, sink.clone(), a.stream)));
+    let out_task = child.stdout.take().map(|s| tokio::spawn(read_stream(BufReader::new(s), a.run_id.clone(), a.step.clone(), Stream::Stdout, sink.clone(), a.stream)));
+    let err_task = child.stderr.take().map(|s| tokio::spawn(read_stream(BufReader::new(s), a.run_id.clone(), a.step.clone(), Stream::Stderr, sink.clone(), a.stream)));
     let deadline = async {
         match a.timeout {
             Some(t) => tokio::time::sleep(t).await,
@@ -204,6 +204,7 @@ impl SignalCode for std::process::ExitStatus {
 
 async fn read_stream<R: tokio::io::AsyncRead + Unpin>(
     mut r: BufReader<R>,
+    run_id: String,
     step: String,
     stream: Stream,
     sink: Arc<dyn LineSink>,
@@ -218,7 +219,7 @@ async fn read_stream<R: tokio::io::AsyncRead + Unpin>(
             Ok(_) => {
                 let line = String::from_utf8_lossy(&buf);
                 if echo {
-                    sink.line(&step, stream, line.trim_end_matches('\n'));
+                    sink.line(&run_id, &step, stream, line.trim_end_matches('\n'));
                 }
                 if captured.len() < CAPTURE_CAP {
                     captured.push_str(&line);

@@ -34,9 +34,10 @@ struct Lines {
 }
 
 impl LineSink for Lines {
-    fn line(&self, step: &str, stream: Stream, line: &str) {
+    fn line(&self, run_id: &str, step: &str, stream: Stream, line: &str) {
         let msg = WorkerMessage {
             msg: Some(worker_message::Msg::Line(OutputLine {
+                run_id: run_id.to_string(),
                 assignment_id: self.id.clone(),
                 step: step.to_string(),
                 stderr: stream == Stream::Stderr,

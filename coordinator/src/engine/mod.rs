@@ -77,6 +77,7 @@ impl Done {
 #[derive(Debug, Clone)]
 pub struct JobResult {
     pub result: Result<(), StepError>,
+    /// The execution log: what `assert.execution` compares against.
     pub log: Vec<String>,
 }
 
@@ -90,6 +91,8 @@ pub struct JobRun {
     vars: Mutex<HashMap<String, String>>,
     /// Versions pinned for this input set by an `every` get.
     every: Mutex<HashMap<String, Value>>,
+    /// Order of step records in the store.
+    seq: std::sync::atomic::AtomicI64,
 }
 
 /// A matrix cell's variables, in axis order.
@@ -130,7 +133,22 @@ impl JobRun {
             artifacts: Mutex::new(HashMap::new()),
             vars: Mutex::new(HashMap::new()),
             every: Mutex::new(HashMap::new()),
+            seq: std::sync::atomic::AtomicI64::new(0),
         })
+    }
+
+    /// A step ended: tell the terminal and record it.
+    fn ended(&self, label: &str, r: &Result<(), StepError>, took: Duration, exit_code: Option<i32>) {
+        self.engine.out.end(label, r, took);
+        self.engine.out.record_step(steppe_shared::store::StepRecord {
+            run_id: self.run_id.clone(),
+            seq: self.seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            name: label.to_string(),
+            outcome: Outcome::of(r).word().to_string(),
+            message: r.as_ref().err().map(|e| e.message.clone()).unwrap_or_default(),
+            duration_ms: took.as_millis() as i64,
+            exit_code,
+        });
     }
 
     fn aborted(&self) -> bool {
@@ -183,6 +201,27 @@ impl JobRun {
 
     /// Runs the job: plan (with routing), job hooks, job assert.
     pub async fn run(self: &Arc<Self>) -> JobResult {
+        let now_ms = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
+        if let Some(s) = self.engine.out.store() {
+            if let Err(e) = s.start_run(&self.run_id, &self.job.name, now_ms()) {
+                self.engine.out.note(&format!("steppe: recording the run: {e}"));
+            }
+        }
+        let r = self.run_inner().await;
+        self.engine.out.flush();
+        if let Some(s) = self.engine.out.store() {
+            let (word, msg) = match &r.result {
+                Ok(()) => ("succeeded", String::new()),
+                Err(e) => (Outcome::of(&r.result).word(), e.message.clone()),
+            };
+            if let Err(e) = s.finish_run(&self.run_id, now_ms(), word, &msg) {
+                self.engine.out.note(&format!("steppe: recording the run: {e}"));
+            }
+        }
+        r
+    }
+
+    async fn run_inner(self: &Arc<Self>) -> JobResult {
         let job_timeout = self.job.timeout.and_then(|t| t.to_std());
         let started = Instant::now();
         let (mut result, mut log) = self.walk_plan(0, job_timeout, started).await;
@@ -383,10 +422,8 @@ impl JobRun {
                 StepKind::Race => self.race(s.race.as_ref().map(|r| r.steps.as_slice()).unwrap_or(&[])).await,
                 StepKind::Agent | StepKind::Ensemble => {
                     let label = s.agent.clone().unwrap_or_else(|| "ensemble".into());
-                    self.engine.out.start(&label);
                     let e = StepError::errored(format!("{label}: agent steps are not supported by this build of steppe yet"));
-                    self.engine.out.end(&label, &Err(e.clone()), Duration::ZERO);
-                    Done::err(e, vec![label])
+                    self.finish_err(&label, e)
                 }
                 StepKind::Approval => {
                     let e = StepError::errored("approval: approval steps are not supported by this build of steppe yet");
@@ -545,7 +582,7 @@ impl JobRun {
 
     fn finish_err(&self, label: &str, e: StepError) -> Done {
         self.engine.out.start(label);
-        self.engine.out.end(label, &Err(e.clone()), Duration::ZERO);
+        self.ended(label, &Err(e.clone()), Duration::ZERO, None);
         Done::err(e, vec![label.to_string()])
     }
 
@@ -570,7 +607,7 @@ impl JobRun {
             tokio::time::sleep(Duration::from_millis(500 * u64::from(n))).await;
         }
         let r = last.expect("at least one attempt");
-        self.engine.out.end(label, &r.result, t0.elapsed());
+        self.ended(label, &r.result, t0.elapsed(), r.exit_code);
         Done { result: r.result.clone(), routed: r.result, log: vec![label.to_string()], skipped: false, outputs: r.outputs }
     }
 

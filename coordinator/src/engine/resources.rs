@@ -95,7 +95,7 @@ impl JobRun {
                 }
             }
         }
-        self.engine.out.end(&name, &last, t0.elapsed());
+        self.ended(&name, &last, t0.elapsed(), None);
         Done { result: last.clone(), routed: last, log, skipped: false, outputs }
     }
 

@@ -1,0 +1,238 @@
+//! The Store: runs, step records and logs. SQLite under `.steppe/` in
+//! embedded mode (created on first use); Redis in a cluster.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use rusqlite::{params, Connection, OptionalExtension};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("store {path}: {source}")]
+    Sqlite { path: String, source: rusqlite::Error },
+    #[error("store {path}: {source}")]
+    Io { path: String, source: std::io::Error },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunRecord {
+    pub id: String,
+    pub job: String,
+    pub started_ms: i64,
+    pub finished_ms: Option<i64>,
+    /// succeeded / failed / errored / aborted; None while running.
+    pub outcome: Option<String>,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepRecord {
+    pub run_id: String,
+    pub seq: i64,
+    pub name: String,
+    pub outcome: String,
+    pub message: String,
+    pub duration_ms: i64,
+    pub exit_code: Option<i32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogLine {
+    pub step: String,
+    pub stderr: bool,
+    pub line: String,
+}
+
+/// What the coordinator records and the `runs` views read.
+pub trait Store: Send + Sync {
+    fn start_run(&self, id: &str, job: &str, started_ms: i64) -> Result<(), StoreError>;
+    fn finish_run(&self, id: &str, finished_ms: i64, outcome: &str, message: &str) -> Result<(), StoreError>;
+    fn record_step(&self, s: &StepRecord) -> Result<(), StoreError>;
+    fn append_logs(&self, run_id: &str, lines: &[LogLine]) -> Result<(), StoreError>;
+    /// Newest first.
+    fn runs(&self, job: Option<&str>, limit: usize) -> Result<Vec<RunRecord>, StoreError>;
+    fn run(&self, id: &str) -> Result<Option<RunRecord>, StoreError>;
+    fn steps(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError>;
+    fn logs(&self, run_id: &str) -> Result<Vec<LogLine>, StoreError>;
+}
+
+/// The store file of a pipeline: `<dir>/.steppe/<file name>.db`, one per file.
+pub fn db_path(pipeline: &Path) -> PathBuf {
+    let dir = pipeline.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let name = pipeline.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "pipeline".into());
+    dir.join(".steppe").join(format!("{name}.db"))
+}
+
+pub struct SqliteStore {
+    path: String,
+    conn: Mutex<Connection>,
+}
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS runs (
+  id TEXT PRIMARY KEY, job TEXT NOT NULL, started_ms INTEGER NOT NULL,
+  finished_ms INTEGER, outcome TEXT, message TEXT NOT NULL DEFAULT '');
+CREATE TABLE IF NOT EXISTS steps (
+  run_id TEXT NOT NULL, seq INTEGER NOT NULL, name TEXT NOT NULL, outcome TEXT NOT NULL,
+  message TEXT NOT NULL, duration_ms INTEGER NOT NULL, exit_code INTEGER,
+  PRIMARY KEY (run_id, seq));
+CREATE TABLE IF NOT EXISTS logs (
+  run_id TEXT NOT NULL, seq INTEGER PRIMARY KEY AUTOINCREMENT, step TEXT NOT NULL,
+  stderr INTEGER NOT NULL, line TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS logs_run ON logs (run_id, seq);
+CREATE INDEX IF NOT EXISTS runs_job ON runs (job, started_ms);
+";
+
+impl SqliteStore {
+    /// Opens (creating if needed) the store at `path`.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let p = path.display().to_string();
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|source| StoreError::Io { path: p.clone(), source })?;
+        }
+        let conn = Connection::open(path).map_err(|source| StoreError::Sqlite { path: p.clone(), source })?;
+        conn.execute_batch("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=5000;")
+            .and_then(|_| conn.execute_batch(SCHEMA))
+            .map_err(|source| StoreError::Sqlite { path: p.clone(), source })?;
+        Ok(SqliteStore { path: p, conn: Mutex::new(conn) })
+    }
+
+    /// Opens an existing store read-only views use; `None` if it was never created.
+    pub fn open_existing(path: &Path) -> Result<Option<Self>, StoreError> {
+        if !path.exists() {
+            return Ok(None);
+        }
+        Self::open(path).map(Some)
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut Connection) -> rusqlite::Result<T>) -> Result<T, StoreError> {
+        let mut c = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut c).map_err(|source| StoreError::Sqlite { path: self.path.clone(), source })
+    }
+}
+
+fn run_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRecord> {
+    Ok(RunRecord {
+        id: r.get(0)?,
+        job: r.get(1)?,
+        started_ms: r.get(2)?,
+        finished_ms: r.get(3)?,
+        outcome: r.get(4)?,
+        message: r.get(5)?,
+    })
+}
+
+impl Store for SqliteStore {
+    fn start_run(&self, id: &str, job: &str, started_ms: i64) -> Result<(), StoreError> {
+        self.with(|c| c.execute("INSERT INTO runs (id, job, started_ms) VALUES (?1, ?2, ?3)", params![id, job, started_ms]).map(|_| ()))
+    }
+
+    fn finish_run(&self, id: &str, finished_ms: i64, outcome: &str, message: &str) -> Result<(), StoreError> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE runs SET finished_ms = ?2, outcome = ?3, message = ?4 WHERE id = ?1",
+                params![id, finished_ms, outcome, message],
+            )
+            .map(|_| ())
+        })
+    }
+
+    fn record_step(&self, s: &StepRecord) -> Result<(), StoreError> {
+        self.with(|c| {
+            c.execute(
+                "INSERT OR REPLACE INTO steps (run_id, seq, name, outcome, message, duration_ms, exit_code) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![s.run_id, s.seq, s.name, s.outcome, s.message, s.duration_ms, s.exit_code],
+            )
+            .map(|_| ())
+        })
+    }
+
+    fn append_logs(&self, run_id: &str, lines: &[LogLine]) -> Result<(), StoreError> {
+        self.with(|c| {
+            let tx = c.transaction()?;
+            {
+                let mut st = tx.prepare_cached("INSERT INTO logs (run_id, step, stderr, line) VALUES (?1, ?2, ?3, ?4)")?;
+                for l in lines {
+                    st.execute(params![run_id, l.step, l.stderr, l.line])?;
+                }
+            }
+            tx.commit()
+        })
+    }
+
+    fn runs(&self, job: Option<&str>, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
+        self.with(|c| {
+            let mut st = c.prepare(
+                "SELECT id, job, started_ms, finished_ms, outcome, message FROM runs
+                 WHERE (?1 IS NULL OR job = ?1) ORDER BY started_ms DESC, rowid DESC LIMIT ?2",
+            )?;
+            let rows = st.query_map(params![job, limit as i64], run_row)?;
+            rows.collect()
+        })
+    }
+
+    fn run(&self, id: &str) -> Result<Option<RunRecord>, StoreError> {
+        self.with(|c| {
+            c.query_row("SELECT id, job, started_ms, finished_ms, outcome, message FROM runs WHERE id = ?1", params![id], run_row)
+                .optional()
+        })
+    }
+
+    fn steps(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError> {
+        self.with(|c| {
+            let mut st = c.prepare(
+                "SELECT run_id, seq, name, outcome, message, duration_ms, exit_code FROM steps WHERE run_id = ?1 ORDER BY seq",
+            )?;
+            let rows = st.query_map(params![run_id], |r| {
+                Ok(StepRecord {
+                    run_id: r.get(0)?,
+                    seq: r.get(1)?,
+                    name: r.get(2)?,
+                    outcome: r.get(3)?,
+                    message: r.get(4)?,
+                    duration_ms: r.get(5)?,
+                    exit_code: r.get(6)?,
+                })
+            })?;
+            rows.collect()
+        })
+    }
+
+    fn logs(&self, run_id: &str) -> Result<Vec<LogLine>, StoreError> {
+        self.with(|c| {
+            let mut st = c.prepare("SELECT step, stderr, line FROM logs WHERE run_id = ?1 ORDER BY seq")?;
+            let rows = st.query_map(params![run_id], |r| Ok(LogLine { step: r.get(0)?, stderr: r.get(1)?, line: r.get(2)? }))?;
+            rows.collect()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_and_reads_back() {
+        let dir = std::env::temp_dir().join(format!("steppe-store-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let path = db_path(&dir.join("ci.yml"));
+        assert!(path.ends_with(".steppe/ci.yml.db"));
+        assert!(SqliteStore::open_existing(&path).unwrap().is_none());
+        let s = SqliteStore::open(&path).unwrap();
+        s.start_run("r1", "build", 10).unwrap();
+        s.start_run("r2", "test", 20).unwrap();
+        s.record_step(&StepRecord { run_id: "r1".into(), seq: 0, name: "compile".into(), outcome: "succeeded".into(), message: String::new(), duration_ms: 5, exit_code: Some(0) }).unwrap();
+        s.append_logs("r1", &[LogLine { step: "compile".into(), stderr: false, line: "ok".into() }]).unwrap();
+        s.finish_run("r1", 30, "succeeded", "").unwrap();
+        let runs = s.runs(None, 10).unwrap();
+        assert_eq!(runs.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["r2", "r1"]);
+        assert_eq!(s.runs(Some("build"), 10).unwrap().len(), 1);
+        assert_eq!(s.run("r1").unwrap().unwrap().outcome.as_deref(), Some("succeeded"));
+        assert_eq!(s.steps("r1").unwrap()[0].name, "compile");
+        assert_eq!(s.logs("r1").unwrap()[0].line, "ok");
+        drop(s);
+        // History survives reopening.
+        let s = SqliteStore::open_existing(&path).unwrap().unwrap();
+        assert_eq!(s.runs(None, 10).unwrap().len(), 2);
+    }
+}
