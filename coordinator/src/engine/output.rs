@@ -13,6 +13,7 @@ use steppe_worker::exec::{LineSink, Stream};
 
 enum Write_ {
     Log(String, LogLine),
+    Step(StepRecord),
     Flush(mpsc::Sender<()>),
 }
 
@@ -54,6 +55,12 @@ impl EventHub {
                         batch.push((r, l));
                         if batch.len() >= 500 {
                             flush(&mut batch);
+                        }
+                    }
+                    Ok(Write_::Step(rec)) => {
+                        flush(&mut batch);
+                        if let Err(e) = s.record_step(&rec) {
+                            eprintln!("steppe: recording step {}: {e}", rec.name);
                         }
                     }
                     Ok(Write_::Flush(done)) => {
@@ -102,10 +109,11 @@ impl EventHub {
         self.say(msg);
     }
 
+    /// Queues a step record for the writer thread (in order with the logs).
     pub fn record_step(&self, rec: StepRecord) {
-        if let Some(s) = &self.store {
-            if let Err(e) = s.record_step(&rec) {
-                eprintln!("steppe: recording step {}: {e}", rec.name);
+        if let Some(tx) = &self.logs {
+            if let Ok(t) = tx.lock() {
+                let _ = t.send(Write_::Step(rec));
             }
         }
     }
