@@ -141,6 +141,27 @@ enum Command {
         #[arg(long)]
         logs: bool,
     },
+    /// List approvals waiting for a decision (ID JOB REQUESTED MESSAGE).
+    Approvals {
+        /// The pipeline file.
+        pipeline: PathBuf,
+    },
+    /// Approve a parked approval: the run continues.
+    Approve {
+        pipeline: PathBuf,
+        id: i64,
+        /// Why (kept in the record).
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Reject a parked approval: the approval step fails.
+    Reject {
+        pipeline: PathBuf,
+        id: i64,
+        /// Why (kept in the record and shown in the failure).
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
     /// Print the JSON Schema of the pipeline format.
     ///
     /// Generated from the same types the loader decodes into, so it cannot drift.
@@ -227,6 +248,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Run { pipeline, job, exec, vars } => run_job(&pipeline, job.as_deref(), &exec, &vars),
         Command::Test { pipeline, exec, vars } => test(&pipeline, &exec, &vars),
         Command::Runs { pipeline, job, limit, steps, run, logs } => runs(&pipeline, job.as_deref(), limit, steps, run.as_deref(), logs),
+        Command::Approvals { pipeline } => approvals(&pipeline),
+        Command::Approve { pipeline, id, reason } => decide(&pipeline, id, true, &reason),
+        Command::Reject { pipeline, id, reason } => decide(&pipeline, id, false, &reason),
         Command::Worker { coordinator, slots } => worker(&coordinator, slots),
         Command::Schema => {
             println!("{}", schema::pipeline_schema_json());
@@ -339,6 +363,7 @@ fn engine(loaded: &steppe_shared::Loaded, exec: &ExecArgs) -> Result<Arc<engine:
     Ok(Arc::new(engine::Engine {
         pipeline: Arc::new(loaded.pipeline.clone()),
         dir,
+        pipeline_path: loaded.path.clone(),
         store,
         dispatcher,
         out,
@@ -538,5 +563,41 @@ fn runs(path: &Path, job: Option<&str>, limit: usize, steps: bool, run: Option<&
             println!("[{}]{} {}", l.step, if l.stderr { " (stderr)" } else { "" }, l.line);
         }
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn approvals(path: &Path) -> Result<ExitCode> {
+    use steppe_shared::store::{db_path, SqliteStore, Store};
+    let Some(store) = SqliteStore::open_existing(&db_path(path))? else {
+        println!("no approvals pending for {}", path.display());
+        return Ok(ExitCode::SUCCESS);
+    };
+    let pending = store.pending_approvals()?;
+    if pending.is_empty() {
+        println!("no approvals pending for {}", path.display());
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("{:<4} {:<20} {:<21} MESSAGE", "ID", "JOB", "REQUESTED");
+    for a in pending {
+        println!("{:<4} {:<20} {:<21} {}", a.id, a.job, fmt_time(a.requested_ms), a.message);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn decide(path: &Path, id: i64, approve: bool, reason: &str) -> Result<ExitCode> {
+    use steppe_shared::store::{db_path, SqliteStore, Store};
+    let db = db_path(path);
+    let store = SqliteStore::open_existing(&db)?.with_context(|| format!("no store at {}: nothing has run yet", db.display()))?;
+    let approver = ["STEPPE_APPROVER", "USER", "LOGNAME"].iter().find_map(|v| std::env::var(v).ok().filter(|s| !s.is_empty())).unwrap_or_else(|| "unknown".into());
+    let Some(rec) = store.approval(id)? else {
+        anyhow::bail!("no approval {id} in {}", db.display());
+    };
+    if let Some(d) = &rec.decision {
+        anyhow::bail!("approval {id} was already {d} by {}", rec.approver);
+    }
+    if !store.decide_approval(id, approve, reason, &approver)? {
+        anyhow::bail!("approval {id} was decided by someone else just now");
+    }
+    println!("{} approval {id}", if approve { "approved" } else { "rejected" });
     Ok(ExitCode::SUCCESS)
 }

@@ -188,3 +188,47 @@ fn runs_are_recorded_and_shown() {
     let t = text(&steppe(&["runs", "p.yml", "--logs"], &d));
     assert!(t.contains("[compile] compiled") && t.contains("[compile] (stderr) warn"), "{t}");
 }
+
+#[test]
+fn approvals_park_until_decided() {
+    let d = scratch("approvals");
+    std::fs::write(
+        d.join("p.yml"),
+        "jobs:\n- name: ship\n  plan:\n  - approval:\n      message: Ship it?\n      timeout: 1m\n  - task: deploy\n    run: echo deployed\n- name: gate\n  plan:\n  - approval:\n      message: Again?\n  - task: never\n    run: echo no\n- name: expire\n  plan:\n  - approval:\n      message: Anyone?\n      timeout: 1s\n",
+    )
+    .expect("write");
+    let wait_pending = |want: &str| {
+        let t0 = Instant::now();
+        loop {
+            let t = text(&steppe(&["approvals", "p.yml"], &d));
+            if let Some(line) = t.lines().find(|l| l.contains(want)) {
+                return line.split_whitespace().next().expect("id").to_string();
+            }
+            assert!(t0.elapsed() < Duration::from_secs(20), "no pending approval {want:?}: {t}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    // Approved: the run continues and succeeds.
+    let child = Command::new(env!("CARGO_BIN_EXE_steppe")).args(["run", "p.yml", "--job", "ship"]).current_dir(&d).stdout(std::process::Stdio::piped()).spawn().expect("spawn");
+    let id = wait_pending("Ship it?");
+    let t = text(&steppe(&["approve", "p.yml", &id], &d));
+    assert!(t.contains(&format!("approved approval {id}")), "{t}");
+    let out = child.wait_with_output().expect("wait");
+    let t = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    assert!(t.contains("[deploy] deployed") && t.contains("steppe approve p.yml"), "{t}");
+    let again = text(&steppe(&["reject", "p.yml", &id], &d));
+    assert!(again.contains("already approved"), "re-deciding is an error: {again}");
+    // Rejected: the approval step fails (exit 1).
+    let child = Command::new(env!("CARGO_BIN_EXE_steppe")).args(["run", "p.yml", "--job", "gate"]).current_dir(&d).stdout(std::process::Stdio::piped()).spawn().expect("spawn");
+    let id = wait_pending("Again?");
+    steppe(&["reject", "p.yml", &id, "--reason", "not today"], &d);
+    let out = child.wait_with_output().expect("wait");
+    let t = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    assert!(t.contains("rejected") && t.contains("not today"), "{t}");
+    // Nobody decides: aborted (130).
+    let out = steppe(&["run", "p.yml", "--job", "expire"], &d);
+    assert_eq!(out.status.code(), Some(130), "{}", text(&out));
+    assert!(text(&out).contains("nobody decided within 1s"), "{}", text(&out));
+}

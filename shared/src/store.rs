@@ -36,6 +36,21 @@ pub struct StepRecord {
     pub exit_code: Option<i32>,
 }
 
+/// A parked `approval:` step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApprovalRecord {
+    pub id: i64,
+    pub run_id: String,
+    pub job: String,
+    pub message: String,
+    pub requested_ms: i64,
+    pub deadline_ms: i64,
+    /// `approved` or `rejected`; None while pending.
+    pub decision: Option<String>,
+    pub reason: String,
+    pub approver: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LogLine {
     pub step: String,
@@ -54,6 +69,12 @@ pub trait Store: Send + Sync {
     fn run(&self, id: &str) -> Result<Option<RunRecord>, StoreError>;
     fn steps(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError>;
     fn logs(&self, run_id: &str) -> Result<Vec<LogLine>, StoreError>;
+    /// Parks an approval; returns its id.
+    fn request_approval(&self, run_id: &str, job: &str, message: &str, requested_ms: i64, deadline_ms: i64) -> Result<i64, StoreError>;
+    fn approval(&self, id: i64) -> Result<Option<ApprovalRecord>, StoreError>;
+    fn pending_approvals(&self) -> Result<Vec<ApprovalRecord>, StoreError>;
+    /// Records a decision; false if the approval was already decided (or does not exist).
+    fn decide_approval(&self, id: i64, approved: bool, reason: &str, approver: &str) -> Result<bool, StoreError>;
 }
 
 /// The store file of a pipeline: `<dir>/.steppe/<file name>.db`, one per file.
@@ -81,7 +102,27 @@ CREATE TABLE IF NOT EXISTS logs (
   stderr INTEGER NOT NULL, line TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS logs_run ON logs (run_id, seq);
 CREATE INDEX IF NOT EXISTS runs_job ON runs (job, started_ms);
+CREATE TABLE IF NOT EXISTS approvals (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, job TEXT NOT NULL,
+  message TEXT NOT NULL, requested_ms INTEGER NOT NULL, deadline_ms INTEGER NOT NULL,
+  decision TEXT, reason TEXT NOT NULL DEFAULT '', approver TEXT NOT NULL DEFAULT '');
 ";
+
+fn approval_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ApprovalRecord> {
+    Ok(ApprovalRecord {
+        id: r.get(0)?,
+        run_id: r.get(1)?,
+        job: r.get(2)?,
+        message: r.get(3)?,
+        requested_ms: r.get(4)?,
+        deadline_ms: r.get(5)?,
+        decision: r.get(6)?,
+        reason: r.get(7)?,
+        approver: r.get(8)?,
+    })
+}
+
+const APPROVAL_COLS: &str = "id, run_id, job, message, requested_ms, deadline_ms, decision, reason, approver";
 
 impl SqliteStore {
     /// Opens (creating if needed) the store at `path`.
@@ -198,6 +239,39 @@ impl Store for SqliteStore {
         })
     }
 
+    fn request_approval(&self, run_id: &str, job: &str, message: &str, requested_ms: i64, deadline_ms: i64) -> Result<i64, StoreError> {
+        self.with(|c| {
+            c.execute(
+                "INSERT INTO approvals (run_id, job, message, requested_ms, deadline_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![run_id, job, message, requested_ms, deadline_ms],
+            )?;
+            Ok(c.last_insert_rowid())
+        })
+    }
+
+    fn approval(&self, id: i64) -> Result<Option<ApprovalRecord>, StoreError> {
+        self.with(|c| c.query_row(&format!("SELECT {APPROVAL_COLS} FROM approvals WHERE id = ?1"), params![id], approval_row).optional())
+    }
+
+    fn pending_approvals(&self) -> Result<Vec<ApprovalRecord>, StoreError> {
+        self.with(|c| {
+            let mut st = c.prepare(&format!("SELECT {APPROVAL_COLS} FROM approvals WHERE decision IS NULL ORDER BY id"))?;
+            let rows = st.query_map([], approval_row)?;
+            rows.collect()
+        })
+    }
+
+    fn decide_approval(&self, id: i64, approved: bool, reason: &str, approver: &str) -> Result<bool, StoreError> {
+        let decision = if approved { "approved" } else { "rejected" };
+        self.with(|c| {
+            c.execute(
+                "UPDATE approvals SET decision = ?2, reason = ?3, approver = ?4 WHERE id = ?1 AND decision IS NULL",
+                params![id, decision, reason, approver],
+            )
+            .map(|n| n == 1)
+        })
+    }
+
     fn logs(&self, run_id: &str) -> Result<Vec<LogLine>, StoreError> {
         self.with(|c| {
             let mut st = c.prepare("SELECT step, stderr, line FROM logs WHERE run_id = ?1 ORDER BY seq")?;
@@ -230,6 +304,13 @@ mod tests {
         assert_eq!(s.run("r1").unwrap().unwrap().outcome.as_deref(), Some("succeeded"));
         assert_eq!(s.steps("r1").unwrap()[0].name, "compile");
         assert_eq!(s.logs("r1").unwrap()[0].line, "ok");
+        let a = s.request_approval("r1", "build", "Ship it?", 40, 50).unwrap();
+        assert_eq!(s.pending_approvals().unwrap().len(), 1);
+        assert!(s.decide_approval(a, false, "not today", "ana").unwrap());
+        assert!(!s.decide_approval(a, true, "", "bo").unwrap(), "re-deciding is refused");
+        let rec = s.approval(a).unwrap().unwrap();
+        assert_eq!((rec.decision.as_deref(), rec.reason.as_str(), rec.approver.as_str()), (Some("rejected"), "not today", "ana"));
+        assert!(s.pending_approvals().unwrap().is_empty());
         drop(s);
         // History survives reopening.
         let s = SqliteStore::open_existing(&path).unwrap().unwrap();
