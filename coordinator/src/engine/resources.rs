@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 use steppe_shared::assignment::{Assignment, Cwd, Judge};
 use steppe_shared::model::{Inputs, Resource, ResourceType, Step, VersionSpec};
 use steppe_shared::outcome::StepError;
+use steppe_shared::expr::{compile, eval, Env, Stage};
 use steppe_shared::template;
 
 use super::{Done, JobRun};
@@ -18,9 +19,9 @@ impl JobRun {
         let p = &self.engine.pipeline;
         let r = p.resources.iter().find(|r| r.name == name).ok_or_else(|| StepError::errored(format!("resource \"{name}\" is not declared")))?;
         let t = p.resource_types.iter().find(|t| t.name == r.type_).ok_or_else(|| StepError::errored(format!("resource type \"{}\" is not declared", r.type_)))?;
-        if t.config.as_ref().is_some_and(|c| c.expr.is_some() || c.mcp.is_some()) {
+        if t.config.as_ref().is_some_and(|c| c.mcp.is_some()) {
             return Err(StepError::errored(format!(
-                "resource \"{name}\": expr- and mcp-backed resource types are not supported by this build of steppe yet"
+                "resource \"{name}\": mcp-backed resource types are not supported by this build of steppe yet"
             )));
         }
         Ok((r, t))
@@ -35,6 +36,15 @@ impl JobRun {
     /// Runs the resource's check: a JSON array of versions, oldest first.
     pub(super) async fn check_versions(self: &Arc<Self>, name: &str) -> Result<Vec<Value>, StepError> {
         let (r, t) = self.resource(name)?;
+        if let Some(e) = t.config.as_ref().and_then(|c| c.expr.as_ref()) {
+            let src = e.check.clone().ok_or_else(|| StepError::errored(format!("check {name}: type \"{}\" sets no expr.check", t.name)))?;
+            let v = run_expr(&src, Stage::Check, json!({"source": r.source.clone().unwrap_or(json!({})), "version": {}}), Self::env_of(r, t), None)
+                .map_err(|e| StepError::errored(format!("check {name}: {e}")))?;
+            return match v {
+                Value::Array(items) if items.iter().all(Value::is_object) => Ok(items),
+                other => Err(StepError::errored(format!("check {name}: expr.check must give an array of objects, got {other}"))),
+            };
+        }
         let Some(check) = t.config.as_ref().and_then(|c| c.check.clone()) else {
             return Err(StepError::errored(format!("resource \"{name}\": could not parse JSON output of check (type \"{}\" declares no check:)", t.name)));
         };
@@ -116,6 +126,44 @@ impl JobRun {
             }
         };
         self.engine.out.note(&format!("{name}: version {version}"));
+        let params = s.params.as_ref().map(|p| self.subst_value(p)).unwrap_or(json!({}));
+        if let Some(e) = t.config.as_ref().and_then(|c| c.expr.as_ref()) {
+            let mut files: Vec<(String, String)> = Vec::new();
+            match &e.in_ {
+                None => files.push(("version.json".into(), serde_json::to_string_pretty(&version).unwrap_or_default())),
+                Some(src) => {
+                    let data = json!({"source": r.source.clone().unwrap_or(json!({})), "version": version, "params": params});
+                    let v = run_expr(src, Stage::In, data, Self::env_of(r, t), None).map_err(|e| StepError::errored(format!("get {name}: {e}")))?;
+                    let Value::Object(m) = v else {
+                        return Err(StepError::errored(format!("get {name}: expr.in must give an object of path → contents, got {v}")));
+                    };
+                    for (path, content) in m {
+                        let Value::String(content) = content else {
+                            return Err(StepError::errored(format!("get {name}: expr.in: the contents of {path:?} must be a string")));
+                        };
+                        if path.starts_with('/') || path.split('/').any(|seg| seg == "..") || path.is_empty() {
+                            return Err(StepError::errored(format!("get {name}: expr.in: path {path:?} must stay inside the artifact")));
+                        }
+                        files.push((path, content));
+                    }
+                }
+            }
+            let dir = std::env::temp_dir().join(format!("steppe-expr-in-{}-{}", std::process::id(), super::rand_suffix()));
+            let write = || -> std::io::Result<steppe_shared::artifacts::ArtifactRef> {
+                std::fs::create_dir_all(&dir)?;
+                for (p, c) in &files {
+                    let full = dir.join(p);
+                    if let Some(parent) = full.parent() {
+                        std::fs::create_dir_all(parent)?;
+                    }
+                    std::fs::write(full, c)?;
+                }
+                self.engine.store.put_dir(&dir)
+            };
+            let r = write().map_err(|e| StepError::errored(format!("get {name}: {e}")));
+            let _ = std::fs::remove_dir_all(&dir);
+            return Ok(vec![(artifact.to_string(), r?)]);
+        }
         let Some(in_cmd) = t.config.as_ref().and_then(|c| c.in_.clone()) else {
             let dir = std::env::temp_dir().join(format!("steppe-version-{}-{}", std::process::id(), super::rand_suffix()));
             std::fs::create_dir_all(&dir).map_err(|e| StepError::errored(e.to_string()))?;
@@ -124,7 +172,6 @@ impl JobRun {
             let _ = std::fs::remove_dir_all(&dir);
             return Ok(vec![(artifact.to_string(), r?)]);
         };
-        let params = s.params.as_ref().map(|p| self.subst_value(p)).unwrap_or(json!({}));
         let data = json!({"source": r.source.clone().unwrap_or(json!({})), "version": version, "params": params});
         let command = template::render(&in_cmd, &data).map_err(|e| StepError::errored(format!("get {name}: {e}")))?;
         let a = Assignment {
@@ -154,6 +201,9 @@ impl JobRun {
             Ok(x) => x,
             Err(e) => return self.finish_err(&label, e),
         };
+        if let Some(e) = t.config.as_ref().and_then(|c| c.expr.as_ref()) {
+            return self.put_expr(s, &name, &label, e.out.clone(), r, t).await;
+        }
         let Some(out) = t.config.as_ref().and_then(|c| c.out.clone()) else {
             return self.finish_err(&label, StepError::errored(format!("put {name}: type declares no out:")));
         };
@@ -184,6 +234,73 @@ impl JobRun {
         };
         self.attempts(&label, a, s.attempts.unwrap_or(1)).await
     }
+}
+
+impl JobRun {
+    /// An expr-backed put: evaluated here, with `file()` reading the put's inputs.
+    async fn put_expr(self: &Arc<Self>, s: &Step, name: &str, label: &str, out: Option<String>, r: &Resource, t: &ResourceType) -> Done {
+        self.engine.out.start(label);
+        let t0 = Instant::now();
+        let result = async {
+            let src = out.ok_or_else(|| StepError::errored(format!("put {name}: type sets no expr.out")))?;
+            let names = match &s.inputs {
+                Some(Inputs::All) => self.artifacts.lock().map(|a| a.keys().cloned().collect()).unwrap_or_default(),
+                _ => s.input_names().to_vec(),
+            };
+            let view = std::env::temp_dir().join(format!("steppe-put-view-{}-{}", std::process::id(), super::rand_suffix()));
+            std::fs::create_dir_all(&view).map_err(|e| StepError::errored(e.to_string()))?;
+            for (n, a) in self.input_refs(&names, None) {
+                self.engine.store.materialize(&a, &view.join(n)).map_err(|e| StepError::errored(e.to_string()))?;
+            }
+            let params = s.params.as_ref().map(|p| self.subst_value(p)).unwrap_or(json!({}));
+            let params = resolve_file_markers(params, &view).map_err(|e| StepError::errored(format!("put {name}: {e}")));
+            let read = |p: &str| -> Result<String, String> {
+                if p.starts_with('/') || p.split('/').any(|seg| seg == "..") || !p.contains('/') {
+                    return Err("must be <artifact>/<path> inside the put's inputs".into());
+                }
+                std::fs::read_to_string(view.join(p)).map_err(|e| e.to_string())
+            };
+            let r = params.and_then(|params| {
+                run_expr(&src, Stage::Out, json!({"source": r.source.clone().unwrap_or(json!({})), "params": params}), Self::env_of(r, t), Some(&read))
+                    .map_err(|e| StepError::errored(format!("put {name}: {e}")))
+            });
+            let _ = std::fs::remove_dir_all(&view);
+            r.map(|_| ())
+        }
+        .await;
+        self.ended(label, &result, t0.elapsed(), None);
+        Done { result: result.clone(), routed: result, log: vec![label.to_string()], skipped: false, outputs: Vec::new() }
+    }
+}
+
+/// `{file: PATH}` markers in put params become the file's trimmed contents.
+fn resolve_file_markers(v: Value, view: &std::path::Path) -> Result<Value, String> {
+    match v {
+        Value::Object(m) if m.len() == 1 && m.get("file").is_some_and(Value::is_string) => {
+            let p = m.get("file").and_then(Value::as_str).unwrap_or_default().to_string();
+            if p.starts_with('/') || p.split('/').any(|seg| seg == "..") || !p.contains('/') {
+                return Err(format!("params file {p:?} must be <artifact>/<path> inside the put's inputs"));
+            }
+            std::fs::read_to_string(view.join(&p)).map(|t| Value::String(t.trim().to_string())).map_err(|e| format!("params file {p:?}: {e}"))
+        }
+        Value::Object(m) => Ok(Value::Object(m.into_iter().map(|(k, v)| resolve_file_markers(v, view).map(|v| (k, v))).collect::<Result<_, _>>()?)),
+        Value::Array(a) => Ok(Value::Array(a.into_iter().map(|v| resolve_file_markers(v, view)).collect::<Result<_, _>>()?)),
+        other => Ok(other),
+    }
+}
+
+/// Compiles and evaluates one expr stage over `data` (`{source, version, params}`).
+fn run_expr(src: &str, stage: Stage, data: Value, env_allowed: Vec<String>, read_file: Option<&dyn Fn(&str) -> Result<String, String>>) -> Result<Value, String> {
+    let e = compile(src, stage).map_err(|e| e.to_string())?;
+    let mut vars = std::collections::HashMap::new();
+    if let Value::Object(m) = &data {
+        for k in ["source", "version", "params"] {
+            if let Some(v) = m.get(k) {
+                vars.insert(k, v.clone());
+            }
+        }
+    }
+    eval(&e, &Env { vars, env_allowed, read_file }).map_err(|e| e.to_string())
 }
 
 fn as_text(v: &Value) -> String {

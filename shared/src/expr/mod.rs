@@ -2,9 +2,11 @@
 //! expr-lang): parsing to an AST and the compile-time checks `validate` runs.
 //! Evaluation lives with the engine that runs resource stages.
 
+mod eval;
 mod lexer;
 mod parser;
 
+pub use eval::{eval, Env, EvalError};
 pub use parser::{parse, Expr, ParseError};
 
 /// Which stage an expression serves; decides what is in scope.
