@@ -75,6 +75,14 @@ pub trait Store: Send + Sync {
     fn pending_approvals(&self) -> Result<Vec<ApprovalRecord>, StoreError>;
     /// Records a decision; false if the approval was already decided (or does not exist).
     fn decide_approval(&self, id: i64, approved: bool, reason: &str, approver: &str) -> Result<bool, StoreError>;
+    /// Files versions a check reported into the resource's history (first-seen order kept).
+    fn record_versions(&self, resource: &str, versions: &[serde_json::Value]) -> Result<(), StoreError>;
+    /// Every version ever reported, oldest first.
+    fn history(&self, resource: &str) -> Result<Vec<serde_json::Value>, StoreError>;
+    /// A successful build of `job` fetched `version` of `resource`.
+    fn record_green(&self, job: &str, resource: &str, version: &serde_json::Value) -> Result<(), StoreError>;
+    /// Versions of `resource` that passed through a successful build of `job`.
+    fn green(&self, job: &str, resource: &str) -> Result<Vec<serde_json::Value>, StoreError>;
 }
 
 /// The store file of a pipeline: `<dir>/.steppe/<file name>.db`, one per file.
@@ -102,6 +110,12 @@ CREATE TABLE IF NOT EXISTS logs (
   stderr INTEGER NOT NULL, line TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS logs_run ON logs (run_id, seq);
 CREATE INDEX IF NOT EXISTS runs_job ON runs (job, started_ms);
+CREATE TABLE IF NOT EXISTS versions (
+  resource TEXT NOT NULL, seq INTEGER NOT NULL, version TEXT NOT NULL,
+  PRIMARY KEY (resource, version));
+CREATE TABLE IF NOT EXISTS green (
+  job TEXT NOT NULL, resource TEXT NOT NULL, version TEXT NOT NULL,
+  PRIMARY KEY (job, resource, version));
 CREATE TABLE IF NOT EXISTS approvals (
   id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, job TEXT NOT NULL,
   message TEXT NOT NULL, requested_ms INTEGER NOT NULL, deadline_ms INTEGER NOT NULL,
@@ -150,6 +164,22 @@ impl SqliteStore {
         let mut c = self.conn.lock().unwrap_or_else(|p| p.into_inner());
         f(&mut c).map_err(|source| StoreError::Sqlite { path: self.path.clone(), source })
     }
+}
+
+/// A version as stored: JSON with sorted keys, so equal versions compare equal.
+fn canonical(v: &serde_json::Value) -> String {
+    fn sort(v: &serde_json::Value) -> serde_json::Value {
+        match v {
+            serde_json::Value::Object(m) => {
+                let mut keys: Vec<&String> = m.keys().collect();
+                keys.sort();
+                serde_json::Value::Object(keys.into_iter().map(|k| (k.clone(), sort(&m[k]))).collect())
+            }
+            serde_json::Value::Array(a) => serde_json::Value::Array(a.iter().map(sort).collect()),
+            other => other.clone(),
+        }
+    }
+    sort(v).to_string()
 }
 
 fn run_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRecord> {
@@ -272,6 +302,42 @@ impl Store for SqliteStore {
         })
     }
 
+    fn record_versions(&self, resource: &str, versions: &[serde_json::Value]) -> Result<(), StoreError> {
+        self.with(|c| {
+            let tx = c.transaction()?;
+            {
+                let next: i64 = tx.query_row("SELECT COALESCE(MAX(seq), -1) + 1 FROM versions WHERE resource = ?1", params![resource], |r| r.get(0))?;
+                let mut st = tx.prepare_cached("INSERT OR IGNORE INTO versions (resource, seq, version) VALUES (?1, ?2, ?3)")?;
+                for (i, v) in versions.iter().enumerate() {
+                    st.execute(params![resource, next + i as i64, canonical(v)])?;
+                }
+            }
+            tx.commit()
+        })
+    }
+
+    fn history(&self, resource: &str) -> Result<Vec<serde_json::Value>, StoreError> {
+        self.with(|c| {
+            let mut st = c.prepare("SELECT version FROM versions WHERE resource = ?1 ORDER BY seq")?;
+            let rows = st.query_map(params![resource], |r| r.get::<_, String>(0))?;
+            rows.map(|r| r.map(|t| serde_json::from_str(&t).unwrap_or(serde_json::Value::Null))).collect()
+        })
+    }
+
+    fn record_green(&self, job: &str, resource: &str, version: &serde_json::Value) -> Result<(), StoreError> {
+        self.with(|c| {
+            c.execute("INSERT OR IGNORE INTO green (job, resource, version) VALUES (?1, ?2, ?3)", params![job, resource, canonical(version)]).map(|_| ())
+        })
+    }
+
+    fn green(&self, job: &str, resource: &str) -> Result<Vec<serde_json::Value>, StoreError> {
+        self.with(|c| {
+            let mut st = c.prepare("SELECT version FROM green WHERE job = ?1 AND resource = ?2")?;
+            let rows = st.query_map(params![job, resource], |r| r.get::<_, String>(0))?;
+            rows.map(|r| r.map(|t| serde_json::from_str(&t).unwrap_or(serde_json::Value::Null))).collect()
+        })
+    }
+
     fn logs(&self, run_id: &str) -> Result<Vec<LogLine>, StoreError> {
         self.with(|c| {
             let mut st = c.prepare("SELECT step, stderr, line FROM logs WHERE run_id = ?1 ORDER BY seq")?;
@@ -311,6 +377,12 @@ mod tests {
         let rec = s.approval(a).unwrap().unwrap();
         assert_eq!((rec.decision.as_deref(), rec.reason.as_str(), rec.approver.as_str()), (Some("rejected"), "not today", "ana"));
         assert!(s.pending_approvals().unwrap().is_empty());
+        let v = |n: &str| serde_json::json!({"ref": n});
+        s.record_versions("repo", &[v("a"), v("b")]).unwrap();
+        s.record_versions("repo", &[v("b"), v("c")]).unwrap();
+        assert_eq!(s.history("repo").unwrap(), vec![v("a"), v("b"), v("c")]);
+        s.record_green("build", "repo", &v("b")).unwrap();
+        assert_eq!(s.green("build", "repo").unwrap(), vec![v("b")]);
         drop(s);
         // History survives reopening.
         let s = SqliteStore::open_existing(&path).unwrap().unwrap();

@@ -79,6 +79,9 @@ impl Done {
 #[derive(Debug, Clone)]
 pub struct JobResult {
     pub result: Result<(), StepError>,
+    /// The build itself (plan and job hooks) succeeded, whatever the job assert
+    /// made of it: only then do its fetched versions count for `passed:`.
+    pub build_ok: bool,
     /// The execution log: what `assert.execution` compares against.
     pub log: Vec<String>,
 }
@@ -95,6 +98,8 @@ pub struct JobRun {
     every: Mutex<HashMap<String, Value>>,
     /// Order of step records in the store.
     seq: std::sync::atomic::AtomicI64,
+    /// (resource, version) fetched by this run: recorded green for `passed:` when it succeeds.
+    fetched: Mutex<Vec<(String, Value)>>,
 }
 
 /// A matrix cell's variables, in axis order.
@@ -136,6 +141,7 @@ impl JobRun {
             vars: Mutex::new(HashMap::new()),
             every: Mutex::new(HashMap::new()),
             seq: std::sync::atomic::AtomicI64::new(0),
+            fetched: Mutex::new(Vec::new()),
         })
     }
 
@@ -211,6 +217,13 @@ impl JobRun {
         }
         let r = self.run_inner().await;
         self.engine.out.flush();
+        if let (Some(s), true) = (self.engine.out.store(), r.build_ok) {
+            for (res, v) in self.fetched.lock().map(|f| f.clone()).unwrap_or_default() {
+                if let Err(e) = s.record_green(&self.job.name, &res, &v) {
+                    self.engine.out.note(&format!("steppe: recording {res} as passed: {e}"));
+                }
+            }
+        }
         if let Some(s) = self.engine.out.store() {
             let (word, msg) = match &r.result {
                 Ok(()) => ("succeeded", String::new()),
@@ -246,6 +259,7 @@ impl JobRun {
                 }
             }
         }
+        let build_ok = result.is_ok();
         // Job assert.
         if let Some(a) = &self.job.assert {
             if let Some(want) = &a.execution {
@@ -255,7 +269,7 @@ impl JobRun {
                         want.join(", "),
                         log.join(", ")
                     ));
-                    return JobResult { result: Err(e), log };
+                    return JobResult { result: Err(e), build_ok, log };
                 }
                 if a.outcome.as_deref() != Some("succeeded") {
                     result = Ok(());
@@ -277,7 +291,7 @@ impl JobRun {
                 _ => {}
             }
         }
-        JobResult { result, log }
+        JobResult { result, build_ok, log }
     }
 
     /// Walks the top-level plan from `start`, following routes.
@@ -353,7 +367,7 @@ impl JobRun {
 
     async fn every_get(self: &Arc<Self>, s: &Step, i: usize, job_timeout: Option<Duration>, started: Instant, mut log: Vec<String>) -> (Result<(), StepError>, Vec<String>) {
         let resource = s.resource.clone().or(s.get.clone()).unwrap_or_default();
-        let versions = match self.check_versions(&resource).await {
+        let versions = match self.versions(&resource).await {
             Ok(v) => v,
             Err(e) => return (Err(e), log),
         };

@@ -33,6 +33,30 @@ impl JobRun {
         env
     }
 
+    /// The versions a get chooses from: the resource's history after a fresh
+    /// check (a failed check falls back to history recorded earlier, if any).
+    pub(super) async fn versions(self: &Arc<Self>, name: &str) -> Result<Vec<Value>, StepError> {
+        let checked = self.check_versions(name).await;
+        let Some(store) = self.engine.out.store() else { return checked };
+        match checked {
+            Ok(v) => {
+                if let Err(e) = store.record_versions(name, &v) {
+                    self.engine.out.note(&format!("steppe: recording versions of {name}: {e}"));
+                    return Ok(v);
+                }
+                store.history(name).map_err(|e| StepError::errored(format!("history of {name}: {e}")))
+            }
+            Err(e) => {
+                let h = store.history(name).unwrap_or_default();
+                if h.is_empty() || e.class == steppe_shared::outcome::Class::Aborted {
+                    return Err(e);
+                }
+                self.engine.out.note(&format!("warning: could not refresh {name}; building from recorded history: {}", e.message));
+                Ok(h)
+            }
+        }
+    }
+
     /// Runs the resource's check: a JSON array of versions, oldest first.
     pub(super) async fn check_versions(self: &Arc<Self>, name: &str) -> Result<Vec<Value>, StepError> {
         let (r, t) = self.resource(name)?;
@@ -115,7 +139,18 @@ impl JobRun {
         let version = match pinned {
             Some(v) => v,
             None => {
-                let versions = self.check_versions(name).await?;
+                let mut versions = self.versions(name).await?;
+                if let Some(passed) = &s.passed {
+                    let store = self.engine.out.store().cloned();
+                    let mut greens = Vec::new();
+                    for j in passed {
+                        greens.push(store.as_ref().map(|st| st.green(j, name).unwrap_or_default()).unwrap_or_default());
+                    }
+                    versions.retain(|v| greens.iter().all(|g| g.contains(v)));
+                    if versions.is_empty() {
+                        return Err(StepError::failed(format!("get {name}: no versions available (none has passed {})", passed.join(", "))));
+                    }
+                }
                 match &s.version {
                     Some(VersionSpec::Pinned(pin)) => versions
                         .into_iter()
@@ -126,6 +161,9 @@ impl JobRun {
             }
         };
         self.engine.out.note(&format!("{name}: version {version}"));
+        if let Ok(mut f) = self.fetched.lock() {
+            f.push((name.to_string(), version.clone()));
+        }
         let params = s.params.as_ref().map(|p| self.subst_value(p)).unwrap_or(json!({}));
         if let Some(e) = t.config.as_ref().and_then(|c| c.expr.as_ref()) {
             let mut files: Vec<(String, String)> = Vec::new();
