@@ -1,129 +1,177 @@
-//! The Dispatcher: puts every assignment on the queue, matches results back
-//! to whoever is waiting, and reaches running assignments to cancel them.
+//! The Dispatcher actor: puts every assignment on the queue, matches results
+//! back to whoever waits, and reaches running assignments to cancel them.
+//! [`Dispatcher`] is the handle the rest of the coordinator holds.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use steppe_proto::v1::{coordinator_message, Cancel, CoordinatorMessage};
 use steppe_shared::assignment::{Assignment, AssignmentResult};
 use steppe_shared::outcome::StepError;
 use steppe_shared::queue::Queue;
 use steppe_worker::local::{Cancels, Reporter};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 pub type SessionTx = mpsc::Sender<Result<CoordinatorMessage, tonic::Status>>;
 
-pub struct Dispatcher {
-    pub queue: Arc<dyn Queue>,
-    pending: Mutex<HashMap<String, oneshot::Sender<AssignmentResult>>>,
-    /// Assignments running in this process's workers.
-    pub local: Cancels,
-    /// Assignments running on remote workers: the session that holds each.
-    remote: Mutex<HashMap<String, SessionTx>>,
-    seq: AtomicU64,
+pub enum DispatchMsg {
+    /// Queue this assignment; reply with its result.
+    Submit(Assignment, RpcReplyPort<AssignmentResult>),
+    /// A worker finished an assignment.
+    Complete(AssignmentResult),
+    /// Stop one assignment: off the queue if it waits, killed if it runs.
+    Cancel(String),
+    /// Ctrl-C: stop everything in flight.
+    CancelAll,
+    /// A remote session took this assignment (so a cancel can reach it).
+    RunningRemotely(String, SessionTx),
+    /// A lost worker held this assignment: back on the queue (at least once).
+    Requeue(Assignment),
 }
 
-impl Dispatcher {
-    pub fn new(queue: Arc<dyn Queue>) -> Arc<Self> {
-        Arc::new(Dispatcher {
-            queue,
-            pending: Mutex::new(HashMap::new()),
-            local: Cancels::default(),
-            remote: Mutex::new(HashMap::new()),
-            seq: AtomicU64::new(0),
-        })
-    }
+struct DispatcherActor;
 
-    /// Queues the assignment and waits for its result. Dropping the returned
-    /// future (a race loser) cancels the assignment wherever it runs.
-    pub async fn dispatch(self: &Arc<Self>, mut a: Assignment) -> AssignmentResult {
-        a.id = format!("{}-{}", a.run_id, self.seq.fetch_add(1, Ordering::Relaxed));
-        let (tx, rx) = oneshot::channel();
-        if let Ok(mut p) = self.pending.lock() {
-            p.insert(a.id.clone(), tx);
-        }
-        let guard = InFlight { d: self.clone(), id: a.id.clone(), done: false };
-        let id = a.id.clone();
-        self.queue.push(a);
-        let r = rx.await;
-        let mut guard = guard;
-        guard.done = true;
-        r.unwrap_or_else(|_| AssignmentResult {
-            assignment_id: id,
-            exit_code: None,
-            stdout: String::new(),
-            stderr: String::new(),
-            outputs: Vec::new(),
-            result: Err(StepError::errored("the worker running this step went away")),
-        })
-    }
+pub struct DispatcherState {
+    queue: Arc<dyn Queue>,
+    pending: HashMap<String, RpcReplyPort<AssignmentResult>>,
+    local: Cancels,
+    remote: HashMap<String, SessionTx>,
+}
 
-    /// Records which session runs an assignment (so a cancel can reach it).
-    pub fn running_remotely(&self, id: &str, tx: SessionTx) {
-        if let Ok(mut m) = self.remote.lock() {
-            m.insert(id.to_string(), tx);
-        }
+fn aborted(id: &str, why: &str) -> AssignmentResult {
+    AssignmentResult {
+        assignment_id: id.to_string(),
+        exit_code: None,
+        stdout: String::new(),
+        stderr: String::new(),
+        outputs: Vec::new(),
+        result: Err(StepError::aborted(why)),
     }
+}
 
-    /// Puts an assignment a lost worker held back on the queue (at-least-once).
-    pub fn requeue(&self, a: Assignment) {
-        if let Ok(mut m) = self.remote.lock() {
-            m.remove(&a.id);
-        }
-        let still_wanted = self.pending.lock().map(|p| p.contains_key(&a.id)).unwrap_or(false);
-        if still_wanted {
-            self.queue.push(a);
-        }
-    }
-
-    /// Stops one assignment: off the queue if it waits, killed if it runs.
-    pub fn cancel(&self, id: &str) {
+impl DispatcherState {
+    fn cancel(&mut self, id: &str) {
         if self.queue.remove(id) {
-            self.complete(AssignmentResult {
-                assignment_id: id.to_string(),
-                exit_code: None,
-                stdout: String::new(),
-                stderr: String::new(),
-                outputs: Vec::new(),
-                result: Err(StepError::aborted("cancelled before it started")),
-            });
+            if let Some(p) = self.pending.remove(id) {
+                let _ = p.send(aborted(id, "cancelled before it started"));
+            }
             return;
         }
         if self.local.cancel(id) {
             return;
         }
-        let tx = self.remote.lock().ok().and_then(|m| m.get(id).cloned());
-        if let Some(tx) = tx {
+        if let Some(tx) = self.remote.get(id) {
             let msg = CoordinatorMessage { msg: Some(coordinator_message::Msg::Cancel(Cancel { assignment_id: id.to_string() })) };
             let _ = tx.try_send(Ok(msg));
         }
     }
+}
 
-    /// Cancels everything in flight (Ctrl-C).
-    pub fn cancel_all(&self) {
-        let ids: Vec<String> = self.pending.lock().map(|p| p.keys().cloned().collect()).unwrap_or_default();
-        for id in ids {
-            self.cancel(&id);
+impl Actor for DispatcherActor {
+    type Msg = DispatchMsg;
+    type State = DispatcherState;
+    type Arguments = (Arc<dyn Queue>, Cancels);
+
+    async fn pre_start(&self, _me: ActorRef<Self::Msg>, (queue, local): Self::Arguments) -> Result<Self::State, ActorProcessingErr> {
+        Ok(DispatcherState { queue, pending: HashMap::new(), local, remote: HashMap::new() })
+    }
+
+    async fn handle(&self, _me: ActorRef<Self::Msg>, msg: Self::Msg, st: &mut Self::State) -> Result<(), ActorProcessingErr> {
+        match msg {
+            DispatchMsg::Submit(a, reply) => {
+                st.pending.insert(a.id.clone(), reply);
+                st.queue.push(a);
+            }
+            DispatchMsg::Complete(r) => {
+                st.remote.remove(&r.assignment_id);
+                // A result nobody waits for (a cancelled race loser, a duplicate) is dropped.
+                if let Some(p) = st.pending.remove(&r.assignment_id) {
+                    let _ = p.send(r);
+                }
+            }
+            DispatchMsg::Cancel(id) => st.cancel(&id),
+            DispatchMsg::CancelAll => {
+                let ids: Vec<String> = st.pending.keys().cloned().collect();
+                for id in ids {
+                    st.cancel(&id);
+                }
+            }
+            DispatchMsg::RunningRemotely(id, tx) => {
+                if st.pending.contains_key(&id) {
+                    st.remote.insert(id, tx);
+                }
+            }
+            DispatchMsg::Requeue(a) => {
+                st.remote.remove(&a.id);
+                if st.pending.contains_key(&a.id) {
+                    st.queue.push(a);
+                }
+            }
         }
+        Ok(())
+    }
+}
+
+/// The handle to the Dispatcher actor.
+pub struct Dispatcher {
+    actor: ActorRef<DispatchMsg>,
+    pub queue: Arc<dyn Queue>,
+    /// Assignments running in this process's workers.
+    pub local: Cancels,
+    seq: AtomicU64,
+}
+
+impl Dispatcher {
+    pub async fn start(queue: Arc<dyn Queue>) -> Result<Arc<Self>, ractor::SpawnErr> {
+        let local = Cancels::default();
+        let (actor, _) = Actor::spawn(None, DispatcherActor, (queue.clone(), local.clone())).await?;
+        Ok(Arc::new(Dispatcher { actor, queue, local, seq: AtomicU64::new(0) }))
+    }
+
+    /// Queues the assignment and waits for its result. Dropping the returned
+    /// future (a race loser) cancels the assignment wherever it runs.
+    pub async fn dispatch(&self, mut a: Assignment) -> AssignmentResult {
+        a.id = format!("{}-{}", a.run_id, self.seq.fetch_add(1, Ordering::Relaxed));
+        let id = a.id.clone();
+        let mut guard = InFlight { actor: self.actor.clone(), id: id.clone(), done: false };
+        let r = self.actor.call(|reply| DispatchMsg::Submit(a, reply), None).await;
+        guard.done = true;
+        match r {
+            Ok(ractor::rpc::CallResult::Success(r)) => r,
+            _ => AssignmentResult {
+                assignment_id: id,
+                exit_code: None,
+                stdout: String::new(),
+                stderr: String::new(),
+                outputs: Vec::new(),
+                result: Err(StepError::errored("the dispatcher stopped before this step finished")),
+            },
+        }
+    }
+
+    pub fn running_remotely(&self, id: &str, tx: SessionTx) {
+        let _ = self.actor.cast(DispatchMsg::RunningRemotely(id.to_string(), tx));
+    }
+
+    pub fn requeue(&self, a: Assignment) {
+        let _ = self.actor.cast(DispatchMsg::Requeue(a));
+    }
+
+    pub fn cancel_all(&self) {
+        let _ = self.actor.cast(DispatchMsg::CancelAll);
     }
 }
 
 impl Reporter for Dispatcher {
     fn complete(&self, r: AssignmentResult) {
-        if let Ok(mut m) = self.remote.lock() {
-            m.remove(&r.assignment_id);
-        }
-        // A result nobody waits for any more (a cancelled race loser, a duplicate) is dropped.
-        let waiter = self.pending.lock().ok().and_then(|mut p| p.remove(&r.assignment_id));
-        if let Some(tx) = waiter {
-            let _ = tx.send(r);
-        }
+        let _ = self.actor.cast(DispatchMsg::Complete(r));
     }
 }
 
 struct InFlight {
-    d: Arc<Dispatcher>,
+    actor: ActorRef<DispatchMsg>,
     id: String,
     done: bool,
 }
@@ -131,10 +179,7 @@ struct InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         if !self.done {
-            self.d.cancel(&self.id);
-            if let Ok(mut p) = self.d.pending.lock() {
-                p.remove(&self.id);
-            }
+            let _ = self.actor.cast(DispatchMsg::Cancel(self.id.clone()));
         }
     }
 }

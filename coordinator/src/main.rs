@@ -314,7 +314,7 @@ fn load_or_report(path: &Path, vars: &VarArgs) -> Result<Result<steppe_shared::L
 /// Builds the engine: a local artifact store, the in-process queue and
 /// Dispatcher, `--workers` local worker loops and, with `--listen`, the worker
 /// service for remote `steppe worker`s. Must be called inside the runtime.
-fn engine(loaded: &steppe_shared::Loaded, exec: &ExecArgs) -> Result<Arc<engine::Engine>> {
+async fn engine(loaded: &steppe_shared::Loaded, exec: &ExecArgs) -> Result<Arc<engine::Engine>> {
     use steppe_shared::artifacts::LocalArtifactStore;
     use steppe_shared::queue::InProcessQueue;
     let state = loaded.dir.join(".steppe");
@@ -333,7 +333,7 @@ fn engine(loaded: &steppe_shared::Loaded, exec: &ExecArgs) -> Result<Arc<engine:
     let runs: Arc<dyn steppe_shared::store::Store> = Arc::new(steppe_shared::store::SqliteStore::open(&db)?);
     let out = Arc::new(engine::Output::new(exec.quiet).with_store(runs));
     let (_cancel_tx, cancel_rx) = tokio::sync::watch::channel(false);
-    let dispatcher = dispatch::Dispatcher::new(Arc::new(InProcessQueue::new()));
+    let dispatcher = dispatch::Dispatcher::start(Arc::new(InProcessQueue::new())).await.context("starting the dispatcher")?;
     steppe_worker::local::spawn_local_workers(slots, dispatcher.queue.clone(), store.clone(), work, out.clone(), dispatcher.clone(), dispatcher.local.clone());
     if let Some(addr) = exec.listen {
         let notes_out = out.clone();
@@ -427,7 +427,7 @@ fn run_job(path: &Path, job: Option<&str>, exec: &ExecArgs, vars: &VarArgs) -> R
     };
     let rt = runtime()?;
     let result = rt.block_on(async {
-        let engine = engine(&loaded, exec)?;
+        let engine = engine(&loaded, exec).await?;
         anyhow::Ok(run_one(&engine, &job).await)
     })?;
     let outcome = steppe_shared::outcome::Outcome::of(&result.result);
@@ -449,7 +449,7 @@ fn test(path: &Path, exec: &ExecArgs, vars: &VarArgs) -> Result<ExitCode> {
         Err(code) => return Ok(code),
     };
     let rt = runtime()?;
-    let engine = rt.block_on(async { engine(&loaded, exec) })?;
+    let engine = rt.block_on(engine(&loaded, exec))?;
     let jobs = loaded.pipeline.jobs.clone();
     let mut failures: Vec<(String, String)> = Vec::new();
     let mut aborted = false;
