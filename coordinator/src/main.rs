@@ -2,6 +2,8 @@
 
 mod dispatch;
 mod engine;
+mod registry;
+mod run_actor;
 mod service;
 
 use std::path::{Path, PathBuf};
@@ -331,18 +333,25 @@ async fn engine(loaded: &steppe_shared::Loaded, exec: &ExecArgs) -> Result<Arc<e
     }
     let db = steppe_shared::store::db_path(&loaded.path);
     let runs: Arc<dyn steppe_shared::store::Store> = Arc::new(steppe_shared::store::SqliteStore::open(&db)?);
-    let out = Arc::new(engine::Output::new(exec.quiet).with_store(runs));
+    let out = Arc::new(engine::Output::start(exec.quiet, Some(runs)).await.context("starting the event hub")?);
     let (_cancel_tx, cancel_rx) = tokio::sync::watch::channel(false);
     let dispatcher = dispatch::Dispatcher::start(Arc::new(InProcessQueue::new())).await.context("starting the dispatcher")?;
+    let registry = registry::WorkerRegistry::start(out.clone()).await.context("starting the worker registry")?;
     steppe_worker::local::spawn_local_workers(slots, dispatcher.queue.clone(), store.clone(), work, out.clone(), dispatcher.clone(), dispatcher.local.clone());
+    if slots > 0 {
+        registry.joined("local", slots as u32, false);
+    }
     if let Some(addr) = exec.listen {
-        let notes_out = out.clone();
-        let svc = service::WorkerService {
-            dispatcher: dispatcher.clone(),
-            sink: out.clone(),
-            artifact_dir,
-            notes: Arc::new(move |m| notes_out.note(&m)),
-        };
+        let svc = service::WorkerService { dispatcher: dispatcher.clone(), sink: out.clone(), artifact_dir, registry: registry.clone() };
+        if slots == 0 {
+            let (registry, out, url) = (registry.clone(), out.clone(), format!("http://{addr}"));
+            tokio::spawn(async move {
+                tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+                if registry.list().await.is_empty() {
+                    out.note(&format!("no workers yet: start one with `steppe worker --coordinator {url}`"));
+                }
+            });
+        }
         let listener = std::net::TcpListener::bind(addr).with_context(|| format!("--listen {addr}"))?;
         listener.set_nonblocking(true)?;
         let listener = tokio::net::TcpListener::from_std(listener)?;
@@ -379,7 +388,7 @@ fn cores() -> usize {
 /// Runs one job, turning Ctrl-C into an abort (hooks still get their grace).
 async fn run_one(engine: &Arc<engine::Engine>, job: &steppe_shared::model::Job) -> engine::JobResult {
     let run = engine::JobRun::new(engine.clone(), job.clone(), run_id());
-    let fut = run.run();
+    let fut = run_actor::run_in_actor(run);
     tokio::pin!(fut);
     tokio::select! {
         r = &mut fut => r,

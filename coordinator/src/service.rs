@@ -16,13 +16,13 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::dispatch::Dispatcher;
+use crate::registry::WorkerRegistry;
 
 pub struct WorkerService {
     pub dispatcher: Arc<Dispatcher>,
     pub sink: Arc<dyn LineSink>,
     pub artifact_dir: PathBuf,
-    /// Announces workers as they join and leave.
-    pub notes: Arc<dyn Fn(String) + Send + Sync>,
+    pub registry: WorkerRegistry,
 }
 
 impl WorkerService {
@@ -46,7 +46,7 @@ impl Coordinator for WorkerService {
         };
         let slots = hello.slots.clamp(1, 1024) as usize;
         let name = if hello.worker.is_empty() { peer } else { hello.worker };
-        (self.notes)(format!("worker {name} joined ({slots} slot(s))"));
+        self.registry.joined(&name, slots as u32, true);
         let (tx, rx) = mpsc::channel(256);
         let welcome = CoordinatorMessage {
             msg: Some(coordinator_message::Msg::Welcome(Welcome { artifact_dir: self.artifact_dir.to_string_lossy().into_owned() })),
@@ -74,7 +74,7 @@ impl Coordinator for WorkerService {
                 }
             }
         });
-        let (d, sink, notes) = (self.dispatcher.clone(), self.sink.clone(), self.notes.clone());
+        let (d, sink, registry) = (self.dispatcher.clone(), self.sink.clone(), self.registry.clone());
         tokio::spawn(async move {
             loop {
                 match inbound.message().await {
@@ -86,7 +86,8 @@ impl Coordinator for WorkerService {
                             let _freed = inflight.lock().ok().and_then(|mut m| m.remove(&r.assignment_id));
                             d.complete(result_from_wire(r));
                         }
-                        worker_message::Msg::Heartbeat(_) | worker_message::Msg::Hello(_) => {}
+                        worker_message::Msg::Heartbeat(_) => registry.heartbeat(&name),
+                        worker_message::Msg::Hello(_) => {}
                     },
                     Ok(Some(WorkerMessage { msg: None })) => {}
                     Ok(None) | Err(_) => break,
@@ -99,7 +100,7 @@ impl Coordinator for WorkerService {
             for a in lost {
                 d.requeue(a);
             }
-            notes(format!("worker {name} left{}", if n > 0 { format!("; {n} assignment(s) requeued") } else { String::new() }));
+            registry.left(&name, n);
         });
         Ok(Response::new(ReceiverStream::new(rx)))
     }

@@ -5,7 +5,7 @@
 mod output;
 mod resources;
 
-pub use output::Output;
+pub use output::{EventHub, Output};
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -216,7 +216,7 @@ impl JobRun {
             }
         }
         let r = self.run_inner().await;
-        self.engine.out.flush();
+        self.engine.out.flush().await;
         if let (Some(s), true) = (self.engine.out.store(), r.build_ok) {
             for (res, v) in self.fetched.lock().map(|f| f.clone()).unwrap_or_default() {
                 if let Err(e) = s.record_green(&self.job.name, &res, &v) {
@@ -594,7 +594,7 @@ impl JobRun {
     }
 
     fn finish_err(&self, label: &str, e: StepError) -> Done {
-        self.engine.out.start(label);
+        self.engine.out.start_step(label);
         self.ended(label, &Err(e.clone()), Duration::ZERO, None);
         Done::err(e, vec![label.to_string()])
     }
@@ -603,7 +603,7 @@ impl JobRun {
     /// the step's own timeout ends the attempts.
     async fn attempts(self: &Arc<Self>, label: &str, mut a: Assignment, attempts: i64) -> Done {
         let attempts = attempts.max(1) as u32;
-        self.engine.out.start(label);
+        self.engine.out.start_step(label);
         let t0 = Instant::now();
         let mut last = None;
         for n in 1..=attempts {

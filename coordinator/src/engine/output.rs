@@ -1,141 +1,149 @@
-//! The EventHub: every event of a run goes to the terminal (each step as it
-//! starts and ends, with its duration; output streamed, prefixed by step) and
-//! to the Store (runs, step records, logs).
+//! The EventHub actor: every event of a run goes to the terminal (each step as
+//! it starts and ends, with its duration; output streamed, prefixed by step)
+//! and to the Store (step records and logs, written in batches). One mailbox
+//! keeps the two in the order events happened. [`EventHub`] is the handle.
 
 use std::io::Write;
-use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use steppe_shared::outcome::{Outcome, StepError};
 use steppe_shared::store::{LogLine, StepRecord, Store};
 use steppe_worker::exec::{LineSink, Stream};
 
-enum Write_ {
-    Log(String, LogLine),
+pub enum Event {
+    /// A line for the terminal only.
+    Say(String),
+    Line { run_id: String, line: LogLine },
     Step(StepRecord),
-    Flush(mpsc::Sender<()>),
+    /// Reply once everything before it is in the store.
+    Flush(RpcReplyPort<()>),
 }
 
-pub struct EventHub {
-    lock: Mutex<()>,
+struct HubActor;
+
+pub struct HubState {
     quiet: bool,
     store: Option<Arc<dyn Store>>,
-    logs: Option<Mutex<mpsc::Sender<Write_>>>,
+    batch: Vec<(String, LogLine)>,
 }
 
-/// Kept for the name the rest of the engine uses for the terminal side.
-pub type Output = EventHub;
-
-impl EventHub {
-    pub fn new(quiet: bool) -> Self {
-        EventHub { lock: Mutex::new(()), quiet, store: None, logs: None }
+impl HubState {
+    fn say(&self, line: &str) {
+        if !self.quiet {
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{line}");
+        }
     }
 
-    /// Also records into `store`; log lines are written in batches by a thread of their own.
-    pub fn with_store(mut self, store: Arc<dyn Store>) -> Self {
-        let (tx, rx) = mpsc::channel::<Write_>();
-        let s = store.clone();
-        std::thread::spawn(move || {
-            let mut batch: Vec<(String, LogLine)> = Vec::new();
-            let flush = |batch: &mut Vec<(String, LogLine)>| {
-                let mut by_run: std::collections::BTreeMap<String, Vec<LogLine>> = Default::default();
-                for (r, l) in batch.drain(..) {
-                    by_run.entry(r).or_default().push(l);
-                }
-                for (r, lines) in by_run {
-                    if let Err(e) = s.append_logs(&r, &lines) {
-                        eprintln!("steppe: recording logs: {e}");
-                    }
-                }
-            };
-            loop {
-                match rx.recv_timeout(Duration::from_millis(200)) {
-                    Ok(Write_::Log(r, l)) => {
-                        batch.push((r, l));
-                        if batch.len() >= 500 {
-                            flush(&mut batch);
-                        }
-                    }
-                    Ok(Write_::Step(rec)) => {
-                        flush(&mut batch);
-                        if let Err(e) = s.record_step(&rec) {
-                            eprintln!("steppe: recording step {}: {e}", rec.name);
-                        }
-                    }
-                    Ok(Write_::Flush(done)) => {
-                        flush(&mut batch);
-                        let _ = done.send(());
-                    }
-                    Err(mpsc::RecvTimeoutError::Timeout) => flush(&mut batch),
-                    Err(mpsc::RecvTimeoutError::Disconnected) => {
-                        flush(&mut batch);
-                        return;
+    fn flush(&mut self) {
+        let Some(s) = &self.store else {
+            self.batch.clear();
+            return;
+        };
+        let mut by_run: std::collections::BTreeMap<String, Vec<LogLine>> = Default::default();
+        for (r, l) in self.batch.drain(..) {
+            by_run.entry(r).or_default().push(l);
+        }
+        for (r, lines) in by_run {
+            if let Err(e) = s.append_logs(&r, &lines) {
+                eprintln!("steppe: recording logs: {e}");
+            }
+        }
+    }
+}
+
+impl Actor for HubActor {
+    type Msg = Event;
+    type State = HubState;
+    type Arguments = (bool, Option<Arc<dyn Store>>);
+
+    async fn pre_start(&self, _me: ActorRef<Event>, (quiet, store): Self::Arguments) -> Result<HubState, ActorProcessingErr> {
+        Ok(HubState { quiet, store, batch: Vec::new() })
+    }
+
+    async fn handle(&self, _me: ActorRef<Event>, ev: Event, st: &mut HubState) -> Result<(), ActorProcessingErr> {
+        match ev {
+            Event::Say(l) => st.say(&l),
+            Event::Line { run_id, line } => {
+                st.say(&format!("[{}] {}", line.step, line.line));
+                if st.store.is_some() {
+                    st.batch.push((run_id, line));
+                    if st.batch.len() >= 500 {
+                        st.flush();
                     }
                 }
             }
-        });
-        self.store = Some(store);
-        self.logs = Some(Mutex::new(tx));
-        self
+            Event::Step(rec) => {
+                st.flush();
+                if let Some(s) = &st.store {
+                    if let Err(e) = s.record_step(&rec) {
+                        eprintln!("steppe: recording step {}: {e}", rec.name);
+                    }
+                }
+            }
+            Event::Flush(reply) => {
+                st.flush();
+                let _ = reply.send(());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The handle to the EventHub actor.
+pub struct EventHub {
+    actor: ActorRef<Event>,
+    store: Option<Arc<dyn Store>>,
+}
+
+/// The name the engine uses for the terminal side of the hub.
+pub type Output = EventHub;
+
+impl EventHub {
+    pub async fn start(quiet: bool, store: Option<Arc<dyn Store>>) -> Result<Self, ractor::SpawnErr> {
+        let (actor, _) = Actor::spawn(None, HubActor, (quiet, store.clone())).await?;
+        Ok(EventHub { actor, store })
     }
 
     pub fn store(&self) -> Option<&Arc<dyn Store>> {
         self.store.as_ref()
     }
 
-    fn say(&self, line: &str) {
-        if self.quiet {
-            return;
-        }
-        let _g = self.lock.lock();
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "{line}");
+    fn say(&self, line: String) {
+        let _ = self.actor.cast(Event::Say(line));
     }
 
-    pub fn start(&self, step: &str) {
-        self.say(&format!("▶ {step}"));
+    pub fn start_step(&self, step: &str) {
+        self.say(format!("▶ {step}"));
     }
 
     pub fn end(&self, step: &str, r: &Result<(), StepError>, took: Duration) {
         let secs = took.as_secs_f64();
         match r {
-            Ok(()) => self.say(&format!("✔ {step} ({secs:.2}s)")),
-            Err(e) => self.say(&format!("✘ {step} {} ({secs:.2}s): {}", Outcome::of(r).word(), e.message)),
+            Ok(()) => self.say(format!("✔ {step} ({secs:.2}s)")),
+            Err(e) => self.say(format!("✘ {step} {} ({secs:.2}s): {}", Outcome::of(r).word(), e.message)),
         }
     }
 
     pub fn note(&self, msg: &str) {
-        self.say(msg);
+        self.say(msg.to_string());
     }
 
-    /// Queues a step record for the writer thread (in order with the logs).
     pub fn record_step(&self, rec: StepRecord) {
-        if let Some(tx) = &self.logs {
-            if let Ok(t) = tx.lock() {
-                let _ = t.send(Write_::Step(rec));
-            }
-        }
+        let _ = self.actor.cast(Event::Step(rec));
     }
 
-    /// Waits until every log line sent so far is in the store.
-    pub fn flush(&self) {
-        let Some(tx) = &self.logs else { return };
-        let (done_tx, done_rx) = mpsc::channel();
-        if tx.lock().map(|t| t.send(Write_::Flush(done_tx)).is_ok()).unwrap_or(false) {
-            let _ = done_rx.recv_timeout(Duration::from_secs(10));
-        }
+    /// Waits until every event sent so far is printed and stored.
+    pub async fn flush(&self) {
+        let _ = self.actor.call(Event::Flush, Some(Duration::from_secs(30))).await;
     }
 }
 
 impl LineSink for EventHub {
     fn line(&self, run_id: &str, step: &str, stream: Stream, line: &str) {
-        self.say(&format!("[{step}] {line}"));
-        if let Some(tx) = &self.logs {
-            let l = LogLine { step: step.to_string(), stderr: stream == Stream::Stderr, line: line.to_string() };
-            if let Ok(t) = tx.lock() {
-                let _ = t.send(Write_::Log(run_id.to_string(), l));
-            }
-        }
+        let line = LogLine { step: step.to_string(), stderr: stream == Stream::Stderr, line: line.to_string() };
+        let _ = self.actor.cast(Event::Line { run_id: run_id.to_string(), line });
     }
 }

@@ -107,7 +107,7 @@ impl JobRun {
         let artifact = s.get.clone().unwrap_or_default();
         let name = s.resource.clone().unwrap_or_else(|| artifact.clone());
         let log = vec![name.clone()];
-        self.engine.out.start(&name);
+        self.engine.out.start_step(&name);
         let t0 = Instant::now();
         let attempts = s.attempts.unwrap_or(1).max(1) as u32;
         let mut last = Err(StepError::errored("no attempt ran"));
@@ -277,7 +277,7 @@ impl JobRun {
 impl JobRun {
     /// An expr-backed put: evaluated here, with `file()` reading the put's inputs.
     async fn put_expr(self: &Arc<Self>, s: &Step, name: &str, label: &str, out: Option<String>, r: &Resource, t: &ResourceType) -> Done {
-        self.engine.out.start(label);
+        self.engine.out.start_step(label);
         let t0 = Instant::now();
         let result = async {
             let src = out.ok_or_else(|| StepError::errored(format!("put {name}: type sets no expr.out")))?;

@@ -1,0 +1,122 @@
+//! The WorkerRegistry actor: which workers are connected, their capacity,
+//! and when each was last heard from.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+
+use crate::engine::EventHub;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerInfo {
+    pub name: String,
+    pub slots: u32,
+    pub remote: bool,
+    pub last_seen_ago: Duration,
+}
+
+pub enum RegistryMsg {
+    Joined { name: String, slots: u32, remote: bool },
+    Heartbeat { name: String },
+    Left { name: String, requeued: usize },
+    List(RpcReplyPort<Vec<WorkerInfo>>),
+}
+
+struct RegistryActor;
+
+pub struct RegistryState {
+    workers: BTreeMap<String, (u32, bool, Instant)>,
+    hub: Arc<EventHub>,
+}
+
+impl Actor for RegistryActor {
+    type Msg = RegistryMsg;
+    type State = RegistryState;
+    type Arguments = Arc<EventHub>;
+
+    async fn pre_start(&self, _me: ActorRef<RegistryMsg>, hub: Arc<EventHub>) -> Result<RegistryState, ActorProcessingErr> {
+        Ok(RegistryState { workers: BTreeMap::new(), hub })
+    }
+
+    async fn handle(&self, _me: ActorRef<RegistryMsg>, msg: RegistryMsg, st: &mut RegistryState) -> Result<(), ActorProcessingErr> {
+        match msg {
+            RegistryMsg::Joined { name, slots, remote } => {
+                if remote {
+                    st.hub.note(&format!("worker {name} joined ({slots} slot(s))"));
+                }
+                st.workers.insert(name, (slots, remote, Instant::now()));
+            }
+            RegistryMsg::Heartbeat { name } => {
+                if let Some(w) = st.workers.get_mut(&name) {
+                    w.2 = Instant::now();
+                }
+            }
+            RegistryMsg::Left { name, requeued } => {
+                st.workers.remove(&name);
+                let extra = if requeued > 0 { format!("; {requeued} assignment(s) requeued") } else { String::new() };
+                st.hub.note(&format!("worker {name} left{extra}"));
+            }
+            RegistryMsg::List(reply) => {
+                let list = st
+                    .workers
+                    .iter()
+                    .map(|(name, (slots, remote, seen))| WorkerInfo { name: name.clone(), slots: *slots, remote: *remote, last_seen_ago: seen.elapsed() })
+                    .collect();
+                let _ = reply.send(list);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The handle to the WorkerRegistry actor.
+#[derive(Clone)]
+pub struct WorkerRegistry {
+    actor: ActorRef<RegistryMsg>,
+}
+
+impl WorkerRegistry {
+    pub async fn start(hub: Arc<EventHub>) -> Result<Self, ractor::SpawnErr> {
+        let (actor, _) = Actor::spawn(None, RegistryActor, hub).await?;
+        Ok(WorkerRegistry { actor })
+    }
+
+    pub fn joined(&self, name: &str, slots: u32, remote: bool) {
+        let _ = self.actor.cast(RegistryMsg::Joined { name: name.to_string(), slots, remote });
+    }
+
+    pub fn heartbeat(&self, name: &str) {
+        let _ = self.actor.cast(RegistryMsg::Heartbeat { name: name.to_string() });
+    }
+
+    pub fn left(&self, name: &str, requeued: usize) {
+        let _ = self.actor.cast(RegistryMsg::Left { name: name.to_string(), requeued });
+    }
+
+    pub async fn list(&self) -> Vec<WorkerInfo> {
+        match self.actor.call(RegistryMsg::List, Some(Duration::from_secs(5))).await {
+            Ok(ractor::rpc::CallResult::Success(v)) => v,
+            _ => Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn tracks_joins_heartbeats_and_leaves() {
+        let hub = Arc::new(EventHub::start(true, None).await.unwrap());
+        let r = WorkerRegistry::start(hub).await.unwrap();
+        r.joined("local", 2, false);
+        r.joined("w1", 4, true);
+        r.heartbeat("w1");
+        let list = r.list().await;
+        assert_eq!(list.iter().map(|w| (w.name.as_str(), w.slots, w.remote)).collect::<Vec<_>>(), [("local", 2, false), ("w1", 4, true)]);
+        r.left("w1", 1);
+        assert_eq!(r.list().await.len(), 1);
+    }
+}
