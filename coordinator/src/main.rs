@@ -343,19 +343,20 @@ async fn engine(loaded: &steppe_shared::Loaded, exec: &ExecArgs) -> Result<Arc<e
     }
     if let Some(addr) = exec.listen {
         let svc = service::WorkerService { dispatcher: dispatcher.clone(), sink: out.clone(), artifact_dir, registry: registry.clone() };
-        if slots == 0 {
-            let (registry, out, url) = (registry.clone(), out.clone(), format!("http://{addr}"));
-            tokio::spawn(async move {
-                tokio::time::sleep(std::time::Duration::from_secs(5)).await;
-                if registry.list().await.is_empty() {
-                    out.note(&format!("no workers yet: start one with `steppe worker --coordinator {url}`"));
-                }
-            });
-        }
         let listener = std::net::TcpListener::bind(addr).with_context(|| format!("--listen {addr}"))?;
         listener.set_nonblocking(true)?;
         let listener = tokio::net::TcpListener::from_std(listener)?;
-        out.note(&format!("serving workers on {}", listener.local_addr()?));
+        let bound = listener.local_addr()?;
+        out.note(&format!("serving workers on {bound}"));
+        if slots == 0 {
+            let (registry, out) = (registry.clone(), out.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+                if registry.list().await.is_empty() {
+                    out.note(&format!("no workers yet: start one with `steppe worker --coordinator http://{bound}`"));
+                }
+            });
+        }
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
         tokio::spawn(async move {
             let r = tonic::transport::Server::builder()
