@@ -1,7 +1,8 @@
 //! Every ```yaml example in docs/ is a test: it goes through the real
 //! `steppe validate --syntax-only`. An example whose first lines are
 //! `# expect: <fragment>` must be rejected with each fragment in the output;
-//! every other example must be accepted.
+//! every other example must be accepted. An example marked `# test: passes`
+//! is also run with `steppe test` and must pass.
 
 use std::path::Path;
 use std::process::Command;
@@ -40,7 +41,10 @@ fn doc_examples_behave_as_documented() {
     let dir = std::env::temp_dir().join(format!("steppe-docs-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("mkdir");
     let mut failures = Vec::new();
+    let mut ran = 0;
     for (doc, line, body) in &all {
+        let dir = dir.join(format!("{doc}-{line}"));
+        std::fs::create_dir_all(&dir).expect("mkdir");
         let file = dir.join("example.yml");
         std::fs::write(&file, body).expect("write");
         let out = Command::new(env!("CARGO_BIN_EXE_steppe"))
@@ -56,6 +60,19 @@ fn doc_examples_behave_as_documented() {
             if code != 0 {
                 failures.push(format!("{doc}:{line}: documented as valid, rejected:\n{text}"));
             }
+            if body.lines().any(|l| l.trim() == "# test: passes") {
+                let out = Command::new(env!("CARGO_BIN_EXE_steppe"))
+                    .args(["test", "example.yml", "-q"])
+                    .current_dir(&dir)
+                    .env_remove("STEPPE_MODEL")
+                    .output()
+                    .expect("run steppe test");
+                let t = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+                if out.status.code() != Some(0) {
+                    failures.push(format!("{doc}:{line}: documented to pass `steppe test`, exit {:?}:\n{t}", out.status.code()));
+                }
+                ran += 1;
+            }
         } else if code != 2 {
             failures.push(format!("{doc}:{line}: documented as invalid, exit {code}:\n{text}"));
         } else {
@@ -65,4 +82,5 @@ fn doc_examples_behave_as_documented() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(ran >= 6, "expected runnable examples in docs/, ran {ran}");
 }

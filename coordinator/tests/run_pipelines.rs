@@ -232,3 +232,53 @@ fn approvals_park_until_decided() {
     assert_eq!(out.status.code(), Some(130), "{}", text(&out));
     assert!(text(&out).contains("nobody decided within 1s"), "{}", text(&out));
 }
+
+/// A worker killed with SIGKILL mid-step loses nothing: its session drops, its
+/// assignment goes back on the queue, and another worker runs it.
+#[test]
+fn a_killed_worker_hands_its_step_to_another() {
+    use std::io::{BufRead, BufReader};
+    let work = scratch("kill9");
+    std::fs::write(
+        work.join("p.yml"),
+        "jobs:\n- name: j\n  plan:\n  - task: slow\n    outputs: [out]\n    run: echo started; sleep 2; echo done > out/x\n  - task: after\n    inputs: [out]\n    run: cat out/x\n    assert:\n      stdout: done\n  assert:\n    execution: [slow, after]\n",
+    )
+    .expect("write");
+    let mut coord = Command::new(env!("CARGO_BIN_EXE_steppe"))
+        .args(["run", "p.yml", "--workers", "0", "--listen", "127.0.0.1:0"])
+        .current_dir(&work)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn coordinator");
+    let mut lines = BufReader::new(coord.stdout.take().expect("stdout")).lines();
+    let first = lines.next().expect("line").expect("utf8");
+    let url = format!("http://{}", first.strip_prefix("serving workers on ").expect("address line"));
+    let spawn_worker = || {
+        Command::new(env!("CARGO_BIN_EXE_steppe"))
+            .args(["worker", "--coordinator", &url, "--slots", "1"])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn worker")
+    };
+    let mut first_worker = spawn_worker();
+    let mut seen = Vec::new();
+    for l in lines.by_ref() {
+        let l = l.expect("utf8");
+        seen.push(l.clone());
+        if l.contains("[slow] started") {
+            break;
+        }
+    }
+    first_worker.kill().expect("kill -9");
+    let _ = first_worker.wait();
+    let mut second = spawn_worker();
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    seen.extend(rest);
+    let all = seen.join("\n");
+    let status = coord.wait().expect("wait");
+    assert_eq!(status.code(), Some(0), "{all}");
+    assert!(all.contains("requeued"), "{all}");
+    assert_eq!(all.matches("[slow] started").count(), 2, "the step ran again on the second worker: {all}");
+    assert_eq!(all.matches("✔ slow").count(), 1, "recorded once: {all}");
+    let _ = second.wait();
+}
