@@ -282,3 +282,20 @@ fn a_killed_worker_hands_its_step_to_another() {
     assert_eq!(all.matches("✔ slow").count(), 1, "recorded once: {all}");
     let _ = second.wait();
 }
+
+/// The README's first command: the example pipelines load, and examples/ci.yml passes `steppe test`.
+#[test]
+fn readme_examples_work() {
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let work = scratch("examples");
+    for e in std::fs::read_dir(&examples).expect("examples/").filter_map(|e| e.ok()) {
+        std::fs::copy(e.path(), work.join(e.file_name())).expect("copy");
+        let name = e.file_name().to_string_lossy().into_owned();
+        let out = steppe(&["validate", "--syntax-only", &name], &work);
+        assert_eq!(out.status.code(), Some(0), "{name}: {}", text(&out));
+    }
+    let out = steppe(&["test", "ci.yml"], &work);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    assert!(t.contains("PASS build") && t.contains("PASS deploy") && t.contains("2/2 passed"), "{t}");
+}
