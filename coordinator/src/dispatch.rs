@@ -48,6 +48,7 @@ fn aborted(id: &str, why: &str) -> AssignmentResult {
         stderr: String::new(),
         outputs: Vec::new(),
         result: Err(StepError::aborted(why)),
+        agent: None,
     }
 }
 
@@ -147,6 +148,7 @@ impl Dispatcher {
                 stderr: String::new(),
                 outputs: Vec::new(),
                 result: Err(StepError::errored("the dispatcher stopped before this step finished")),
+                agent: None,
             },
         }
     }

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::agent_work::{AgentOutcome, AgentWork};
 use crate::artifacts::ArtifactRef;
 use crate::outcome::StepError;
 
@@ -53,6 +54,8 @@ pub struct Assignment {
     pub image: Option<String>,
     /// Echo output lines live (resource checks stay quiet).
     pub stream: bool,
+    /// An agent conversation instead of a command.
+    pub agent: Option<Box<AgentWork>>,
 }
 
 #[derive(Debug, Clone)]
@@ -64,4 +67,5 @@ pub struct AssignmentResult {
     /// Captured outputs (only when the step passed).
     pub outputs: Vec<(String, ArtifactRef)>,
     pub result: Result<(), StepError>,
+    pub agent: Option<AgentOutcome>,
 }

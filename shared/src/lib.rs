@@ -5,6 +5,7 @@
 pub mod de;
 pub mod duration;
 pub mod expr;
+pub mod agent_work;
 pub mod artifacts;
 pub mod assignment;
 pub mod model;

@@ -94,6 +94,7 @@ mod tests {
             judge: Judge::default(),
             image: None,
             stream: false,
+            agent: None,
         }
     }
 

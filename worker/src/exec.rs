@@ -54,7 +54,7 @@ pub async fn execute(
     sink: Arc<dyn LineSink>,
     cancel: watch::Receiver<bool>,
 ) -> AssignmentResult {
-    let fail = |e: StepError| AssignmentResult { assignment_id: a.id.clone(), exit_code: None, stdout: String::new(), stderr: String::new(), outputs: Vec::new(), result: Err(e) };
+    let fail = |e: StepError| AssignmentResult { assignment_id: a.id.clone(), exit_code: None, stdout: String::new(), stderr: String::new(), outputs: Vec::new(), result: Err(e), agent: None };
     if let Some(image) = &a.image {
         return fail(StepError::errored(format!(
             "{}: image \"{image}\": container steps are not supported by this build of steppe yet",
@@ -85,7 +85,7 @@ async fn run_in(
     sink: Arc<dyn LineSink>,
     mut cancel: watch::Receiver<bool>,
 ) -> AssignmentResult {
-    let fail = |e: StepError| AssignmentResult { assignment_id: a.id.clone(), exit_code: None, stdout: String::new(), stderr: String::new(), outputs: Vec::new(), result: Err(e) };
+    let fail = |e: StepError| AssignmentResult { assignment_id: a.id.clone(), exit_code: None, stdout: String::new(), stderr: String::new(), outputs: Vec::new(), result: Err(e), agent: None };
     if a.cwd == Cwd::StepDir {
         for (name, r) in &a.inputs {
             let s = store.clone();
@@ -100,6 +100,23 @@ async fn run_in(
                 return fail(StepError::errored(format!("{}: creating output \"{o}\": {e}", a.step)));
             }
         }
+    }
+    if let Some(work) = &a.agent {
+        let (r, outcome) = crate::agent::run(work, dir, &a.run_id, sink.clone(), cancel.clone()).await;
+        let r = r.and_then(|()| crate::agent::judge(work, dir, &outcome));
+        let mut res = AssignmentResult {
+            assignment_id: a.id.clone(),
+            exit_code: None,
+            stdout: outcome.response.clone(),
+            stderr: String::new(),
+            outputs: Vec::new(),
+            result: r,
+            agent: Some(outcome),
+        };
+        if res.result.is_ok() {
+            capture(a, dir, store, &mut res).await;
+        }
+        return res;
     }
     let mut cmd = Command::new("sh");
     cmd.arg("-c").arg(&a.command).current_dir(dir).env_clear();
@@ -162,33 +179,38 @@ async fn run_in(
     let stdout = collect(out_task).await;
     let stderr = collect(err_task).await;
     let exit_code = status.and_then(|s| s.code().or_else(|| s.signal_code()));
-    let mut res = AssignmentResult { assignment_id: a.id.clone(), exit_code, stdout, stderr, outputs: Vec::new(), result: Ok(()) };
+    let mut res = AssignmentResult { assignment_id: a.id.clone(), exit_code, stdout, stderr, outputs: Vec::new(), result: Ok(()), agent: None };
     if let Some(e) = stop {
         res.result = Err(e);
         return res;
     }
     res.result = judge(a, &a.judge, dir, exit_code, &res.stdout);
     if res.result.is_ok() {
-        let targets: Vec<(String, PathBuf)> = match a.cwd {
-            Cwd::CaptureSelf => vec![(".".to_string(), dir.to_path_buf())],
-            _ => a.outputs.iter().map(|o| (o.clone(), dir.join(o))).collect(),
-        };
-        for (name, path) in targets {
-            let s = store.clone();
-            match tokio::task::spawn_blocking(move || s.put_dir(&path)).await {
-                Ok(Ok(r)) => res.outputs.push((name, r)),
-                Ok(Err(e)) => {
-                    res.result = Err(StepError::errored(format!("{}: capturing output \"{name}\": {e}", a.step)));
-                    break;
-                }
-                Err(e) => {
-                    res.result = Err(StepError::errored(format!("{}: capturing output \"{name}\": {e}", a.step)));
-                    break;
-                }
+        capture(a, dir, store, &mut res).await;
+    }
+    res
+}
+
+/// Stores the declared outputs (or, for a get's `in`, the directory itself).
+async fn capture(a: &Assignment, dir: &Path, store: Arc<dyn ArtifactStore>, res: &mut AssignmentResult) {
+    let targets: Vec<(String, PathBuf)> = match a.cwd {
+        Cwd::CaptureSelf => vec![(".".to_string(), dir.to_path_buf())],
+        _ => a.outputs.iter().map(|o| (o.clone(), dir.join(o))).collect(),
+    };
+    for (name, path) in targets {
+        let s = store.clone();
+        match tokio::task::spawn_blocking(move || s.put_dir(&path)).await {
+            Ok(Ok(r)) => res.outputs.push((name, r)),
+            Ok(Err(e)) => {
+                res.result = Err(StepError::errored(format!("{}: capturing output \"{name}\": {e}", a.step)));
+                return;
+            }
+            Err(e) => {
+                res.result = Err(StepError::errored(format!("{}: capturing output \"{name}\": {e}", a.step)));
+                return;
             }
         }
     }
-    res
 }
 
 trait SignalCode {

@@ -6,8 +6,11 @@
 //! loop over a gRPC session; `wire` converts to and from `steppe.v1`.
 //! `sandbox` is the policy every agent tool call is checked against.
 
+pub mod agent;
 pub mod exec;
 pub mod local;
+pub mod provider;
 pub mod remote;
 pub mod sandbox;
+pub mod tools;
 pub mod wire;

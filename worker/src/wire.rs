@@ -39,6 +39,7 @@ pub fn assignment_to_wire(a: &Assignment) -> v1::Assignment {
         judge: Some(v1::Judge { stdout: a.judge.stdout.clone(), code: a.judge.code, files: a.judge.files.clone() }),
         image: a.image.clone(),
         stream: a.stream,
+        agent_json: a.agent.as_ref().and_then(|w| serde_json::to_string(w).ok()).unwrap_or_default(),
     }
 }
 
@@ -62,6 +63,7 @@ pub fn assignment_from_wire(a: v1::Assignment) -> Assignment {
         judge: Judge { stdout: judge.stdout, code: judge.code, files: judge.files },
         image: a.image,
         stream: a.stream,
+        agent: if a.agent_json.is_empty() { None } else { serde_json::from_str(&a.agent_json).ok().map(Box::new) },
     }
 }
 
@@ -85,6 +87,7 @@ pub fn result_to_wire(r: &AssignmentResult) -> v1::AssignmentResult {
         outputs: named(&r.outputs),
         class: class as i32,
         message,
+        agent_json: r.agent.as_ref().and_then(|o| serde_json::to_string(o).ok()).unwrap_or_default(),
     }
 }
 
@@ -102,6 +105,7 @@ pub fn result_from_wire(r: v1::AssignmentResult) -> AssignmentResult {
         stderr: r.stderr,
         outputs: unnamed(r.outputs),
         result,
+        agent: if r.agent_json.is_empty() { None } else { serde_json::from_str(&r.agent_json).ok() },
     }
 }
 
@@ -125,6 +129,7 @@ mod tests {
             judge: Judge { stdout: Some("ok".into()), code: Some(3), files: vec!["out/f".into()] },
             image: None,
             stream: true,
+            agent: None,
         };
         let b = assignment_from_wire(assignment_to_wire(&a));
         assert_eq!((b.id, b.cwd, b.inputs, b.timeout, b.judge), (a.id, a.cwd, a.inputs, a.timeout, a.judge));
@@ -135,6 +140,7 @@ mod tests {
             stderr: "e".into(),
             outputs: vec![],
             result: Err(StepError::failed("boom")),
+            agent: None,
         };
         let back = result_from_wire(result_to_wire(&r));
         assert_eq!(back.result, r.result);

@@ -510,6 +510,7 @@ impl JobRun {
             judge: Judge::default(),
             image: None,
             stream: false,
+            agent: None,
         };
         let r = self.dispatch(a).await;
         match r.result {
@@ -581,6 +582,7 @@ impl JobRun {
             judge,
             image,
             stream: true,
+            agent: None,
         };
         let mut d = self.attempts(&label, a, s.attempts.unwrap_or(1)).await;
         if let Some(m) = &s.output_mapping {

@@ -88,6 +88,7 @@ impl JobRun {
             judge: Judge::default(),
             image: t.image.clone(),
             stream: false,
+            agent: None,
         };
         let res = self.dispatch(a).await;
         if let Err(e) = res.result {
@@ -226,6 +227,7 @@ impl JobRun {
             judge: Judge::default(),
             image: t.image.clone(),
             stream: true,
+            agent: None,
         };
         let res = self.dispatch(a).await;
         res.result?;
@@ -269,6 +271,7 @@ impl JobRun {
             judge: Judge::default(),
             image: t.image.clone(),
             stream: true,
+            agent: None,
         };
         self.attempts(&label, a, s.attempts.unwrap_or(1)).await
     }

@@ -1,0 +1,114 @@
+//! An agent step resolved for a worker: everything the conversation needs,
+//! with the agent definition, the step and the defaults already merged.
+//! (It travels inside an assignment as JSON until its proto messages exist.)
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct AgentWork {
+    /// The agent's name (and the execution-log entry).
+    pub agent: String,
+    /// The model name sent on the wire (provider prefix removed).
+    pub model: String,
+    /// `…/v1/`: requests go to `<base_url>chat/completions`.
+    pub base_url: String,
+    pub api_key_env: Option<String>,
+    pub key_required: bool,
+    pub string_tool_choice: bool,
+    /// The persona: the agent's `system:` or the default.
+    pub persona: String,
+    pub messages: Vec<AgentMessage>,
+    pub dir: Option<String>,
+    pub tools: Vec<ToolDef>,
+    /// The verdict vocabulary (without `failure`); empty = no verdict tool.
+    pub verdicts: Vec<String>,
+    pub note_required: bool,
+    /// 0 = no cap.
+    pub max_turns: u32,
+    pub attempts: u32,
+    pub timeout_ms: Option<u64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub max_tokens: Option<i64>,
+    pub reasoning_effort: Option<String>,
+    pub context_paths: Vec<String>,
+    /// 0 = whole file.
+    pub max_context_bytes: u64,
+    pub budget_tokens: Option<u64>,
+    pub assert: AgentAssert,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct AgentAssert {
+    pub stdout: Option<String>,
+    pub verdict: Option<String>,
+    pub files: Vec<String>,
+    pub tool_calls: Vec<(String, Map<String, Value>)>,
+    pub nudge: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub enum AgentMessage {
+    Text(String),
+    Artifact { artifact: String, path: String },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub enum ToolDef {
+    Builtin {
+        name: String,
+        /// web_fetch: hosts (and subdomains) it may reach; empty = any.
+        allow: Vec<String>,
+        timeout_ms: Option<u64>,
+    },
+    Custom {
+        name: String,
+        description: String,
+        run: String,
+        required: bool,
+        /// 0 = unlimited.
+        max_calls: u64,
+        /// Pinned arguments, merged over the model's.
+        pinned: Map<String, Value>,
+        max_output_bytes: Option<u64>,
+        timeout_ms: Option<u64>,
+    },
+}
+
+impl ToolDef {
+    pub fn name(&self) -> &str {
+        match self {
+            ToolDef::Builtin { name, .. } | ToolDef::Custom { name, .. } => name,
+        }
+    }
+}
+
+/// One call the model requested, as `assert.tool_calls` reads it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct TrajectoryEntry {
+    pub name: String,
+    pub args: Value,
+    pub ok: bool,
+}
+
+/// A refused tool call, as recorded on the step.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct DenialRecord {
+    pub tool: String,
+    pub path: String,
+    pub reason: String,
+}
+
+/// What an agent conversation produced.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct AgentOutcome {
+    pub response: String,
+    pub verdict: Option<String>,
+    pub note: Option<String>,
+    pub trajectory: Vec<TrajectoryEntry>,
+    pub tokens: u64,
+    pub turns: u32,
+    pub wrapped_up: bool,
+    pub denials: Vec<DenialRecord>,
+}

@@ -1,0 +1,493 @@
+//! One agent conversation: the tool-calling loop of agent-steps.md §3 against
+//! an OpenAI-compatible provider, its tools executed under the sandbox policy.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Map, Value};
+use steppe_shared::agent_work::{AgentMessage, AgentOutcome, AgentWork, ToolDef, TrajectoryEntry};
+use steppe_shared::outcome::StepError;
+use tokio::sync::watch;
+
+use crate::exec::{LineSink, Stream};
+use crate::provider::{chat, ProviderError};
+use crate::sandbox::SandboxPolicy;
+use crate::tools::{custom, custom_params, error, Space};
+
+const DEFAULT_PERSONA: &str = "You are an automated agent running as one step of a CI pipeline job.";
+const WRAP_UP: &str = "You have used your entire turn budget, and no further tool calls are possible. Answer now, using only what you have already gathered. If your investigation was incomplete, give your best answer and say plainly which parts you could not verify.";
+
+fn schema_for(def: &ToolDef, verdicts: &[String]) -> Value {
+    let (name, description, params): (String, String, Value) = match def {
+        ToolDef::Custom { name, description, run, pinned, .. } => {
+            let ps: Vec<String> = custom_params(run).into_iter().filter(|p| !pinned.contains_key(p)).collect();
+            let props: Map<String, Value> = ps.iter().map(|p| (p.clone(), json!({"type": "string"}))).collect();
+            let mut schema = json!({"type": "object", "properties": props});
+            if !ps.is_empty() {
+                schema["required"] = json!(ps);
+            }
+            (name.clone(), description.clone(), schema)
+        }
+        ToolDef::Builtin { name, allow, .. } => {
+            let (d, p) = match name.as_str() {
+                "read_file" => ("Read a file in the working directory. Returns raw text (no line numbers); use start_line/end_line (1-based, inclusive) to page through a large file.", json!({"type":"object","properties":{"path":{"type":"string"},"start_line":{"type":"integer"},"end_line":{"type":"integer"}},"required":["path"]})),
+                "list_dir" => ("List a directory (default: the working directory).", json!({"type":"object","properties":{"path":{"type":"string"}}})),
+                "search_files" => ("Search files: pattern is a regular expression matched against lines, glob a shell pattern matched against paths (a slash-less glob matches the file name; ** only as a leading **/). output_mode: files_with_matches (default), content (path, line, text) or count.", json!({"type":"object","properties":{"pattern":{"type":"string"},"glob":{"type":"string"},"path":{"type":"string"},"output_mode":{"type":"string","enum":["files_with_matches","content","count"]},"head_limit":{"type":"integer"},"case_insensitive":{"type":"boolean"}}})),
+                "run_shell" => ("Run a shell command (sh -c) in the working directory. Returns stdout, stderr and exit_code.", json!({"type":"object","properties":{"command":{"type":"string"}},"required":["command"]})),
+                "write_file" => ("Write a UTF-8 text file (missing parent directories are created); with append: true, append to it.", json!({"type":"object","properties":{"path":{"type":"string"},"content":{"type":"string"},"append":{"type":"boolean"}},"required":["path","content"]})),
+                "edit_file" => ("Replace old_string (which must occur exactly once unless replace_all) with new_string in an existing file. Copy old_string from read_file output exactly.", json!({"type":"object","properties":{"path":{"type":"string"},"old_string":{"type":"string"},"new_string":{"type":"string"},"replace_all":{"type":"boolean"}},"required":["path","old_string","new_string"]})),
+                "web_fetch" => ("HTTP GET a URL (http or https) and return {status, content_type, body, truncated}.", json!({"type":"object","properties":{"url":{"type":"string"}},"required":["url"]})),
+                _ => ("", json!({"type":"object","properties":{}})),
+            };
+            let mut d = d.to_string();
+            if name == "web_fetch" && !allow.is_empty() {
+                d.push_str(&format!(" Only these hosts (and their subdomains) can be fetched: {}.", allow.join(", ")));
+            }
+            (name.clone(), d, p)
+        }
+    };
+    let _ = verdicts;
+    json!({"type": "function", "function": {"name": name, "description": description, "parameters": params}})
+}
+
+fn verdict_schema(vocab: &[String], note_required: bool) -> Value {
+    let note = if note_required { "Required: a short reason. A later step of this pipeline reads it." } else { "Optional: a short reason for the audit log." };
+    let mut required = vec!["choice"];
+    if note_required {
+        required.push("note");
+    }
+    json!({"type": "function", "function": {
+        "name": "verdict",
+        "description": "Emit your decision. Call this exactly once with your final verdict — it is how the pipeline decides which step runs next.",
+        "parameters": {"type": "object", "properties": {
+            "choice": {"type": "string", "enum": vocab, "description": "Your verdict — must be one of the allowed values."},
+            "note": {"type": "string", "description": note}
+        }, "required": required}
+    }})
+}
+
+fn ok_result(r: &Value) -> bool {
+    match r.get("exit_code").and_then(Value::as_i64) {
+        Some(c) => c == 0,
+        None => r.get("error").is_none(),
+    }
+}
+
+/// `files:` obligations not met yet, as the nudge and the failure name them.
+fn unmet_files(root: &Path, files: &[String]) -> Vec<String> {
+    files
+        .iter()
+        .filter_map(|f| match std::fs::metadata(root.join(f)) {
+            Err(_) => Some(format!("{f} does not exist")),
+            Ok(m) if m.is_dir() => Some(format!("{f} is a directory, not a file")),
+            Ok(m) if m.len() == 0 => Some(format!("{f} is empty")),
+            Ok(_) => None,
+        })
+        .collect()
+}
+
+fn as_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => n.as_f64().filter(|f| f.fract() == 0.0 && n.is_f64()).map(|f| format!("{f}")).unwrap_or_else(|| n.to_string()),
+        other => other.to_string(),
+    }
+}
+
+/// The first `tool_calls` entry not matched as an ordered subsequence, if any.
+fn unmet_tool_calls(want: &[(String, Map<String, Value>)], got: &[TrajectoryEntry]) -> Option<String> {
+    let mut i = 0;
+    for (name, args) in want {
+        let found = got[i..].iter().position(|t| {
+            t.name == *name && args.iter().all(|(k, v)| t.args.get(k).map(as_text) == Some(as_text(v)))
+        });
+        match found {
+            Some(p) => i += p + 1,
+            None => {
+                let with: Vec<String> = args.iter().map(|(k, v)| format!(" with {k}={:?}", as_text(v))).collect();
+                let names: Vec<&str> = got.iter().map(|t| t.name.as_str()).collect();
+                return Some(format!("no call matching \"{name}\"{} after the previously matched calls; got [{}]", with.join(""), names.join(", ")));
+            }
+        }
+    }
+    None
+}
+
+struct Conversation<'a> {
+    work: &'a AgentWork,
+    label: String,
+    sink: Arc<dyn LineSink>,
+    run_id: String,
+    key: Option<String>,
+    tools: Vec<Value>,
+    messages: Vec<Value>,
+    out: AgentOutcome,
+}
+
+impl Conversation<'_> {
+    fn say(&self, line: &str) {
+        for l in line.lines() {
+            self.sink.line(&self.run_id, &self.label, Stream::Stdout, l);
+        }
+    }
+
+    async fn request(&mut self, with_tools: bool, forced: Option<&str>) -> Result<Value, StepError> {
+        let mut body = json!({"model": self.work.model, "messages": self.messages});
+        if with_tools && !self.tools.is_empty() {
+            body["tools"] = json!(self.tools);
+        }
+        if let Some(f) = forced {
+            body["tool_choice"] = if self.work.string_tool_choice { json!("required") } else { json!({"type": "function", "function": {"name": f}}) };
+        }
+        if let Some(t) = self.work.temperature {
+            body["temperature"] = json!(t);
+        }
+        if let Some(t) = self.work.top_p {
+            body["top_p"] = json!(t);
+        }
+        if let Some(t) = self.work.max_tokens.filter(|t| *t > 0) {
+            body["max_tokens"] = json!(t);
+        }
+        if let Some(r) = &self.work.reasoning_effort {
+            body["reasoning_effort"] = json!(r.to_lowercase());
+        }
+        let resp = chat(&self.work.base_url, self.key.as_deref(), &body, self.work.attempts).await.map_err(|e| match e {
+            ProviderError::Unwell(m) | ProviderError::Refused(m) | ProviderError::Malformed(m) => StepError::errored(format!("{}: model request failed: {m}", self.label)),
+        })?;
+        let usage = resp.get("usage");
+        let tokens = usage
+            .and_then(|u| u.get("total_tokens").and_then(Value::as_u64))
+            .or_else(|| usage.map(|u| u.get("prompt_tokens").and_then(Value::as_u64).unwrap_or(0) + u.get("completion_tokens").and_then(Value::as_u64).unwrap_or(0)))
+            .unwrap_or(0);
+        self.out.tokens += tokens;
+        if let Some(cap) = self.work.budget_tokens {
+            if self.out.tokens > cap {
+                return Err(StepError::errored(format!("agent \"{}\": budget exceeded: cap {cap} tokens, spent {}", self.work.agent, self.out.tokens)));
+            }
+        }
+        let msg = resp.pointer("/choices/0/message").cloned().ok_or_else(|| StepError::errored(format!("{}: the model's response has no choices", self.label)))?;
+        Ok(msg)
+    }
+}
+
+/// Runs the conversation in `root` (the step's directory).
+pub async fn run(work: &AgentWork, root: &Path, run_id: &str, sink: Arc<dyn LineSink>, cancel: watch::Receiver<bool>) -> (Result<(), StepError>, AgentOutcome) {
+    let label = work.agent.clone();
+    let deadline = work.timeout_ms.map(Duration::from_millis);
+    let fut = converse(work, root, run_id, sink, label.clone());
+    let mut cancel = cancel;
+    let cancelled = async move {
+        loop {
+            if *cancel.borrow() {
+                return;
+            }
+            if cancel.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        r = fut => r,
+        _ = async { match deadline { Some(d) => tokio::time::sleep(d).await, None => std::future::pending().await } } => {
+            let d = deadline.map(crate::exec::fmt_duration).unwrap_or_default();
+            (Err(StepError::failed(format!("{label}: timed out after {d}"))), AgentOutcome::default())
+        }
+        _ = cancelled => (Err(StepError::aborted(format!("{label}: aborted"))), AgentOutcome::default()),
+    }
+}
+
+async fn converse(work: &AgentWork, root: &Path, run_id: &str, sink: Arc<dyn LineSink>, label: String) -> (Result<(), StepError>, AgentOutcome) {
+    let mut conv = Conversation { work, label: label.clone(), sink, run_id: run_id.to_string(), key: None, tools: Vec::new(), messages: Vec::new(), out: AgentOutcome::default() };
+    let r = converse_inner(&mut conv, root).await;
+    let out = std::mem::take(&mut conv.out);
+    (r, out)
+}
+
+async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), StepError> {
+    let work = conv.work;
+    let label = conv.label.clone();
+    // Preparation: working directory, messages, key, tools.
+    let cwd = match &work.dir {
+        Some(d) => root.join(d),
+        None => root.to_path_buf(),
+    };
+    if !cwd.is_dir() {
+        return Err(StepError::errored(format!("{label}: dir {} does not exist", work.dir.as_deref().unwrap_or("."))));
+    }
+    let policy = SandboxPolicy::new(root, &[]).map_err(|e| StepError::errored(format!("{label}: {e}")))?;
+    let space = Space { policy, cwd: cwd.canonicalize().unwrap_or(cwd.clone()), env: Vec::new() };
+    let mut user_messages = Vec::new();
+    for m in &work.messages {
+        match m {
+            AgentMessage::Text(t) => user_messages.push(t.clone()),
+            AgentMessage::Artifact { artifact, path } => {
+                let p = format!("{artifact}/{path}");
+                let full = space.policy.check_path("message_files", &p, root, crate::sandbox::Access::Read).map_err(|d| StepError::errored(format!("{label}: message file {p}: {}", d.reason)))?;
+                let t = std::fs::read_to_string(&full).map_err(|e| StepError::errored(format!("{label}: message file {p}: {e}")))?;
+                if t.trim().is_empty() {
+                    return Err(StepError::errored(format!("{label}: message file {p} is empty")));
+                }
+                user_messages.push(t);
+            }
+        }
+    }
+    if user_messages.is_empty() {
+        return Err(StepError::errored(format!("{label}: no messages to send")));
+    }
+    if let Some(var) = &work.api_key_env {
+        match std::env::var(var).ok().filter(|v| !v.is_empty()) {
+            Some(k) => conv.key = Some(k),
+            None if work.key_required => return Err(StepError::errored(format!("{label}: the API key variable {var} is not set"))),
+            None => {}
+        }
+    }
+    let defs: HashMap<String, ToolDef> = work.tools.iter().map(|t| (t.name().to_string(), t.clone())).collect();
+    conv.tools = work.tools.iter().map(|t| schema_for(t, &work.verdicts)).collect();
+    if !work.verdicts.is_empty() {
+        if defs.contains_key("verdict") {
+            return Err(StepError::errored(format!("{label}: declares verdicts: but already defines a tool named \"verdict\"")));
+        }
+        conv.tools.push(verdict_schema(&work.verdicts, work.note_required));
+    }
+    let mut required: BTreeMap<String, bool> = work
+        .tools
+        .iter()
+        .filter_map(|t| match t {
+            ToolDef::Custom { name, required: true, .. } => Some((name.clone(), false)),
+            _ => None,
+        })
+        .collect();
+    if !work.verdicts.is_empty() {
+        required.insert("verdict".into(), false);
+    }
+    // The first request: one system message, synthetic context reads, the first user message.
+    let mut system = format!(
+        "{}\n\nYour working directory is {}. Use the tools available to you (all scoped to that directory) to complete the task described below. When finished, reply with a final plain-text message and no further tool calls.",
+        if work.persona.trim().is_empty() { DEFAULT_PERSONA } else { work.persona.as_str() },
+        space.cwd.display()
+    );
+    if let Some(ms) = work.timeout_ms {
+        system.push_str(&format!("\nDeadline: this step has {} of wall-clock time in total; it is cut off when that runs out.", crate::exec::fmt_duration(Duration::from_millis(ms))));
+    }
+    conv.messages.push(json!({"role": "system", "content": system}));
+    for (i, p) in work.context_paths.iter().enumerate() {
+        let full = space.policy.check_path("read_file", p, &space.cwd, crate::sandbox::Access::Read).map_err(|d| StepError::errored(format!("{label}: context path \"{p}\": {}", d.reason)))?;
+        let mut text = std::fs::read_to_string(&full).map_err(|e| StepError::errored(format!("{label}: context path \"{p}\": {e}")))?;
+        let max = work.max_context_bytes as usize;
+        if max > 0 && text.len() > max {
+            let n = text.len();
+            let mut cut = max;
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            text.truncate(cut);
+            text.push_str(&format!("\n\n[truncated: {p} is {n} bytes, and the first {cut} are shown. Use read_file with start_line/end_line to page through the rest.]"));
+        }
+        let id = format!("ctx_{i}");
+        conv.messages.push(json!({"role": "assistant", "tool_calls": [{"id": id, "type": "function", "function": {"name": "read_file", "arguments": json!({"path": p}).to_string()}}]}));
+        conv.messages.push(json!({"role": "tool", "tool_call_id": id, "content": json!({"content": text}).to_string()}));
+    }
+    let mut pending_messages = user_messages.into_iter();
+    if let Some(first) = pending_messages.next() {
+        conv.messages.push(json!({"role": "user", "content": first}));
+    }
+    let started = Instant::now();
+    let mut deadline_nudged = false;
+    let mut forced: Option<String> = None;
+    let (mut ignored_forces, mut nudges) = (0u32, 0u32);
+    let mut calls_made: HashMap<String, u64> = HashMap::new();
+    let mut turn = 0u32;
+    let mut last_message = pending_messages.len() == 0;
+    loop {
+        if work.max_turns > 0 && turn >= work.max_turns {
+            break;
+        }
+        if let (Some(ms), false) = (work.timeout_ms, deadline_nudged) {
+            let total = Duration::from_millis(ms);
+            if started.elapsed() > total.mul_f64(0.8) {
+                deadline_nudged = true;
+                let left = total.saturating_sub(started.elapsed());
+                conv.messages.push(json!({"role": "user", "content": format!("Less than a fifth of this step's {} deadline is left (about {}). Wrap up: finish with what you have.", crate::exec::fmt_duration(total), crate::exec::fmt_duration(left))}));
+            }
+        }
+        turn += 1;
+        conv.out.turns = turn;
+        let msg = conv.request(true, forced.as_deref()).await?;
+        let text = msg.get("content").and_then(Value::as_str).unwrap_or_default().to_string();
+        let calls: Vec<Value> = msg.get("tool_calls").and_then(Value::as_array).cloned().unwrap_or_default();
+        let mut assistant = json!({"role": "assistant"});
+        if !text.is_empty() {
+            assistant["content"] = json!(text);
+        }
+        let parsed: Vec<(String, String, Value)> = calls
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let id = c.get("id").and_then(Value::as_str).map(str::to_string).unwrap_or_else(|| format!("call_{}", i + 1));
+                let name = c.pointer("/function/name").and_then(Value::as_str).unwrap_or_default().to_string();
+                let raw = c.pointer("/function/arguments");
+                let args = match raw {
+                    Some(Value::String(s)) => serde_json::from_str::<Value>(s).ok().filter(Value::is_object).unwrap_or_else(|| json!({})),
+                    Some(v @ Value::Object(_)) => v.clone(),
+                    _ => json!({}),
+                };
+                (id, name, args)
+            })
+            .collect();
+        if !parsed.is_empty() {
+            assistant["tool_calls"] = json!(parsed
+                .iter()
+                .map(|(id, name, args)| json!({"id": id, "type": "function", "function": {"name": name, "arguments": args.to_string()}}))
+                .collect::<Vec<_>>());
+        }
+        if !text.is_empty() || !parsed.is_empty() {
+            conv.messages.push(assistant);
+        }
+        if !text.is_empty() {
+            conv.say(&text);
+        }
+        if parsed.is_empty() {
+            if !last_message {
+                if let Some(next) = pending_messages.next() {
+                    conv.messages.push(json!({"role": "user", "content": next}));
+                }
+                last_message = pending_messages.len() == 0;
+                continue;
+            }
+            let unmet_f = unmet_files(root, &work.assert.files);
+            let unmet_t = unmet_tool_calls(&work.assert.tool_calls, &conv.out.trajectory);
+            if work.assert.nudge && nudges < 5 && (!unmet_f.is_empty() || unmet_t.is_some()) {
+                nudges += 1;
+                let nudge = if !unmet_f.is_empty() {
+                    format!("You are trying to finish, but this step declared files it must leave behind and they are not there: {}. Your final message is not the deliverable — a later step of this pipeline reads these files, and text you write in this conversation reaches nobody. Write them now using the tools you have, then finish.", unmet_f.join("; "))
+                } else {
+                    format!("You are trying to finish, but this step declared calls it must make and they have not happened: {}. Make them now using the tools you have, then finish.", unmet_t.unwrap_or_default())
+                };
+                conv.messages.push(json!({"role": "user", "content": nudge}));
+                continue;
+            }
+            match required.iter().find(|(_, done)| !**done).map(|(n, _)| n.clone()) {
+                None => {
+                    conv.out.response = text;
+                    return Ok(());
+                }
+                Some(n) => {
+                    if forced.is_some() {
+                        ignored_forces += 1;
+                        if ignored_forces >= 5 {
+                            let missing: Vec<&str> = required.iter().filter(|(_, d)| !**d).map(|(n, _)| n.as_str()).collect();
+                            return Err(StepError::failed(format!("{label}: agent ignored a forced tool call 5 turns running; required tool(s) never succeeded: {}", missing.join(", "))));
+                        }
+                    }
+                    forced = Some(n);
+                    continue;
+                }
+            }
+        }
+        forced = None;
+        ignored_forces = 0;
+        for (id, name, args) in parsed {
+            conv.say(&format!("→ {name} {args}"));
+            let result = if name == "verdict" && !work.verdicts.is_empty() {
+                let choice = args.get("choice").and_then(Value::as_str).unwrap_or_default().to_string();
+                if !work.verdicts.contains(&choice) {
+                    error(format!("verdict: choice \"{choice}\" is not one of: {}", work.verdicts.join(", ")))
+                } else {
+                    let unmet = unmet_files(root, &work.assert.files);
+                    if !unmet.is_empty() {
+                        error(format!("verdict: this step declared files it must leave behind and they are not there: {}. Write them first.", unmet.join("; ")))
+                    } else {
+                        conv.out.verdict = Some(choice.clone());
+                        let note = args.get("note").and_then(Value::as_str).filter(|n| !n.is_empty()).map(str::to_string);
+                        conv.out.note = note.clone();
+                        let mut r = json!({"exit_code": 0, "verdict": choice});
+                        if let Some(n) = note {
+                            r["note"] = json!(n);
+                        }
+                        r
+                    }
+                }
+            } else {
+                match defs.get(&name) {
+                    None => error(format!("unknown tool \"{name}\"")),
+                    Some(def @ ToolDef::Custom { max_calls, .. }) => {
+                        let used = calls_made.entry(name.clone()).or_insert(0);
+                        if *max_calls > 0 && *used >= *max_calls {
+                            error(format!("{name}: call budget ({max_calls}) exhausted for this attempt"))
+                        } else {
+                            *used += 1;
+                            custom(&space, def, &args).await
+                        }
+                    }
+                    Some(def) => space.builtin(def, &args, &mut conv.out.denials).await,
+                }
+            };
+            let ok = ok_result(&result);
+            if ok {
+                if let Some(done) = required.get_mut(&name) {
+                    *done = true;
+                }
+            }
+            conv.out.trajectory.push(TrajectoryEntry { name: name.clone(), args: args.clone(), ok });
+            conv.messages.push(json!({"role": "tool", "tool_call_id": id, "content": result.to_string()}));
+        }
+    }
+    // Turn budget spent.
+    let missing: Vec<&str> = required.iter().filter(|(_, d)| !**d).map(|(n, _)| n.as_str()).collect();
+    if !missing.is_empty() {
+        return Err(StepError::failed(format!("{label}: agent exceeded {} turns; required tool(s) never succeeded: {}", work.max_turns, missing.join(", "))));
+    }
+    conv.messages.push(json!({"role": "user", "content": WRAP_UP}));
+    let msg = conv.request(false, None).await.map_err(|e| StepError::errored(format!("{label}: agent exceeded {} turns, and the request asking it to answer from what it had failed: {}", work.max_turns, e.message)))?;
+    let text = msg.get("content").and_then(Value::as_str).unwrap_or_default().to_string();
+    if text.trim().is_empty() {
+        return Err(StepError::failed(format!("{label}: agent exceeded {} turns and produced none when asked to answer from what it had", work.max_turns)));
+    }
+    conv.say(&text);
+    conv.out.response = text;
+    conv.out.wrapped_up = true;
+    Ok(())
+}
+
+/// The step's assert, judged once the conversation ended well.
+pub fn judge(work: &AgentWork, root: &Path, out: &AgentOutcome) -> Result<(), StepError> {
+    let label = &work.agent;
+    let a = &work.assert;
+    if let Some(s) = &a.stdout {
+        if !out.response.contains(s.as_str()) {
+            return Err(StepError::failed(format!("{label}: assert.stdout: response does not contain {s:?}")));
+        }
+    }
+    if let Some(v) = &a.verdict {
+        let got = out.verdict.clone().unwrap_or_default();
+        if &got != v {
+            return Err(StepError::failed(format!("{label}: assert.verdict: want {v:?}, got {got:?}")));
+        }
+    }
+    let hint = if a.nudge { "" } else { " (assert.nudge: true would have told the model while it could still act)" };
+    if let Some(m) = unmet_tool_calls(&a.tool_calls, &out.trajectory) {
+        return Err(StepError::failed(format!("{label}: assert.tool_calls: {m}{hint}")));
+    }
+    if let Some(f) = unmet_files(root, &a.files).first() {
+        return Err(StepError::failed(format!("{label}: assert.files: {f}{hint}")));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tool_call_subsequence_matching() {
+        let t = |n: &str, a: Value| TrajectoryEntry { name: n.into(), args: a, ok: true };
+        let got = vec![t("read_file", json!({"path": "a"})), t("write_file", json!({"path": "b", "n": 3})), t("read_file", json!({"path": "c"}))];
+        let want = |v: Vec<(&str, Value)>| v.into_iter().map(|(n, a)| (n.to_string(), a.as_object().cloned().unwrap_or_default())).collect::<Vec<_>>();
+        assert!(unmet_tool_calls(&want(vec![("read_file", json!({})), ("read_file", json!({"path": "c"}))]), &got).is_none());
+        assert!(unmet_tool_calls(&want(vec![("write_file", json!({"n": 3}))]), &got).is_none());
+        let m = unmet_tool_calls(&want(vec![("read_file", json!({"path": "c"})), ("write_file", json!({}))]), &got).unwrap();
+        assert!(m.contains("no call matching \"write_file\"") && m.contains("got [read_file, write_file, read_file]"), "{m}");
+    }
+}

@@ -1,0 +1,536 @@
+//! The built-in tools and custom tools of agent steps. Every path goes
+//! through the sandbox policy first; a refusal comes back to the model as
+//! `{"error": …}` data and is recorded as a denial.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{json, Map, Value};
+use steppe_shared::agent_work::{DenialRecord, ToolDef};
+
+use crate::exec::HOST_ENV;
+use crate::sandbox::{Access, SandboxPolicy};
+
+pub const INLINE_CAP: usize = 32_000;
+const READ_CAP: usize = 100_000;
+
+/// Where one agent step's tools act.
+pub struct Space {
+    pub policy: SandboxPolicy,
+    /// The working directory (`dir:` applied).
+    pub cwd: PathBuf,
+    pub env: Vec<String>,
+}
+
+pub fn error(msg: impl Into<String>) -> Value {
+    json!({ "error": msg.into() })
+}
+
+fn arg_str<'a>(args: &'a Value, key: &str) -> Option<&'a str> {
+    args.get(key).and_then(Value::as_str)
+}
+
+impl Space {
+    fn check(&self, tool: &str, path: &str, access: Access, denials: &mut Vec<DenialRecord>) -> Result<PathBuf, Value> {
+        self.policy.check_path(tool, path, &self.cwd, access).map_err(|d| {
+            denials.push(DenialRecord { tool: d.tool.clone(), path: d.path.clone(), reason: d.reason.clone() });
+            error(format!("{tool}: {}", d.reason))
+        })
+    }
+
+    /// Runs a built-in tool. Unknown names are refused (and recorded).
+    pub async fn builtin(&self, def: &ToolDef, args: &Value, denials: &mut Vec<DenialRecord>) -> Value {
+        let name = def.name();
+        let r = match name {
+            "read_file" => self.read_file(args, denials),
+            "list_dir" => self.list_dir(args, denials),
+            "search_files" => self.search_files(args, denials),
+            "write_file" => self.write_file(args, denials),
+            "edit_file" => self.edit_file(args, denials),
+            "run_shell" => {
+                let Some(cmd) = arg_str(args, "command") else { return error("run_shell: missing required argument \"command\"") };
+                let timeout = match def {
+                    ToolDef::Builtin { timeout_ms, .. } => timeout_ms.map(Duration::from_millis),
+                    _ => None,
+                };
+                Ok(self.shell(cmd, timeout, INLINE_CAP).await)
+            }
+            "web_fetch" => {
+                let allow = match def {
+                    ToolDef::Builtin { allow, .. } => allow.clone(),
+                    _ => Vec::new(),
+                };
+                Ok(web_fetch(args, &allow).await)
+            }
+            other => {
+                denials.push(DenialRecord { tool: other.to_string(), path: String::new(), reason: format!("unknown tool for the engine: \"{other}\"") });
+                Err(error(format!("unknown tool \"{other}\"")))
+            }
+        };
+        r.unwrap_or_else(|e| e)
+    }
+
+    fn read_file(&self, args: &Value, denials: &mut Vec<DenialRecord>) -> Result<Value, Value> {
+        let path = arg_str(args, "path").ok_or_else(|| error("read_file: missing required argument \"path\""))?;
+        let full = self.check("read_file", path, Access::Read, denials)?;
+        let bytes = std::fs::read(&full).map_err(|e| error(format!("read_file: {path}: {e}")))?;
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        let (start, end) = (args.get("start_line").and_then(Value::as_u64), args.get("end_line").and_then(Value::as_u64));
+        if start.is_some() || end.is_some() {
+            let lines: Vec<&str> = text.split_inclusive('\n').collect();
+            let s = start.unwrap_or(1).max(1) as usize;
+            let e = end.map(|e| e as usize).unwrap_or(lines.len()).min(lines.len());
+            if s > e || s > lines.len() {
+                return Err(error(format!("read_file: {path} has {} lines; start_line {s} and end_line {e} select none", lines.len())));
+            }
+            let mut out = String::new();
+            let mut last = s - 1;
+            for (i, l) in lines[s - 1..e].iter().enumerate() {
+                if out.len() + l.len() > READ_CAP && i > 0 {
+                    break;
+                }
+                out.push_str(l);
+                last = s + i;
+            }
+            let truncated = last < e;
+            return Ok(json!({"content": out, "start_line": s, "end_line": last, "truncated": truncated}));
+        }
+        if text.len() > READ_CAP {
+            let mut cut = READ_CAP;
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            return Ok(json!({"content": format!("<file_truncated>{path} is {} bytes; the first {cut} are shown (limit {READ_CAP}). Use start_line/end_line to page through the rest.</file_truncated>\n{}", text.len(), &text[..cut])}));
+        }
+        Ok(json!({ "content": text }))
+    }
+
+    fn list_dir(&self, args: &Value, denials: &mut Vec<DenialRecord>) -> Result<Value, Value> {
+        let path = arg_str(args, "path").unwrap_or(".");
+        let full = self.check("list_dir", path, Access::Read, denials)?;
+        let mut entries: Vec<(String, bool, u64)> = std::fs::read_dir(&full)
+            .map_err(|e| error(format!("list_dir: {path}: {e}")))?
+            .filter_map(|e| e.ok())
+            .map(|e| {
+                let m = e.metadata().ok();
+                (e.file_name().to_string_lossy().into_owned(), m.as_ref().is_some_and(|m| m.is_dir()), m.map(|m| m.len()).unwrap_or(0))
+            })
+            .collect();
+        entries.sort();
+        let total = entries.len();
+        let shown: Vec<Value> = entries.iter().take(1000).map(|(n, d, s)| json!({"name": n, "is_dir": d, "size": s})).collect();
+        let mut r = json!({"entries": shown, "total": total, "truncated": total > 1000});
+        if total > 1000 {
+            r["message"] = json!("only the first 1000 entries are shown; list a narrower path, or use run_shell with ls | grep");
+        }
+        Ok(r)
+    }
+
+    fn search_files(&self, args: &Value, denials: &mut Vec<DenialRecord>) -> Result<Value, Value> {
+        let pattern = arg_str(args, "pattern");
+        let glob = arg_str(args, "glob");
+        if pattern.is_none() && glob.is_none() {
+            return Err(error("search_files: give a pattern, a glob, or both"));
+        }
+        let mode = arg_str(args, "output_mode").unwrap_or("files_with_matches");
+        if mode != "files_with_matches" && pattern.is_none() {
+            return Err(error(format!("search_files: output_mode {mode} needs a pattern")));
+        }
+        let path = arg_str(args, "path").unwrap_or(".");
+        let base = self.check("search_files", path, Access::Read, denials)?;
+        let head = args.get("head_limit").and_then(Value::as_u64).unwrap_or(50).clamp(1, 200) as usize;
+        let ci = args.get("case_insensitive").and_then(Value::as_bool).unwrap_or(false);
+        let re = match pattern {
+            Some(p) => Some(regex::RegexBuilder::new(p).case_insensitive(ci).build().map_err(|e| error(format!("search_files: bad pattern: {e}")))?),
+            None => None,
+        };
+        let glob_re = glob.map(glob_to_regex).transpose().map_err(|e| error(format!("search_files: bad glob: {e}")))?;
+        let mut files = Vec::new();
+        walk(&base, &base, &mut files, 20_000);
+        let (mut matches, mut counts, mut hits) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut total, mut scanned, mut budget) = (0usize, 0usize, 28_000usize);
+        for rel in files {
+            let rel_s = rel.to_string_lossy().replace('\\', "/");
+            if let Some(g) = &glob_re {
+                let subject = if glob.is_some_and(|g| g.contains('/')) { rel_s.clone() } else { rel.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default() };
+                if !g.is_match(&subject) {
+                    continue;
+                }
+            }
+            let Some(re) = &re else {
+                total += 1;
+                if hits.len() < head {
+                    hits.push(json!(rel_s));
+                }
+                continue;
+            };
+            let full = base.join(&rel);
+            let Ok(meta) = std::fs::metadata(&full) else { continue };
+            if meta.len() > 2 << 20 {
+                continue;
+            }
+            let Ok(bytes) = std::fs::read(&full) else { continue };
+            if bytes.iter().take(8000).any(|b| *b == 0) {
+                continue;
+            }
+            scanned += 1;
+            let text = String::from_utf8_lossy(&bytes);
+            let mut n = 0;
+            for (i, line) in text.lines().enumerate() {
+                if re.is_match(line) {
+                    n += 1;
+                    if mode == "content" {
+                        total += 1;
+                        let shown = if line.len() > 500 { format!("{} …[line truncated]", &line[..line.char_indices().take_while(|(j, _)| *j < 500).last().map_or(0, |(j, c)| j + c.len_utf8())]) } else { line.to_string() };
+                        let cost = shown.len() + rel_s.len() + 120;
+                        if matches.len() < head && cost <= budget {
+                            budget -= cost;
+                            matches.push(json!({"path": rel_s, "line": i + 1, "text": shown}));
+                        }
+                    }
+                }
+            }
+            if n > 0 {
+                match mode {
+                    "count" => {
+                        total += n;
+                        if counts.len() < head {
+                            counts.push(json!({"path": rel_s, "count": n}));
+                        }
+                    }
+                    "content" => {}
+                    _ => {
+                        total += 1;
+                        if hits.len() < head {
+                            hits.push(json!(rel_s));
+                        }
+                    }
+                }
+            }
+        }
+        let shown = match mode {
+            "content" => matches.len(),
+            "count" => counts.len(),
+            _ => hits.len(),
+        };
+        let mut r = json!({"mode": mode, "base": path, "total": total, "files_scanned": scanned, "truncated": shown < total});
+        match mode {
+            "content" => r["matches"] = json!(matches),
+            "count" => r["counts"] = json!(counts),
+            _ => r["files"] = json!(hits),
+        }
+        if shown < total {
+            r["message"] = json!(format!("{shown} of {total} shown; narrow the pattern, glob or path rather than paging"));
+        }
+        Ok(r)
+    }
+
+    fn write_file(&self, args: &Value, denials: &mut Vec<DenialRecord>) -> Result<Value, Value> {
+        let path = arg_str(args, "path").ok_or_else(|| error("write_file: missing required argument \"path\""))?;
+        let content = arg_str(args, "content").ok_or_else(|| error("write_file: missing required argument \"content\""))?;
+        let full = self.check("write_file", path, Access::Write, denials)?;
+        if let Some(parent) = full.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| error(format!("write_file: {path}: {e}")))?;
+        }
+        let append = args.get("append").and_then(Value::as_bool).unwrap_or(false);
+        let r = if append {
+            use std::io::Write;
+            std::fs::OpenOptions::new().create(true).append(true).open(&full).and_then(|mut f| f.write_all(content.as_bytes()))
+        } else {
+            std::fs::write(&full, content)
+        };
+        r.map_err(|e| error(format!("write_file: {path}: {e}")))?;
+        Ok(json!({"bytes_written": content.len(), "path": path}))
+    }
+
+    fn edit_file(&self, args: &Value, denials: &mut Vec<DenialRecord>) -> Result<Value, Value> {
+        let path = arg_str(args, "path").ok_or_else(|| error("edit_file: missing required argument \"path\""))?;
+        let old = arg_str(args, "old_string").unwrap_or_default();
+        let new = arg_str(args, "new_string").ok_or_else(|| error("edit_file: missing required argument \"new_string\""))?;
+        if old.is_empty() {
+            return Err(error("edit_file: old_string is empty; to create or replace a whole file use write_file"));
+        }
+        if old == new {
+            return Err(error("edit_file: old_string and new_string are the same; nothing to change"));
+        }
+        let full = self.check("edit_file", path, Access::Write, denials)?;
+        let text = std::fs::read_to_string(&full).map_err(|_| error(format!("edit_file: {path} does not exist or is not text; to create it use write_file")))?;
+        let replace_all = args.get("replace_all").and_then(Value::as_bool).unwrap_or(false);
+        let (span, mode) = match find_span(&text, old) {
+            Some(x) => x,
+            None => return Err(error(format!("edit_file: old_string was not found in {path}; read the file again and copy the exact text, indentation included"))),
+        };
+        let count = text.matches(span.as_str()).count();
+        if count > 1 && !replace_all {
+            return Err(error(format!("edit_file: old_string appears {count} times in {path}; add surrounding lines to make it unique, or set replace_all")));
+        }
+        let offset = text.find(span.as_str()).unwrap_or(0);
+        let first_line = 1 + text[..offset].matches('\n').count();
+        let updated = if replace_all { text.replace(span.as_str(), new) } else { text.replacen(span.as_str(), new, 1) };
+        std::fs::write(&full, updated).map_err(|e| error(format!("edit_file: {path}: {e}")))?;
+        Ok(json!({"path": path, "replacements": if replace_all { count } else { 1 }, "first_line": first_line, "match_mode": mode}))
+    }
+
+    /// `sh -c` in the working directory; each stream capped at `cap` bytes.
+    pub async fn shell(&self, cmd: &str, timeout: Option<Duration>, cap: usize) -> Value {
+        let mut c = tokio::process::Command::new("sh");
+        c.arg("-c").arg(cmd).current_dir(&self.cwd).env_clear().stdin(std::process::Stdio::null()).kill_on_drop(true);
+        for name in HOST_ENV.iter().copied().chain(self.env.iter().map(String::as_str)) {
+            if let Some(v) = std::env::var_os(name) {
+                c.env(name, v);
+            }
+        }
+        let fut = c.output();
+        let out = match timeout {
+            Some(t) => match tokio::time::timeout(t, fut).await {
+                Ok(o) => o,
+                Err(_) => return error(format!("command timed out after {}", crate::exec::fmt_duration(t))),
+            },
+            None => fut.await,
+        };
+        match out {
+            Ok(o) => json!({
+                "stdout": capped(&o.stdout, cap),
+                "stderr": capped(&o.stderr, cap),
+                "exit_code": o.status.code().unwrap_or(-1),
+            }),
+            Err(e) => error(format!("cannot run the command: {e}")),
+        }
+    }
+}
+
+fn capped(bytes: &[u8], cap: usize) -> String {
+    let s = String::from_utf8_lossy(bytes);
+    if s.len() <= cap {
+        return s.into_owned();
+    }
+    let mut cut = cap;
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}\n... [truncated {} bytes]", &s[..cut], s.len() - cut)
+}
+
+/// Exact match first, then line-by-line modulo surrounding whitespace.
+fn find_span(text: &str, old: &str) -> Option<(String, &'static str)> {
+    if text.contains(old) {
+        return Some((old.to_string(), "exact"));
+    }
+    let want: Vec<&str> = old.trim_end_matches('\n').lines().map(str::trim).collect();
+    if want.is_empty() {
+        return None;
+    }
+    let lines: Vec<&str> = text.lines().collect();
+    for i in 0..lines.len().saturating_sub(want.len() - 1) {
+        if lines[i..i + want.len()].iter().map(|l| l.trim()).eq(want.iter().copied()) {
+            return Some((lines[i..i + want.len()].join("\n"), "line-trimmed"));
+        }
+    }
+    None
+}
+
+fn walk(base: &Path, dir: &Path, out: &mut Vec<PathBuf>, limit: usize) {
+    let Ok(rd) = std::fs::read_dir(dir) else { return };
+    let mut entries: Vec<_> = rd.filter_map(|e| e.ok()).collect();
+    entries.sort_by_key(|e| e.file_name());
+    for e in entries {
+        if out.len() >= limit {
+            return;
+        }
+        let name = e.file_name();
+        let n = name.to_string_lossy();
+        if matches!(n.as_ref(), ".git" | "node_modules" | "vendor" | ".steps-agent-out") {
+            continue;
+        }
+        let p = e.path();
+        match e.file_type() {
+            Ok(t) if t.is_dir() => walk(base, &p, out, limit),
+            Ok(t) if t.is_file() => {
+                if let Ok(rel) = p.strip_prefix(base) {
+                    out.push(rel.to_path_buf());
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+fn glob_to_regex(g: &str) -> Result<regex::Regex, regex::Error> {
+    let (prefix, rest) = match g.strip_prefix("**/") {
+        Some(r) => ("(?:.*/)?", r),
+        None => ("", g),
+    };
+    let mut re = String::from("^");
+    re.push_str(prefix);
+    for ch in rest.chars() {
+        match ch {
+            '*' => re.push_str("[^/]*"),
+            '?' => re.push_str("[^/]"),
+            c => re.push_str(&regex::escape(&c.to_string())),
+        }
+    }
+    re.push('$');
+    regex::Regex::new(&re)
+}
+
+/// Renders a custom tool's `run:` over `.args` and runs it.
+pub async fn custom(space: &Space, def: &ToolDef, model_args: &Value) -> Value {
+    let ToolDef::Custom { name, run, pinned, max_output_bytes, timeout_ms, .. } = def else {
+        return error("not a custom tool");
+    };
+    let mut args: Map<String, Value> = model_args.as_object().cloned().unwrap_or_default();
+    for (k, v) in pinned {
+        args.insert(k.clone(), v.clone());
+    }
+    let wanted = custom_params(run);
+    let missing: Vec<String> = wanted
+        .iter()
+        .filter(|p| !pinned.contains_key(*p))
+        .filter(|p| args.get(*p).is_none_or(|v| v.is_null() || v.as_str() == Some("")))
+        .map(|p| format!("\"{p}\""))
+        .collect();
+    if !missing.is_empty() {
+        return error(format!("{name}: missing required argument(s): {} (expected: {})", missing.join(", "), wanted.join(", ")));
+    }
+    let cmd = match steppe_shared::template::render(run, &json!({ "args": Value::Object(args) })) {
+        Ok(c) => c,
+        Err(e) => return error(format!("{name}: {e}")),
+    };
+    let cap = max_output_bytes.map(|m| m.min(10 << 20) as usize).unwrap_or(INLINE_CAP);
+    space.shell(&cmd, timeout_ms.map(Duration::from_millis), cap).await
+}
+
+/// Each distinct `{{ .args.NAME … }}`, in first-seen order.
+pub fn custom_params(run: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let re = regex::Regex::new(r"\.args\.([A-Za-z_][A-Za-z0-9_]*)").expect("static regex");
+    for block in run.split("{{").skip(1) {
+        let inner = block.split("}}").next().unwrap_or_default();
+        for c in re.captures_iter(inner) {
+            let n = c[1].to_string();
+            if !out.contains(&n) {
+                out.push(n);
+            }
+        }
+    }
+    out
+}
+
+fn host_allowed(host: &str, allow: &[String]) -> bool {
+    let h = host.to_ascii_lowercase();
+    allow.is_empty() || allow.iter().any(|a| {
+        let a = a.to_ascii_lowercase();
+        h == a || h.ends_with(&format!(".{a}"))
+    })
+}
+
+async fn web_fetch(args: &Value, allow: &[String]) -> Value {
+    let Some(url) = arg_str(args, "url") else { return error("web_fetch: missing required argument \"url\"") };
+    let Ok(parsed) = reqwest::Url::parse(url) else { return error(format!("web_fetch: {url:?} is not a URL")) };
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return error("web_fetch: only http:// and https:// URLs can be fetched");
+    }
+    let host = parsed.host_str().unwrap_or_default().to_string();
+    if !host_allowed(&host, allow) {
+        return error(format!("web_fetch: host \"{host}\" is not in this tool's allow: list ({})", allow.join(", ")));
+    }
+    let allow_owned = allow.to_vec();
+    let policy = reqwest::redirect::Policy::custom(move |attempt| {
+        if attempt.previous().len() >= 10 {
+            return attempt.error("too many redirects");
+        }
+        let h = attempt.url().host_str().unwrap_or_default().to_string();
+        if host_allowed(&h, &allow_owned) {
+            attempt.follow()
+        } else {
+            attempt.error(format!("redirect to host \"{h}\", which is not in this tool's allow: list"))
+        }
+    });
+    let client = match reqwest::Client::builder().redirect(policy).timeout(Duration::from_secs(30)).build() {
+        Ok(c) => c,
+        Err(e) => return error(format!("web_fetch: {e}")),
+    };
+    match client.get(parsed).send().await {
+        Ok(resp) => {
+            let status = resp.status().as_u16();
+            let ctype = resp.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+            let bytes = resp.bytes().await.unwrap_or_default();
+            let truncated = bytes.len() > READ_CAP;
+            let body = String::from_utf8_lossy(&bytes[..bytes.len().min(READ_CAP)]).into_owned();
+            json!({"status": status, "content_type": ctype, "body": body, "truncated": truncated})
+        }
+        Err(e) => error(format!("web_fetch: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn space(name: &str) -> (Space, PathBuf) {
+        let d = std::env::temp_dir().join(format!("steppe-tools-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("src")).unwrap();
+        std::fs::write(d.join("src/main.rs"), "fn main() {\n    println!(\"hi\");\n}\n").unwrap();
+        let policy = SandboxPolicy::new(&d, &[]).unwrap();
+        (Space { policy, cwd: d.canonicalize().unwrap(), env: vec![] }, d)
+    }
+
+    fn b(name: &str) -> ToolDef {
+        ToolDef::Builtin { name: name.into(), allow: vec![], timeout_ms: None }
+    }
+
+    #[tokio::test]
+    async fn file_tools_work_inside_and_refuse_outside() {
+        let (s, _) = space("files");
+        let mut den = Vec::new();
+        let r = s.builtin(&b("read_file"), &json!({"path": "src/main.rs"}), &mut den).await;
+        assert!(r["content"].as_str().unwrap().contains("println"));
+        let r = s.builtin(&b("write_file"), &json!({"path": "out/deep/x.md", "content": "hello"}), &mut den).await;
+        assert_eq!(r["bytes_written"], 5);
+        let r = s.builtin(&b("edit_file"), &json!({"path": "src/main.rs", "old_string": "println!(\"hi\");", "new_string": "println!(\"bye\");"}), &mut den).await;
+        assert_eq!(r["match_mode"], "exact", "{r}");
+        let r = s.builtin(&b("edit_file"), &json!({"path": "src/main.rs", "old_string": "fn main() {\n  println!(\"bye\");", "new_string": "fn main() {\n    println!(\"ok\");"}), &mut den).await;
+        assert_eq!(r["match_mode"], "line-trimmed", "{r}");
+        let r = s.builtin(&b("search_files"), &json!({"pattern": "ok", "output_mode": "content"}), &mut den).await;
+        assert_eq!(r["matches"][0]["path"], "src/main.rs", "{r}");
+        let r = s.builtin(&b("list_dir"), &json!({}), &mut den).await;
+        assert_eq!(r["total"], 2, "{r}");
+        assert!(den.is_empty());
+        let r = s.builtin(&b("read_file"), &json!({"path": "../../etc/passwd"}), &mut den).await;
+        assert!(r["error"].as_str().unwrap().contains("outside the sandbox"), "{r}");
+        let r = s.builtin(&b("write_file"), &json!({"path": "/tmp/escape.txt", "content": "x"}), &mut den).await;
+        assert!(r.get("error").is_some());
+        assert_eq!(den.len(), 2);
+        assert_eq!(den[0].tool, "read_file");
+    }
+
+    #[tokio::test]
+    async fn web_fetch_fence_refuses_before_connecting() {
+        let r = web_fetch(&json!({"url": "https://issues.example/open"}), &["specification.website".into()]).await;
+        assert_eq!(r["error"], "web_fetch: host \"issues.example\" is not in this tool's allow: list (specification.website)");
+        assert!(host_allowed("docs.Example.com", &["example.com".into()]));
+        assert!(!host_allowed("badexample.com", &["example.com".into()]));
+    }
+
+    #[tokio::test]
+    async fn custom_tools_render_pin_and_report_missing_args() {
+        let (s, _) = space("custom");
+        let def = ToolDef::Custom {
+            name: "post".into(),
+            description: String::new(),
+            run: "echo {{ .args.repo }} {{ .args.body | shellquote }}".into(),
+            required: true,
+            max_calls: 1,
+            pinned: serde_json::from_value(json!({"repo": "acme/ci"})).unwrap(),
+            max_output_bytes: None,
+            timeout_ms: None,
+        };
+        assert_eq!(custom_params("{{ .args.repo }} {{ .args.body | shellquote }} {{ .args.repo }}"), vec!["repo", "body"]);
+        let r = custom(&s, &def, &json!({"body": "looks good"})).await;
+        assert_eq!(r["stdout"], "acme/ci looks good\n");
+        assert_eq!(r["exit_code"], 0);
+        let r = custom(&s, &def, &json!({})).await;
+        assert!(r["error"].as_str().unwrap().contains("missing required argument(s): \"body\""), "{r}");
+    }
+}
