@@ -4,6 +4,7 @@ mod dispatch;
 mod engine;
 mod registry;
 mod run_actor;
+mod scripted;
 mod service;
 
 use std::path::{Path, PathBuf};
@@ -91,10 +92,32 @@ enum Command {
     Test {
         /// The pipeline file.
         pipeline: PathBuf,
+        /// Answer every agent's model requests from this scenario (the scripted
+        /// model): no API key, deterministic. A request the scenario cannot answer
+        /// fails the test even when every job passed.
+        #[arg(long, value_name = "SCENARIO")]
+        script: Option<PathBuf>,
+        /// With --script: write every request the scripted model received here, as JSON lines.
+        #[arg(long, value_name = "FILE", requires = "script")]
+        dump_requests: Option<PathBuf>,
         #[command(flatten)]
         exec: ExecArgs,
         #[command(flatten)]
         vars: VarArgs,
+    },
+    /// Serve a scenario as an OpenAI-compatible model on loopback.
+    ///
+    /// Point an agent's source at it by hand (endpoint: http://ADDR/v1/) to run a
+    /// pipeline against the scenario without `steppe test --script`.
+    ///
+    /// Example:
+    ///   steppe scripted-model --script scenario.yaml --listen 127.0.0.1:8099
+    #[command(name = "scripted-model", verbatim_doc_comment)]
+    ScriptedModel {
+        #[arg(long, value_name = "SCENARIO")]
+        script: PathBuf,
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8099")]
+        listen: std::net::SocketAddr,
     },
     /// Run steps for a coordinator: a worker in its own process.
     ///
@@ -248,7 +271,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Validate { pipeline, syntax_only, vars } => validate(&pipeline, syntax_only, &vars),
         Command::Run { pipeline, job, exec, vars } => run_job(&pipeline, job.as_deref(), &exec, &vars),
-        Command::Test { pipeline, exec, vars } => test(&pipeline, &exec, &vars),
+        Command::Test { pipeline, script, dump_requests, exec, vars } => test(&pipeline, script.as_deref(), dump_requests.as_deref(), &exec, &vars),
+        Command::ScriptedModel { script, listen } => scripted_model(&script, listen),
         Command::Runs { pipeline, job, limit, steps, run, logs } => runs(&pipeline, job.as_deref(), limit, steps, run.as_deref(), logs),
         Command::Approvals { pipeline } => approvals(&pipeline),
         Command::Approve { pipeline, id, reason } => decide(&pipeline, id, true, &reason),
@@ -316,7 +340,7 @@ fn load_or_report(path: &Path, vars: &VarArgs) -> Result<Result<steppe_shared::L
 /// Builds the engine: a local artifact store, the in-process queue and
 /// Dispatcher, `--workers` local worker loops and, with `--listen`, the worker
 /// service for remote `steppe worker`s. Must be called inside the runtime.
-async fn engine(loaded: &steppe_shared::Loaded, exec: &ExecArgs) -> Result<Arc<engine::Engine>> {
+async fn engine(loaded: &steppe_shared::Loaded, exec: &ExecArgs, scripted: Option<String>) -> Result<Arc<engine::Engine>> {
     use steppe_shared::artifacts::LocalArtifactStore;
     use steppe_shared::queue::InProcessQueue;
     let state = loaded.dir.join(".steppe");
@@ -379,6 +403,8 @@ async fn engine(loaded: &steppe_shared::Loaded, exec: &ExecArgs) -> Result<Arc<e
         out,
         cancel: cancel_rx,
         cancel_tx: _cancel_tx,
+        env_model: LoadOptions::from_env(Default::default()).env_model,
+        scripted,
     }))
 }
 
@@ -437,7 +463,7 @@ fn run_job(path: &Path, job: Option<&str>, exec: &ExecArgs, vars: &VarArgs) -> R
     };
     let rt = runtime()?;
     let result = rt.block_on(async {
-        let engine = engine(&loaded, exec).await?;
+        let engine = engine(&loaded, exec, None).await?;
         anyhow::Ok(run_one(&engine, &job).await)
     })?;
     let outcome = steppe_shared::outcome::Outcome::of(&result.result);
@@ -453,13 +479,45 @@ fn run_job(path: &Path, job: Option<&str>, exec: &ExecArgs, vars: &VarArgs) -> R
     Ok(ExitCode::from(outcome.exit_code()))
 }
 
-fn test(path: &Path, exec: &ExecArgs, vars: &VarArgs) -> Result<ExitCode> {
-    let loaded = match load_or_report(path, vars)? {
+fn test(path: &Path, script: Option<&Path>, dump: Option<&Path>, exec: &ExecArgs, vars: &VarArgs) -> Result<ExitCode> {
+    let scenario = match script {
+        Some(p) => Some(scripted::load(p)?),
+        None => None,
+    };
+    let mut vars_v = vars.resolve()?;
+    if let Some(sc) = &scenario {
+        let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        for (rel, content) in &sc.files {
+            if Path::new(rel).is_absolute() || rel.split('/').any(|s| s == "..") {
+                anyhow::bail!("scenario files: {rel:?} must be a path inside the pipeline's directory");
+            }
+            let full = dir.join(rel);
+            if let Some(parent) = full.parent() {
+                std::fs::create_dir_all(parent).with_context(|| format!("scenario files: {}", parent.display()))?;
+            }
+            std::fs::write(&full, content).with_context(|| format!("scenario files: {}", full.display()))?;
+        }
+        for (k, v) in &sc.vars {
+            vars_v.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+    }
+    let opts = LoadOptions::from_env(vars_v);
+    let loaded = match load_file(path, &opts) {
         Ok(l) => l,
-        Err(code) => return Ok(code),
+        Err(diags) => {
+            for d in diags.iter() {
+                eprintln!("{d}");
+            }
+            eprintln!("steppe: error: {} problem(s) in {}", diags.len(), path.display());
+            return Ok(ExitCode::from(2));
+        }
     };
     let rt = runtime()?;
-    let engine = rt.block_on(engine(&loaded, exec))?;
+    let model = match &scenario {
+        Some(sc) => Some(rt.block_on(scripted::serve(sc.model.clone(), "127.0.0.1:0".parse()?))?),
+        None => None,
+    };
+    let engine = rt.block_on(engine(&loaded, exec, model.as_ref().map(|m| m.base_url.clone())))?;
     let jobs = loaded.pipeline.jobs.clone();
     let mut failures: Vec<(String, String)> = Vec::new();
     let mut aborted = false;
@@ -481,6 +539,20 @@ fn test(path: &Path, exec: &ExecArgs, vars: &VarArgs) -> Result<ExitCode> {
         let got: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
         if want != &got {
             eprintln!("steppe: error: pipeline assert.execution mismatch\n  want: [{}]\n  got:  [{}]", want.join(", "), got.join(", "));
+            return Ok(ExitCode::from(2));
+        }
+    }
+    if let Some(m) = &model {
+        if let Some(f) = dump {
+            let lines: Vec<String> = m.requests().iter().map(|r| r.to_string()).collect();
+            std::fs::write(f, lines.join("\n") + "\n").with_context(|| format!("--dump-requests {}", f.display()))?;
+        }
+        let problems = m.failures();
+        if !problems.is_empty() {
+            for p in &problems {
+                println!("FAIL scenario: {p}");
+            }
+            eprintln!("steppe: error: the scenario could not answer {} request(s)", problems.len());
             return Ok(ExitCode::from(2));
         }
     }
@@ -609,5 +681,20 @@ fn decide(path: &Path, id: i64, approve: bool, reason: &str) -> Result<ExitCode>
         anyhow::bail!("approval {id} was decided by someone else just now");
     }
     println!("{} approval {id}", if approve { "approved" } else { "rejected" });
+    Ok(ExitCode::SUCCESS)
+}
+
+fn scripted_model(script: &Path, listen: std::net::SocketAddr) -> Result<ExitCode> {
+    let sc = scripted::load(script)?;
+    let rt = runtime()?;
+    rt.block_on(async {
+        let m = scripted::serve(sc.model, listen).await?;
+        println!("scripted model serving {} on {}", script.display(), m.base_url);
+        tokio::signal::ctrl_c().await.ok();
+        for p in m.failures() {
+            eprintln!("unanswered: {p}");
+        }
+        anyhow::Ok(())
+    })?;
     Ok(ExitCode::SUCCESS)
 }

@@ -2,6 +2,7 @@
 //! routing, asserts) in the coordinator and hands every step that does work
 //! to the worker pool as an [`Assignment`].
 
+mod agents;
 mod output;
 mod resources;
 
@@ -38,6 +39,10 @@ pub struct Engine {
     pub out: Arc<Output>,
     pub cancel: watch::Receiver<bool>,
     pub cancel_tx: watch::Sender<bool>,
+    /// `$STEPPE_MODEL`: the model of agents that name none.
+    pub env_model: Option<String>,
+    /// `steppe test --script`: every agent talks to this scripted model.
+    pub scripted: Option<String>,
 }
 
 impl Engine {
@@ -61,17 +66,19 @@ pub struct Done {
     pub skipped: bool,
     /// Outputs the step produced (registered by the caller).
     pub outputs: Vec<(String, ArtifactRef)>,
+    /// What an agent step's conversation produced.
+    pub agent: Option<steppe_shared::agent_work::AgentOutcome>,
 }
 
 impl Done {
     fn ok(log: Vec<String>) -> Self {
-        Done { result: Ok(()), routed: Ok(()), log, skipped: false, outputs: Vec::new() }
+        Done { result: Ok(()), routed: Ok(()), log, skipped: false, outputs: Vec::new(), agent: None }
     }
     fn err(e: StepError, log: Vec<String>) -> Self {
-        Done { result: Err(e.clone()), routed: Err(e), log, skipped: false, outputs: Vec::new() }
+        Done { result: Err(e.clone()), routed: Err(e), log, skipped: false, outputs: Vec::new(), agent: None }
     }
     fn skipped() -> Self {
-        Done { result: Ok(()), routed: Ok(()), log: Vec::new(), skipped: true, outputs: Vec::new() }
+        Done { result: Ok(()), routed: Ok(()), log: Vec::new(), skipped: true, outputs: Vec::new(), agent: None }
     }
 }
 
@@ -344,16 +351,24 @@ impl JobRun {
         })
     }
 
-    /// Where a finished top-level step sends the plan, if it routes.
+    /// Where a finished top-level step sends the plan, if it routes: by its
+    /// verdict when it declares verdicts, else by `to:` on success/failure.
     fn route(&self, i: usize, s: &Step, d: &Done) -> Option<Route> {
-        let key = match &d.routed {
-            Ok(()) => "success",
-            Err(e) if e.class == Class::Failed => "failure",
-            Err(_) => return None,
-        };
-        let target = match &s.to {
-            Some(to) => if key == "success" { to.success.clone() } else { to.failure.clone() },
-            None => None,
+        let failed = matches!(&d.routed, Err(e) if e.class == Class::Failed);
+        if d.routed.as_ref().is_err_and(|e| e.class != Class::Failed) {
+            return None;
+        }
+        let verdicts = s.verdicts.as_ref().or(s.try_.as_ref().and_then(|t| t.verdicts.as_ref()));
+        let target = match verdicts {
+            Some(vs) => {
+                let key = if failed { Some("failure".to_string()) } else { d.agent.as_ref().and_then(|o| o.verdict.clone()) };
+                let key = key?;
+                vs.iter().find(|v| v.name == key).and_then(|v| v.target.clone())
+            }
+            None => match &s.to {
+                Some(to) => if failed { to.failure.clone() } else { to.success.clone() },
+                None => None,
+            },
         }?;
         if target == "next" {
             return Some(Route::Next);
@@ -436,10 +451,10 @@ impl JobRun {
                     self.parallel(steps, p.and_then(|p| p.limit).filter(|l| *l > 0).map(|l| l as usize), p.and_then(|p| p.fail_fast).unwrap_or(false)).await
                 }
                 StepKind::Race => self.race(s.race.as_ref().map(|r| r.steps.as_slice()).unwrap_or(&[])).await,
-                StepKind::Agent | StepKind::Ensemble => {
-                    let label = s.agent.clone().unwrap_or_else(|| "ensemble".into());
-                    let e = StepError::errored(format!("{label}: agent steps are not supported by this build of steppe yet"));
-                    self.finish_err(&label, e)
+                StepKind::Agent => self.agent(s, &cell).await,
+                StepKind::Ensemble => {
+                    let e = StepError::errored("ensemble: ensembles are not supported by this build of steppe yet");
+                    self.finish_err("ensemble", e)
                 }
                 StepKind::Approval => self.approval(s).await,
             };
@@ -623,7 +638,7 @@ impl JobRun {
         }
         let r = last.expect("at least one attempt");
         self.ended(label, &r.result, t0.elapsed(), r.exit_code);
-        Done { result: r.result.clone(), routed: r.result, log: vec![label.to_string()], skipped: false, outputs: r.outputs }
+        Done { result: r.result.clone(), routed: r.result, log: vec![label.to_string()], skipped: false, outputs: r.outputs, agent: r.agent }
     }
 
     async fn load_var(self: &Arc<Self>, s: &Step) -> Done {

@@ -131,7 +131,7 @@ impl JobRun {
             }
         }
         self.ended(&name, &last, t0.elapsed(), None);
-        Done { result: last.clone(), routed: last, log, skipped: false, outputs }
+        Done { result: last.clone(), routed: last, log, skipped: false, outputs, agent: None }
     }
 
     async fn fetch(self: &Arc<Self>, s: &Step, name: &str, artifact: &str) -> Result<Vec<(String, steppe_shared::artifacts::ArtifactRef)>, StepError> {
@@ -310,7 +310,7 @@ impl JobRun {
         }
         .await;
         self.ended(label, &result, t0.elapsed(), None);
-        Done { result: result.clone(), routed: result, log: vec![label.to_string()], skipped: false, outputs: Vec::new() }
+        Done { result: result.clone(), routed: result, log: vec![label.to_string()], skipped: false, outputs: Vec::new(), agent: None }
     }
 }
 

@@ -1,0 +1,223 @@
+//! Agent steps: the agent definition, the step and the defaults merged into
+//! an [`AgentWork`] and dispatched like any other assignment.
+
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
+use steppe_shared::agent_work::{AgentAssert, AgentMessage, AgentWork, ToolDef};
+use steppe_shared::assignment::{Assignment, Cwd, Judge};
+use steppe_shared::builtins::{provider_of, DEFAULT_TOOLS};
+use steppe_shared::model::{AgentDef, Message, Step, ToolGrant, ToolSpec};
+use steppe_shared::outcome::StepError;
+
+use super::{cell_label, render_cell, Cell, Done, JobRun};
+
+fn builtin(name: &str, spec: Option<&ToolSpec>) -> ToolDef {
+    ToolDef::Builtin {
+        name: name.to_string(),
+        allow: spec.and_then(|s| s.allow.clone()).unwrap_or_default(),
+        timeout_ms: spec.and_then(|s| s.timeout).and_then(|t| t.to_std()).map(|t| t.as_millis() as u64),
+    }
+}
+
+fn custom(s: &ToolSpec) -> ToolDef {
+    ToolDef::Custom {
+        name: s.name.clone().unwrap_or_default(),
+        description: s.description.clone().unwrap_or_default(),
+        run: s.run.clone().unwrap_or_default(),
+        required: s.required.unwrap_or(false),
+        max_calls: s.max_calls.unwrap_or(0).max(0) as u64,
+        pinned: s.args.clone().unwrap_or_default(),
+        max_output_bytes: s.max_output_bytes.map(|m| m.max(0) as u64),
+        timeout_ms: s.timeout.and_then(|t| t.to_std()).map(|t| t.as_millis() as u64),
+    }
+}
+
+/// The agent's grant as tool definitions (sub-agent and MCP grants are not
+/// served by this build: they are left out, and the caller says so).
+fn grant(tools: Option<&[ToolGrant]>) -> (Vec<(String, ToolDef)>, Vec<String>) {
+    let mut out = Vec::new();
+    let mut skipped = Vec::new();
+    match tools {
+        Some(t) if !t.is_empty() => {
+            for g in t {
+                match g {
+                    ToolGrant::Name(n) => out.push((n.clone(), builtin(n, None))),
+                    ToolGrant::Spec(s) => {
+                        if let Some(b) = &s.builtin {
+                            out.push((b.clone(), builtin(b, Some(s))));
+                        } else if s.name.is_some() {
+                            out.push((s.name.clone().unwrap_or_default(), custom(s)));
+                        } else if let Some(a) = &s.agent {
+                            skipped.push(format!("sub-agent {a}"));
+                        } else if let Some(m) = &s.mcp {
+                            skipped.push(format!("mcp {m}"));
+                        }
+                    }
+                }
+            }
+        }
+        _ => out.extend(DEFAULT_TOOLS.iter().map(|n| (n.to_string(), builtin(n, None)))),
+    }
+    (out, skipped)
+}
+
+impl JobRun {
+    fn agent_def(&self, name: &str) -> Option<&AgentDef> {
+        self.engine.pipeline.agents.iter().find(|a| a.name == name)
+    }
+
+    /// Whether a later step reads `name`'s note (so the verdict tool requires one).
+    fn note_read(&self, name: &str) -> bool {
+        fn walk(s: &Step, name: &str) -> bool {
+            let reads = s.context.as_ref().and_then(|c| c.from.as_ref()).and_then(|f| f.get(name)).and_then(Value::as_str).is_some_and(|l| l == "note" || l == "full");
+            reads || s.children().iter().any(|(_, c)| walk(c, name)) || s.hooks().iter().any(|(_, h)| walk(h, name))
+        }
+        self.job.plan.iter().any(|s| walk(s, name))
+    }
+
+    fn resolve(&self, s: &Step, cell: &Cell) -> Result<AgentWork, StepError> {
+        let name = s.agent.clone().unwrap_or_default();
+        let def = self.agent_def(&name).ok_or_else(|| StepError::errored(format!("agent \"{name}\" is not declared")))?;
+        let model = def
+            .source
+            .as_ref()
+            .and_then(|s| s.model.clone())
+            .or_else(|| self.engine.env_model.clone())
+            .or_else(|| self.engine.pipeline.defaults.as_ref().and_then(|d| d.model.clone()))
+            .ok_or_else(|| StepError::errored(format!("agent \"{name}\" has no model")))?;
+        if model.starts_with('@') {
+            return Err(StepError::errored(format!("agent \"{name}\": cli agents ({model}) are not supported by this build of steppe yet")));
+        }
+        let src = def.source.clone().unwrap_or_default();
+        let provider = provider_of(&model);
+        let wire_model = match provider {
+            Some(p) => model[p.prefix.len() + 1..].to_string(),
+            None => model.clone(),
+        };
+        let (base_url, key_env, key_required, string_choice) = match &self.engine.scripted {
+            Some(url) => (url.clone(), None, false, false),
+            None => {
+                let mut base = src.endpoint.clone().or(provider.map(|p| p.base_url.to_string())).unwrap_or_default();
+                if !base.ends_with('/') {
+                    base.push('/');
+                }
+                let key_env = src.api_key_env.clone().or(provider.and_then(|p| p.key_env.map(str::to_string)));
+                let required = src.api_key_env.is_some() || provider.is_some_and(|p| p.key_required);
+                let sc = src.string_tool_choice.unwrap_or(provider.is_some_and(|p| p.string_tool_choice));
+                (base, key_env, required, sc)
+            }
+        };
+        let render = |t: &str| render_cell(&self.subst(t), cell).map_err(|e| StepError::errored(format!("{name}: {e}")));
+        let mut messages = Vec::new();
+        for m in &s.resolved_messages {
+            messages.push(match m {
+                Message::Text(t) => AgentMessage::Text(render(t)?),
+                Message::Artifact { artifact, path } => AgentMessage::Artifact { artifact: artifact.clone(), path: path.clone() },
+            });
+        }
+        let (all, skipped) = grant(def.tools.as_deref());
+        if !skipped.is_empty() {
+            self.engine.out.note(&format!("{name}: {} not served by this build; granted tools without them", skipped.join(", ")));
+        }
+        let tools: Vec<ToolDef> = match &s.tools {
+            Some(sel) if !sel.is_empty() => {
+                let mut out = Vec::new();
+                for g in sel {
+                    match g {
+                        ToolGrant::Name(n) => {
+                            // A bare server name selects that server's tools; they are not served here.
+                            if let Some((_, d)) = all.iter().find(|(k, _)| k == n) {
+                                out.push(d.clone());
+                            }
+                        }
+                        ToolGrant::Spec(spec) if spec.name.is_some() => out.push(custom(spec)),
+                        ToolGrant::Spec(_) => {}
+                    }
+                }
+                out
+            }
+            _ => all.into_iter().map(|(_, d)| d).collect(),
+        };
+        let verdicts: Vec<String> = s.verdicts.iter().flatten().map(|v| v.name.clone()).filter(|n| n != "failure").collect();
+        let timeout = s.timeout.or(def.timeout).map(|t| t.to_std().unwrap_or_default()).unwrap_or(std::time::Duration::from_secs(1800));
+        let assert = s.assert.as_ref().map(|a| AgentAssert {
+            stdout: a.stdout.clone(),
+            verdict: a.verdict.clone(),
+            files: a.files.clone().unwrap_or_default(),
+            tool_calls: a.tool_calls.iter().flatten().map(|c| (c.name.clone().unwrap_or_default(), c.args.clone().unwrap_or_else(Map::new))).collect(),
+            nudge: a.nudge.unwrap_or(false),
+        });
+        Ok(AgentWork {
+            agent: name.clone(),
+            model: wire_model,
+            base_url,
+            api_key_env: key_env,
+            key_required,
+            string_tool_choice: string_choice,
+            persona: def.system.clone().unwrap_or_default(),
+            messages,
+            dir: s.dir.as_deref().map(render).transpose()?,
+            tools,
+            verdicts,
+            note_required: self.note_read(&name),
+            max_turns: s.max_turns.or(def.max_turns).unwrap_or(30).max(0) as u32,
+            attempts: s.attempts.or(def.attempts).unwrap_or(3).max(1) as u32,
+            timeout_ms: if timeout.is_zero() { None } else { Some(timeout.as_millis() as u64) },
+            temperature: def.temperature,
+            top_p: def.top_p,
+            max_tokens: def.max_tokens,
+            reasoning_effort: def.reasoning_effort.clone(),
+            context_paths: s.context_paths.iter().flatten().map(|p| render(p)).collect::<Result<_, _>>()?,
+            max_context_bytes: s.max_context_bytes.or(def.max_context_bytes).unwrap_or(100_000).max(0) as u64,
+            budget_tokens: def.budget.as_ref().and_then(|b| b.tokens).map(|t| t.max(0) as u64),
+            assert: assert.unwrap_or_default(),
+        })
+    }
+
+    /// An agent step: resolved here, conversed on a worker.
+    pub(super) async fn agent(self: &Arc<Self>, s: &Step, cell: &Cell) -> Done {
+        let name = s.agent.clone().unwrap_or_default();
+        let label = if cell.is_empty() { name.clone() } else { cell_label(&name, cell) };
+        let work = match self.resolve(s, cell) {
+            Ok(w) => w,
+            Err(e) => return self.finish_err(&label, e),
+        };
+        let outputs = s.outputs.clone().unwrap_or_default();
+        let a = Assignment {
+            id: String::new(),
+            run_id: self.run_id.clone(),
+            step: label.clone(),
+            attempt: 1,
+            command: String::new(),
+            env: s.env.clone().unwrap_or_default(),
+            cwd: Cwd::StepDir,
+            inputs: self.input_refs(s.input_names(), None),
+            outputs,
+            timeout: None,
+            judge: Judge::default(),
+            image: None,
+            stream: true,
+            agent: Some(Box::new(work)),
+        };
+        let mut d = self.attempts(&label, a, 1).await;
+        if let Some(o) = &d.agent {
+            if let Some(v) = &o.verdict {
+                self.engine.out.note(&format!("verdict: {v}"));
+            }
+            if let Some(n) = &o.note {
+                self.engine.out.note(&format!("note: {n}"));
+            }
+            for den in &o.denials {
+                self.engine.out.note(&format!("denied: {} {} — {}", den.tool, den.path, den.reason));
+            }
+        }
+        if d.result.is_err() {
+            // A failed step carries no verdict.
+            if let Some(o) = d.agent.as_mut() {
+                o.verdict = None;
+            }
+        }
+        d
+    }
+}

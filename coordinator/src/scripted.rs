@@ -1,0 +1,293 @@
+//! The scripted model (scripted-model.md): a real HTTP server on loopback
+//! speaking OpenAI-compatible chat completions, answering from a scenario —
+//! positional `turns`, or `rules` routed on what each request contains.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use steppe_shared::duration::Duration as GoDuration;
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    /// Written into the pipeline's directory before the run.
+    #[serde(default)]
+    pub files: BTreeMap<String, String>,
+    /// As if passed with --var.
+    #[serde(default)]
+    pub vars: BTreeMap<String, String>,
+    pub model: Option<Script>,
+    pub fallback: Option<Script>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Script {
+    pub turns: Option<Vec<Reply>>,
+    pub rules: Option<Vec<Rule>>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CallSpec {
+    pub name: String,
+    pub args: Option<Value>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Reply {
+    pub say: Option<String>,
+    pub call: Option<String>,
+    pub args: Option<Value>,
+    pub calls: Option<Vec<CallSpec>>,
+    pub status: Option<u16>,
+    pub body: Option<String>,
+    pub usage: Option<u64>,
+    pub delay: Option<GoDuration>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rule {
+    pub when: Option<Cond>,
+    pub say: Option<String>,
+    pub call: Option<String>,
+    pub args: Option<Value>,
+    pub calls: Option<Vec<CallSpec>>,
+    pub status: Option<u16>,
+    pub body: Option<String>,
+    pub usage: Option<u64>,
+    pub delay: Option<GoDuration>,
+}
+
+impl Rule {
+    fn reply(&self) -> Reply {
+        Reply {
+            say: self.say.clone(),
+            call: self.call.clone(),
+            args: self.args.clone(),
+            calls: self.calls.clone(),
+            status: self.status,
+            body: self.body.clone(),
+            usage: self.usage,
+            delay: self.delay,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cond {
+    pub tool_result_contains: Option<String>,
+    pub has_tool_results: Option<bool>,
+    pub last_role: Option<String>,
+    pub called: Option<String>,
+    pub offers_tool: Option<String>,
+    pub forced_tool: Option<String>,
+    pub user_contains: Option<String>,
+    pub system_contains: Option<String>,
+    pub request_contains: Option<String>,
+    pub model: Option<String>,
+    pub all: Option<Vec<Cond>>,
+}
+
+impl Cond {
+    fn holds(&self, req: &Value, raw: &str) -> bool {
+        let msgs: &[Value] = req.get("messages").and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[]);
+        let content = |m: &Value| m.get("content").and_then(Value::as_str).unwrap_or_default().to_string();
+        let role = |m: &Value| m.get("role").and_then(Value::as_str).unwrap_or_default().to_string();
+        let checks: [Option<bool>; 11] = [
+            self.tool_result_contains.as_ref().map(|s| msgs.iter().any(|m| role(m) == "tool" && content(m).contains(s.as_str()))),
+            self.has_tool_results.map(|want| msgs.iter().any(|m| role(m) == "tool") == want),
+            self.last_role.as_ref().map(|r| msgs.last().is_some_and(|m| &role(m) == r)),
+            self.called.as_ref().map(|n| {
+                msgs.iter().any(|m| {
+                    role(m) == "assistant"
+                        && m.get("tool_calls").and_then(Value::as_array).is_some_and(|cs| cs.iter().any(|c| c.pointer("/function/name").and_then(Value::as_str) == Some(n)))
+                })
+            }),
+            self.offers_tool.as_ref().map(|n| {
+                req.get("tools").and_then(Value::as_array).is_some_and(|ts| ts.iter().any(|t| t.pointer("/function/name").and_then(Value::as_str) == Some(n)))
+            }),
+            self.forced_tool.as_ref().map(|n| req.pointer("/tool_choice/function/name").and_then(Value::as_str) == Some(n)),
+            self.user_contains.as_ref().map(|s| msgs.iter().any(|m| role(m) == "user" && content(m).contains(s.as_str()))),
+            self.system_contains.as_ref().map(|s| msgs.iter().any(|m| role(m) == "system" && content(m).contains(s.as_str()))),
+            self.request_contains.as_ref().map(|s| raw.contains(s.as_str())),
+            self.model.as_ref().map(|m| req.get("model").and_then(Value::as_str) == Some(m)),
+            self.all.as_ref().map(|all| all.iter().all(|c| c.holds(req, raw))),
+        ];
+        checks.iter().flatten().all(|b| *b)
+    }
+}
+
+/// Reads and strictly decodes a scenario file.
+pub fn load(path: &Path) -> anyhow::Result<Scenario> {
+    let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("cannot read scenario {}: {e}", path.display()))?;
+    let (node, problems) = steppe_shared::yaml::parse(&text, 0)
+        .map_err(|e| anyhow::anyhow!("{}:{}:{}: invalid YAML: {}", path.display(), e.mark.line, e.mark.col, e.message))?;
+    if let Some(p) = problems.first() {
+        anyhow::bail!("{}:{}:{}: {}", path.display(), p.mark.line, p.mark.col, p.message);
+    }
+    let Some(node) = node else { return Ok(Scenario::default()) };
+    let (s, problems) = steppe_shared::de::decode::<Scenario>(&node, "");
+    if !problems.is_empty() {
+        let lines: Vec<String> = problems.iter().map(|p| format!("{}:{}:{}: {}: {}", path.display(), p.mark.line, p.mark.col, p.path, p.message)).collect();
+        anyhow::bail!("invalid scenario:\n{}", lines.join("\n"));
+    }
+    s.ok_or_else(|| anyhow::anyhow!("invalid scenario {}", path.display()))
+}
+
+struct ServerState {
+    script: Option<Script>,
+    next_turn: usize,
+    served: usize,
+    requests: Vec<Value>,
+    failures: Vec<String>,
+}
+
+/// A running scripted model: its URL and what it saw.
+#[derive(Clone)]
+pub struct ScriptedModel {
+    pub base_url: String,
+    state: Arc<Mutex<ServerState>>,
+}
+
+impl ScriptedModel {
+    /// Problems that make the scenario fail (exhaustion, unmatched requests).
+    pub fn failures(&self) -> Vec<String> {
+        self.state.lock().map(|s| s.failures.clone()).unwrap_or_default()
+    }
+
+    pub fn requests(&self) -> Vec<Value> {
+        self.state.lock().map(|s| s.requests.clone()).unwrap_or_default()
+    }
+}
+
+fn is_probe(req: &Value) -> bool {
+    let Some(o) = req.as_object() else { return false };
+    o.len() == 3
+        && o.get("max_tokens").and_then(Value::as_i64) == Some(1)
+        && o.get("messages") == Some(&json!([{"role": "user", "content": "hi"}]))
+}
+
+fn summary(req: &Value) -> String {
+    let msgs = req.get("messages").and_then(Value::as_array).cloned().unwrap_or_default();
+    let last_user = msgs.iter().rev().find(|m| m.get("role").and_then(Value::as_str) == Some("user")).and_then(|m| m.get("content")).and_then(Value::as_str).unwrap_or_default();
+    let short: String = last_user.chars().take(80).collect();
+    format!("model {}, {} message(s), last user message {:?}", req.get("model").and_then(Value::as_str).unwrap_or("?"), msgs.len(), short)
+}
+
+fn usage(n: u64) -> Value {
+    let prompt = n * 8 / 10;
+    json!({"prompt_tokens": prompt, "completion_tokens": n - prompt, "total_tokens": n})
+}
+
+async fn answer(reply: Reply, model: &str, n: usize) -> Response {
+    if let Some(d) = reply.delay.and_then(|d| d.to_std()) {
+        tokio::time::sleep(d).await;
+    }
+    if let Some(status) = reply.status {
+        let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        return (code, axum::Json(json!({"error": {"message": format!("scripted status {status}"), "code": status}}))).into_response();
+    }
+    if let Some(body) = reply.body {
+        return (StatusCode::OK, [("content-type", "application/json")], body).into_response();
+    }
+    let mut message = json!({"role": "assistant", "content": Value::Null});
+    let mut finish = "stop";
+    let calls: Vec<CallSpec> = match (reply.call, reply.calls) {
+        (Some(name), _) => vec![CallSpec { name, args: reply.args }],
+        (None, Some(cs)) => cs,
+        _ => Vec::new(),
+    };
+    if !calls.is_empty() {
+        finish = "tool_calls";
+        message["tool_calls"] = json!(calls
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let args = match &c.args {
+                    Some(Value::String(s)) => s.clone(),
+                    Some(v) => v.to_string(),
+                    None => "{}".into(),
+                };
+                json!({"id": format!("call_{}", i + 1), "type": "function", "function": {"name": c.name, "arguments": args}})
+            })
+            .collect::<Vec<_>>());
+    } else {
+        message["content"] = json!(reply.say.unwrap_or_default());
+    }
+    let mut body = json!({"id": format!("scripted-{n}"), "object": "chat.completion", "model": model, "choices": [{"index": 0, "message": message, "finish_reason": finish}]});
+    if let Some(u) = reply.usage {
+        body["usage"] = usage(u);
+    }
+    (StatusCode::OK, axum::Json(body)).into_response()
+}
+
+async fn completions(State(st): State<Arc<Mutex<ServerState>>>, raw: String) -> Response {
+    let req: Value = match serde_json::from_str(&raw) {
+        Ok(v) => v,
+        Err(e) => return (StatusCode::BAD_REQUEST, axum::Json(json!({"error": format!("not JSON: {e}")}))).into_response(),
+    };
+    let model = req.get("model").and_then(Value::as_str).unwrap_or_default().to_string();
+    if is_probe(&req) {
+        return answer(Reply { say: Some("ok".into()), ..Default::default() }, &model, 0).await;
+    }
+    let (reply, n) = {
+        let Ok(mut s) = st.lock() else { return StatusCode::INTERNAL_SERVER_ERROR.into_response() };
+        s.requests.push(json!({"model": model, "messages": req.get("messages"), "tools": req.get("tools"), "tool_choice": req.get("tool_choice"), "raw": raw}));
+        s.served += 1;
+        let n = s.served;
+        let reply = match &s.script {
+            None => Err("the scenario has no model: section, so no request was expected"),
+            Some(Script { turns: Some(turns), .. }) => {
+                let i = s.next_turn;
+                match turns.get(i).cloned() {
+                    Some(r) => {
+                        s.next_turn += 1;
+                        Ok(r)
+                    }
+                    None => Err("scenario exhausted"),
+                }
+            }
+            Some(Script { rules: Some(rules), .. }) => rules
+                .iter()
+                .find(|r| r.when.as_ref().is_none_or(|c| c.holds(&req, &raw)))
+                .map(Rule::reply)
+                .ok_or("no rule matched"),
+            Some(_) => Err("the scenario's model: has neither turns: nor rules:"),
+        };
+        match reply {
+            Ok(r) => (r, n),
+            Err(why) => {
+                s.failures.push(format!("request {n} ({}): {why}", summary(&req)));
+                return (StatusCode::INTERNAL_SERVER_ERROR, axum::Json(json!({"error": {"message": why}}))).into_response();
+            }
+        }
+    };
+    answer(reply, &model, n).await
+}
+
+/// Starts a scripted model on `addr` (port 0 for any free port).
+pub async fn serve(script: Option<Script>, addr: std::net::SocketAddr) -> anyhow::Result<ScriptedModel> {
+    let state = Arc::new(Mutex::new(ServerState { script, next_turn: 0, served: 0, requests: Vec::new(), failures: Vec::new() }));
+    let app = Router::new()
+        .route("/v1/chat/completions", post(completions))
+        .route("/chat/completions", post(completions))
+        .with_state(state.clone());
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("scripted model: binding {addr}: {e}"))?;
+    let bound = listener.local_addr()?;
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Ok(ScriptedModel { base_url: format!("http://{bound}/v1/"), state })
+}

@@ -1,0 +1,70 @@
+//! Agent pipelines end to end: `steppe test PIPELINE --script SCENARIO`, the
+//! scripted model answering on loopback over the real wire protocol.
+//!
+//! `tests/agents/NAME.yml` with `NAME.scenario.yaml` must pass;
+//! `tests/agents/failing/` ones must fail with their `# expect:` fragments.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn cases(sub: &str) -> Vec<(PathBuf, PathBuf)> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/agents").join(sub);
+    let mut v: Vec<(PathBuf, PathBuf)> = std::fs::read_dir(&dir)
+        .expect("tests/agents")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yml"))
+        .map(|p| {
+            let s = p.with_extension("scenario.yaml");
+            (p, s)
+        })
+        .collect();
+    v.sort();
+    assert!(!v.is_empty());
+    v
+}
+
+fn run(pipeline: &Path, scenario: &Path, tag: &str) -> (i32, String) {
+    let work = std::env::temp_dir().join(format!("steppe-agents-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).expect("mkdir");
+    std::fs::copy(pipeline, work.join("p.yml")).expect("copy");
+    std::fs::copy(scenario, work.join("s.yaml")).unwrap_or_else(|_| panic!("{} needs {}", pipeline.display(), scenario.display()));
+    let out = Command::new(env!("CARGO_BIN_EXE_steppe"))
+        .args(["test", "p.yml", "--script", "s.yaml", "--dump-requests", "requests.jsonl"])
+        .current_dir(&work)
+        .env_remove("STEPPE_MODEL")
+        .env_remove("STEPS_MODEL")
+        .env_remove("OPENROUTER_API_KEY")
+        .output()
+        .expect("run steppe");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let dumped = std::fs::read_to_string(work.join("requests.jsonl")).unwrap_or_default();
+    assert!(dumped.lines().all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok()), "--dump-requests writes JSON lines");
+    (out.status.code().unwrap_or(-1), text)
+}
+
+#[test]
+fn scripted_agent_pipelines_pass() {
+    let mut failures = Vec::new();
+    for (p, s) in cases("") {
+        let tag = p.file_stem().and_then(|n| n.to_str()).unwrap_or("x").to_string();
+        let (code, text) = run(&p, &s, &tag);
+        if code != 0 || !text.contains("passed") {
+            failures.push(format!("{}: exit {code}\n{text}", p.display()));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn failing_agent_pipelines_fail_with_their_message() {
+    for (p, s) in cases("failing") {
+        let body = std::fs::read_to_string(&p).expect("read");
+        let tag = format!("f-{}", p.file_stem().and_then(|n| n.to_str()).unwrap_or("x"));
+        let (code, text) = run(&p, &s, &tag);
+        assert_eq!(code, 2, "{}: {text}", p.display());
+        for e in body.lines().filter_map(|l| l.strip_prefix("# expect:")).map(str::trim) {
+            assert!(text.contains(e), "{}: output lacks {e:?}:\n{text}", p.display());
+        }
+    }
+}
