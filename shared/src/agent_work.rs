@@ -37,6 +37,9 @@ pub struct AgentWork {
     pub max_context_bytes: u64,
     pub budget_tokens: Option<u64>,
     pub assert: AgentAssert,
+    /// `context.from` deliveries, sorted by sender: (sender, rendered text).
+    #[serde(default)]
+    pub upstream: Vec<(String, String)>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]

@@ -68,6 +68,24 @@ fn verdict_schema(vocab: &[String], note_required: bool) -> Value {
     }})
 }
 
+/// `untrusted-` + 16 lowercase alphanumerics that do not occur in `text`.
+fn untrusted_tag(text: &str) -> String {
+    let mut seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(7) as u64 ^ text.len() as u64;
+    loop {
+        let mut tag = String::from("untrusted-");
+        for _ in 0..16 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let c = b"abcdefghijklmnopqrstuvwxyz0123456789"[(seed % 36) as usize];
+            tag.push(c as char);
+        }
+        if !text.contains(&tag) {
+            return tag;
+        }
+    }
+}
+
 fn ok_result(r: &Value) -> bool {
     match r.get("exit_code").and_then(Value::as_i64) {
         Some(c) => c == 0,
@@ -272,6 +290,12 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
         system.push_str(&format!("\nDeadline: this step has {} of wall-clock time in total; it is cut off when that runs out.", crate::exec::fmt_duration(Duration::from_millis(ms))));
     }
     conv.messages.push(json!({"role": "system", "content": system}));
+    for (i, (sender, text)) in work.upstream.iter().enumerate() {
+        let fence = untrusted_tag(text);
+        let id = format!("upstream_{i}");
+        conv.messages.push(json!({"role": "assistant", "tool_calls": [{"id": id, "type": "function", "function": {"name": "read_step", "arguments": json!({"step": sender}).to_string()}}]}));
+        conv.messages.push(json!({"role": "tool", "tool_call_id": id, "content": json!({"content": format!("<{fence}>\n{text}\n</{fence}>")}).to_string()}));
+    }
     for (i, p) in work.context_paths.iter().enumerate() {
         let full = space.policy.check_path("read_file", p, &space.cwd, crate::sandbox::Access::Read).map_err(|d| StepError::errored(format!("{label}: context path \"{p}\": {}", d.reason)))?;
         let mut text = std::fs::read_to_string(&full).map_err(|e| StepError::errored(format!("{label}: context path \"{p}\": {e}")))?;

@@ -76,7 +76,7 @@ impl JobRun {
         self.job.plan.iter().any(|s| walk(s, name))
     }
 
-    fn resolve(&self, s: &Step, cell: &Cell) -> Result<AgentWork, StepError> {
+    fn resolve(&self, s: &Step, cell: &Cell, vocab: Option<&[String]>) -> Result<AgentWork, StepError> {
         let name = s.agent.clone().unwrap_or_default();
         let def = self.agent_def(&name).ok_or_else(|| StepError::errored(format!("agent \"{name}\" is not declared")))?;
         let model = def
@@ -139,7 +139,10 @@ impl JobRun {
             }
             _ => all.into_iter().map(|(_, d)| d).collect(),
         };
-        let verdicts: Vec<String> = s.verdicts.iter().flatten().map(|v| v.name.clone()).filter(|n| n != "failure").collect();
+        let verdicts: Vec<String> = match vocab {
+            Some(v) => v.to_vec(),
+            None => s.verdicts.iter().flatten().map(|v| v.name.clone()).filter(|n| n != "failure").collect(),
+        };
         let timeout = s.timeout.or(def.timeout).map(|t| t.to_std().unwrap_or_default()).unwrap_or(std::time::Duration::from_secs(1800));
         let assert = s.assert.as_ref().map(|a| AgentAssert {
             stdout: a.stdout.clone(),
@@ -172,14 +175,16 @@ impl JobRun {
             max_context_bytes: s.max_context_bytes.or(def.max_context_bytes).unwrap_or(100_000).max(0) as u64,
             budget_tokens: def.budget.as_ref().and_then(|b| b.tokens).map(|t| t.max(0) as u64),
             assert: assert.unwrap_or_default(),
+            upstream: self.upstream(s),
         })
     }
 
     /// An agent step: resolved here, conversed on a worker.
-    pub(super) async fn agent(self: &Arc<Self>, s: &Step, cell: &Cell) -> Done {
+    /// `vocab` overrides the step's verdicts (an ensemble member votes in the block's).
+    pub(super) async fn agent(self: &Arc<Self>, s: &Step, cell: &Cell, vocab: Option<&[String]>) -> Done {
         let name = s.agent.clone().unwrap_or_default();
         let label = if cell.is_empty() { name.clone() } else { cell_label(&name, cell) };
-        let work = match self.resolve(s, cell) {
+        let work = match self.resolve(s, cell, vocab) {
             Ok(w) => w,
             Err(e) => return self.finish_err(&label, e),
         };
@@ -218,6 +223,75 @@ impl JobRun {
                 o.verdict = None;
             }
         }
+        self.decided(&label, &d);
         d
+    }
+
+    /// An ensemble: members vote concurrently in the block's vocabulary, then
+    /// the decide rule (or a judge agent) picks the block's verdict.
+    pub(super) async fn ensemble(self: &Arc<Self>, s: &Step) -> Done {
+        let Some(e) = &s.ensemble else { return Done::ok(Vec::new()) };
+        let vocab: Vec<String> = e.verdicts.iter().flatten().map(|v| v.name.clone()).filter(|n| n != "failure").collect();
+        let rule = e.decide.clone().unwrap_or_else(|| "majority".into());
+        let exclude = e.member_errors.as_deref() == Some("exclude");
+        self.engine.out.note(&format!("ensemble: {} agents, decide {rule}", e.agents.len()));
+        let results = futures::future::join_all(e.agents.iter().map(|m| self.step_as_member(m, &vocab))).await;
+        let mut log = Vec::new();
+        let mut votes: Vec<(String, String, Option<String>)> = Vec::new();
+        let mut errors = Vec::new();
+        for (m, d) in e.agents.iter().zip(results) {
+            log.extend(d.log.clone());
+            let name = m.agent.clone().unwrap_or_default();
+            match (&d.result, d.agent.as_ref().and_then(|o| o.verdict.clone())) {
+                (Ok(()), Some(v)) => votes.push((name, v, d.agent.as_ref().and_then(|o| o.note.clone()))),
+                (Err(err), _) => errors.push(err.clone()),
+                (Ok(()), None) => errors.push(StepError::failed(format!("{name} did not vote"))),
+            }
+        }
+        if !errors.is_empty() && (!exclude || votes.is_empty()) {
+            let class = super::classify_all(&errors);
+            let msg = errors.iter().map(|e| e.message.clone()).collect::<Vec<_>>().join("; ");
+            return Done::err(StepError { class, message: format!("ensemble: {msg}") }, log);
+        }
+        let count = |v: &str| votes.iter().filter(|(_, x, _)| x == v).count();
+        let decision: Result<String, String> = match rule.as_str() {
+            "majority" => vocab.iter().find(|v| count(v) * 2 > votes.len()).cloned().ok_or_else(|| {
+                let tally: Vec<String> = vocab.iter().filter(|v| count(v) > 0).map(|v| format!("{v}={}", count(v))).collect();
+                format!("ensemble: decide: majority, but no verdict has one ({} of {} voters); name an agent in decide: to break ties", tally.join(" "), votes.len())
+            }),
+            "unanimous" => {
+                let first = votes.first().map(|(_, v, _)| v.clone()).unwrap_or_default();
+                if votes.iter().all(|(_, v, _)| *v == first) { Ok(first) } else { Err("ensemble: decide: unanimous, but the members disagree".into()) }
+            }
+            "any" => vocab.iter().find(|v| count(v) > 0).cloned().ok_or_else(|| "ensemble: decide: any, but nobody voted".into()),
+            judge => {
+                let mut text = String::from("Several agents were asked the same question and voted independently. Decide the final verdict, using their reasoning as evidence rather than as a tally.\n\n");
+                for (a, v, n) in &votes {
+                    text.push_str(&format!("- {a} voted \"{v}\"{}\n", n.as_ref().filter(|n| !n.is_empty()).map(|n| format!(": {n}")).unwrap_or_default()));
+                }
+                text.push_str(&format!("\nThe verdicts available to you are: {}.\n", vocab.join(", ")));
+                let judge_step = Step { agent: Some(judge.to_string()), resolved_messages: vec![Message::Text(text)], ..Default::default() };
+                let d = self.agent(&judge_step, &Vec::new(), Some(&vocab)).await;
+                log.extend(d.log.clone());
+                match (&d.result, d.agent.as_ref().and_then(|o| o.verdict.clone())) {
+                    (Ok(()), Some(v)) => Ok(v),
+                    (Err(e), _) => return Done::err(StepError { class: e.class, message: format!("ensemble judge {judge}: {}", e.message) }, log),
+                    _ => Err(format!("ensemble judge {judge} gave no verdict")),
+                }
+            }
+        };
+        match decision {
+            Ok(v) => {
+                self.engine.out.note(&format!("ensemble decide: {rule} → {v}"));
+                let mut d = Done::ok(log);
+                d.agent = Some(steppe_shared::agent_work::AgentOutcome { verdict: Some(v), ..Default::default() });
+                d
+            }
+            Err(m) => Done::err(StepError::errored(m), log),
+        }
+    }
+
+    fn step_as_member<'a>(self: &'a Arc<Self>, m: &'a Step, vocab: &'a [String]) -> super::BoxFut<'a, Done> {
+        Box::pin(async move { self.agent(m, &Vec::new(), Some(vocab)).await })
     }
 }
