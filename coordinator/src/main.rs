@@ -165,6 +165,9 @@ enum Command {
         /// Show the run's output lines.
         #[arg(long)]
         logs: bool,
+        /// Spend: tokens per run (or, with --run, per step). Unpriced is not $0.00.
+        #[arg(long)]
+        cost: bool,
     },
     /// List approvals waiting for a decision (ID JOB REQUESTED MESSAGE).
     Approvals {
@@ -273,7 +276,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Run { pipeline, job, exec, vars } => run_job(&pipeline, job.as_deref(), &exec, &vars),
         Command::Test { pipeline, script, dump_requests, exec, vars } => test(&pipeline, script.as_deref(), dump_requests.as_deref(), &exec, &vars),
         Command::ScriptedModel { script, listen } => scripted_model(&script, listen),
-        Command::Runs { pipeline, job, limit, steps, run, logs } => runs(&pipeline, job.as_deref(), limit, steps, run.as_deref(), logs),
+        Command::Runs { pipeline, job, limit, steps, run, logs, cost } => {
+            if cost {
+                runs_cost(&pipeline, job.as_deref(), limit, run.as_deref())
+            } else {
+                runs(&pipeline, job.as_deref(), limit, steps, run.as_deref(), logs)
+            }
+        }
         Command::Approvals { pipeline } => approvals(&pipeline),
         Command::Approve { pipeline, id, reason } => decide(&pipeline, id, true, &reason),
         Command::Reject { pipeline, id, reason } => decide(&pipeline, id, false, &reason),
@@ -634,10 +643,23 @@ fn runs(path: &Path, job: Option<&str>, limit: usize, steps: bool, run: Option<&
     };
     println!("run {} of job {} ({})", record.id, record.job, record.outcome.as_deref().unwrap_or("running"));
     if steps || !logs {
-        println!("{:<40} {:<10} {:>9} {:>5}", "STEP", "OUTCOME", "DURATION", "EXIT");
+        println!("{:<40} {:<10} {:>9} {:>5} {:>9}", "STEP", "OUTCOME", "DURATION", "EXIT", "TOKENS");
         for s in store.steps(&record.id)? {
             let exit = s.exit_code.map(|c| c.to_string()).unwrap_or_else(|| "-".into());
-            println!("{:<40} {:<10} {:>9} {:>5}", s.name, s.outcome, fmt_ms(s.duration_ms), exit);
+            let tokens = s.tokens.map(thousands).unwrap_or_else(|| "-".into());
+            println!("{:<40} {:<10} {:>9} {:>5} {:>9}", s.name, s.outcome, fmt_ms(s.duration_ms), exit, tokens);
+            let detail: serde_json::Value = s.detail.as_deref().and_then(|d| serde_json::from_str(d).ok()).unwrap_or_default();
+            if let Some(v) = detail.get("verdict").and_then(|v| v.as_str()) {
+                println!("    verdict: {v}");
+            }
+            for d in detail.get("denials").and_then(|d| d.as_array()).into_iter().flatten() {
+                println!(
+                    "    denied: {} {} — {}",
+                    d.get("tool").and_then(|v| v.as_str()).unwrap_or_default(),
+                    d.get("path").and_then(|v| v.as_str()).unwrap_or_default(),
+                    d.get("reason").and_then(|v| v.as_str()).unwrap_or_default()
+                );
+            }
         }
     }
     if logs {
@@ -696,5 +718,44 @@ fn scripted_model(script: &Path, listen: std::net::SocketAddr) -> Result<ExitCod
         }
         anyhow::Ok(())
     })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn thousands(n: i64) -> String {
+    let s = n.abs().to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if n < 0 { format!("-{out}") } else { out }
+}
+
+fn runs_cost(path: &Path, job: Option<&str>, limit: usize, run: Option<&str>) -> Result<ExitCode> {
+    use steppe_shared::store::{db_path, SqliteStore, Store};
+    let Some(store) = SqliteStore::open_existing(&db_path(path))? else {
+        println!("no runs recorded for {}", path.display());
+        return Ok(ExitCode::SUCCESS);
+    };
+    match run {
+        None => {
+            println!("{:<26} {:>12} {:>11} {:>6}", "RUN", "TOKENS", "COST", "STEPS");
+            for r in store.runs(job, limit)? {
+                let steps = store.steps(&r.id)?;
+                let agent: Vec<_> = steps.iter().filter(|s| s.tokens.is_some()).collect();
+                let tokens: i64 = agent.iter().filter_map(|s| s.tokens).sum();
+                // Hosted providers report tokens, not dollars: no cost is recorded, which is not $0.00.
+                println!("{:<26} {:>12} {:>11} {:>6}", r.id, thousands(tokens), "unpriced", agent.len());
+            }
+        }
+        Some(id) => {
+            println!("{:<40} {:>12} {:>9}", "STEP", "TOKENS", "DURATION");
+            for s in store.steps(id)?.into_iter().filter(|s| s.tokens.is_some()) {
+                println!("{:<40} {:>12} {:>9}", s.name, thousands(s.tokens.unwrap_or(0)), fmt_ms(s.duration_ms));
+            }
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -68,3 +68,31 @@ fn failing_agent_pipelines_fail_with_their_message() {
         }
     }
 }
+
+/// Denials and spend are recorded on the step and shown by `steppe runs`.
+#[test]
+fn denials_and_tokens_are_recorded() {
+    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/agents/failing");
+    let work = std::env::temp_dir().join(format!("steppe-agents-records-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).expect("mkdir");
+    std::fs::copy(base.join("sandbox-escape.yml"), work.join("p.yml")).expect("copy");
+    std::fs::write(
+        work.join("s.yaml"),
+        "model:\n  turns:\n    - calls:\n        - {name: read_file, args: {path: /etc/hostname}}\n        - {name: write_file, args: {path: /etc/steppe-should-not-exist, content: x}}\n      usage: 1000\n    - say: nope\n      usage: 234\n",
+    )
+    .expect("write");
+    let steppe = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_steppe")).args(args).current_dir(&work).output().expect("run");
+        format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    };
+    let t = steppe(&["test", "p.yml", "--script", "s.yaml"]);
+    assert!(t.contains("usage: 1,234 tokens across 1 agent step(s)"), "{t}");
+    assert!(!Path::new("/etc/steppe-should-not-exist").exists());
+    let t = steppe(&["runs", "p.yml", "--steps"]);
+    assert!(t.lines().any(|l| l.starts_with("snoop") && l.trim_end().ends_with("1,234")), "{t}");
+    assert!(t.contains("denied: read_file /etc/hostname") && t.contains("reads are confined"), "{t}");
+    assert!(t.contains("denied: write_file") && t.contains("not granted to this step"), "{t}");
+    let t = steppe(&["runs", "p.yml", "--cost"]);
+    assert!(t.contains("1,234") && t.contains("unpriced"), "{t}");
+}

@@ -34,6 +34,10 @@ pub struct StepRecord {
     pub message: String,
     pub duration_ms: i64,
     pub exit_code: Option<i32>,
+    /// Provider-reported tokens of an agent step (None for other steps).
+    pub tokens: Option<i64>,
+    /// An agent step's record as JSON: verdict, note, turns, trajectory, denials.
+    pub detail: Option<String>,
 }
 
 /// A parked `approval:` step.
@@ -149,6 +153,10 @@ impl SqliteStore {
         conn.execute_batch("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=5000;")
             .and_then(|_| conn.execute_batch(SCHEMA))
             .map_err(|source| StoreError::Sqlite { path: p.clone(), source })?;
+        // Columns added after the first schema; an existing store gains them.
+        for col in ["tokens INTEGER", "detail TEXT"] {
+            let _ = conn.execute_batch(&format!("ALTER TABLE steps ADD COLUMN {col}"));
+        }
         Ok(SqliteStore { path: p, conn: Mutex::new(conn) })
     }
 
@@ -211,8 +219,8 @@ impl Store for SqliteStore {
     fn record_step(&self, s: &StepRecord) -> Result<(), StoreError> {
         self.with(|c| {
             c.execute(
-                "INSERT OR REPLACE INTO steps (run_id, seq, name, outcome, message, duration_ms, exit_code) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                params![s.run_id, s.seq, s.name, s.outcome, s.message, s.duration_ms, s.exit_code],
+                "INSERT OR REPLACE INTO steps (run_id, seq, name, outcome, message, duration_ms, exit_code, tokens, detail) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                params![s.run_id, s.seq, s.name, s.outcome, s.message, s.duration_ms, s.exit_code, s.tokens, s.detail],
             )
             .map(|_| ())
         })
@@ -252,7 +260,7 @@ impl Store for SqliteStore {
     fn steps(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError> {
         self.with(|c| {
             let mut st = c.prepare(
-                "SELECT run_id, seq, name, outcome, message, duration_ms, exit_code FROM steps WHERE run_id = ?1 ORDER BY seq",
+                "SELECT run_id, seq, name, outcome, message, duration_ms, exit_code, tokens, detail FROM steps WHERE run_id = ?1 ORDER BY seq",
             )?;
             let rows = st.query_map(params![run_id], |r| {
                 Ok(StepRecord {
@@ -263,6 +271,8 @@ impl Store for SqliteStore {
                     message: r.get(4)?,
                     duration_ms: r.get(5)?,
                     exit_code: r.get(6)?,
+                    tokens: r.get(7)?,
+                    detail: r.get(8)?,
                 })
             })?;
             rows.collect()
@@ -361,7 +371,7 @@ mod tests {
         let s = SqliteStore::open(&path).unwrap();
         s.start_run("r1", "build", 10).unwrap();
         s.start_run("r2", "test", 20).unwrap();
-        s.record_step(&StepRecord { run_id: "r1".into(), seq: 0, name: "compile".into(), outcome: "succeeded".into(), message: String::new(), duration_ms: 5, exit_code: Some(0) }).unwrap();
+        s.record_step(&StepRecord { run_id: "r1".into(), seq: 0, name: "compile".into(), outcome: "succeeded".into(), message: String::new(), duration_ms: 5, exit_code: Some(0), tokens: None, detail: None }).unwrap();
         s.append_logs("r1", &[LogLine { step: "compile".into(), stderr: false, line: "ok".into() }]).unwrap();
         s.finish_run("r1", 30, "succeeded", "").unwrap();
         let runs = s.runs(None, 10).unwrap();

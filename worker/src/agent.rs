@@ -435,7 +435,14 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
                 }
             } else {
                 match defs.get(&name) {
-                    None => error(format!("unknown tool \"{name}\"")),
+                    None => {
+                        conv.out.denials.push(steppe_shared::agent_work::DenialRecord {
+                            tool: name.clone(),
+                            path: String::new(),
+                            reason: format!("tool \"{name}\" is not granted to this step"),
+                        });
+                        error(format!("unknown tool \"{name}\""))
+                    }
                     Some(def @ ToolDef::Custom { max_calls, .. }) => {
                         let used = calls_made.entry(name.clone()).or_insert(0);
                         if *max_calls > 0 && *used >= *max_calls {

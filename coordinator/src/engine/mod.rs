@@ -109,6 +109,8 @@ pub struct JobRun {
     fetched: Mutex<Vec<(String, Value)>>,
     /// What agent steps with verdicts decided, by step name (for `context.from`).
     decisions: Mutex<HashMap<String, Decision>>,
+    /// Tokens each agent conversation spent, in the order they ended.
+    usage: Mutex<Vec<(String, u64)>>,
 }
 
 #[derive(Debug, Clone)]
@@ -159,11 +161,16 @@ impl JobRun {
             seq: std::sync::atomic::AtomicI64::new(0),
             fetched: Mutex::new(Vec::new()),
             decisions: Mutex::new(HashMap::new()),
+            usage: Mutex::new(Vec::new()),
         })
     }
 
     /// A step ended: tell the terminal and record it.
     fn ended(&self, label: &str, r: &Result<(), StepError>, took: Duration, exit_code: Option<i32>) {
+        self.ended_with(label, r, took, exit_code, None);
+    }
+
+    fn ended_with(&self, label: &str, r: &Result<(), StepError>, took: Duration, exit_code: Option<i32>, agent: Option<&steppe_shared::agent_work::AgentOutcome>) {
         self.engine.out.end(label, r, took);
         self.engine.out.record_step(steppe_shared::store::StepRecord {
             run_id: self.run_id.clone(),
@@ -173,6 +180,33 @@ impl JobRun {
             message: r.as_ref().err().map(|e| e.message.clone()).unwrap_or_default(),
             duration_ms: took.as_millis() as i64,
             exit_code,
+            tokens: agent.map(|o| o.tokens as i64),
+            detail: agent.map(|o| {
+                let mut trajectory = o.trajectory.clone();
+                for t in &mut trajectory {
+                    // Recorded string arguments are capped at 16 KiB.
+                    if let Some(obj) = t.args.as_object_mut() {
+                        for v in obj.values_mut() {
+                            if let Some(s) = v.as_str().filter(|s| s.len() > 16_384) {
+                                let mut cut = 16_384;
+                                while !s.is_char_boundary(cut) {
+                                    cut -= 1;
+                                }
+                                *v = Value::String(s[..cut].to_string());
+                            }
+                        }
+                    }
+                }
+                let mut response = o.response.clone();
+                if response.len() > 256 * 1024 {
+                    let mut cut = 256 * 1024;
+                    while !response.is_char_boundary(cut) {
+                        cut -= 1;
+                    }
+                    response.truncate(cut);
+                }
+                json!({"verdict": o.verdict, "note": o.note, "turns": o.turns, "wrapped_up": o.wrapped_up, "response": response, "trajectory": trajectory, "denials": o.denials}).to_string()
+            }),
         });
     }
 
@@ -233,6 +267,14 @@ impl JobRun {
             }
         }
         let r = self.run_inner().await;
+        let usage = self.usage.lock().map(|u| u.clone()).unwrap_or_default();
+        if !usage.is_empty() {
+            let total: u64 = usage.iter().map(|(_, t)| t).sum();
+            self.engine.out.note(&format!("usage: {} tokens across {} agent step(s)", group(total), usage.len()));
+            for (name, t) in &usage {
+                self.engine.out.note(&format!("  {name:<16} {}", group(*t)));
+            }
+        }
         self.engine.out.flush().await;
         if let (Some(s), true) = (self.engine.out.store(), r.build_ok) {
             for (res, v) in self.fetched.lock().map(|f| f.clone()).unwrap_or_default() {
@@ -710,7 +752,10 @@ impl JobRun {
             tokio::time::sleep(Duration::from_millis(500 * u64::from(n))).await;
         }
         let r = last.expect("at least one attempt");
-        self.ended(label, &r.result, t0.elapsed(), r.exit_code);
+        if let (Some(o), Ok(mut u)) = (&r.agent, self.usage.lock()) {
+            u.push((label.to_string(), o.tokens));
+        }
+        self.ended_with(label, &r.result, t0.elapsed(), r.exit_code, r.agent.as_ref());
         Done { result: r.result.clone(), routed: r.result, log: vec![label.to_string()], skipped: false, outputs: r.outputs, agent: r.agent }
     }
 
@@ -984,6 +1029,19 @@ impl JobRun {
             .map(|x| x.as_str().map(str::to_string).ok_or_else(|| StepError::failed(format!("across from_file {f}: every item must be a string"))))
             .collect()
     }
+}
+
+/// 1234567 → "1,234,567".
+fn group(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }
 
 enum Route {
