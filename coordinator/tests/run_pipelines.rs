@@ -184,7 +184,13 @@ fn runs_are_recorded_and_shown() {
     assert_eq!(t.lines().filter(|l| l.contains(" build ") && l.contains("failed")).count(), 2, "{t}");
     let t = text(&steppe(&["runs", "p.yml", "--steps"], &d));
     assert!(t.lines().any(|l| l.starts_with("compile") && l.contains("succeeded")), "{t}");
-    assert!(t.lines().any(|l| l.starts_with("broken") && l.contains("failed") && l.trim_end().ends_with('5')), "{t}");
+    assert!(
+        t.lines().any(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            cols.first() == Some(&"broken") && cols.get(1) == Some(&"failed") && cols.get(3) == Some(&"5")
+        }),
+        "{t}"
+    );
     let t = text(&steppe(&["runs", "p.yml", "--logs"], &d));
     assert!(t.contains("[compile] compiled") && t.contains("[compile] (stderr) warn"), "{t}");
 }
