@@ -76,6 +76,9 @@ pub enum ToolDef {
         pinned: Map<String, Value>,
         max_output_bytes: Option<u64>,
         timeout_ms: Option<u64>,
+        /// `run` is a plain command, not a template (a fix agent's rerun tool).
+        #[serde(default)]
+        literal: bool,
     },
 }
 

@@ -56,6 +56,8 @@ pub struct Assignment {
     pub stream: bool,
     /// An agent conversation instead of a command.
     pub agent: Option<Box<AgentWork>>,
+    /// A task's `fix:` agent, run in the task's directory when it fails.
+    pub fix: Option<Box<AgentWork>>,
 }
 
 #[derive(Debug, Clone)]

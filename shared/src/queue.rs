@@ -95,6 +95,7 @@ mod tests {
             image: None,
             stream: false,
             agent: None,
+            fix: None,
         }
     }
 

@@ -21,8 +21,8 @@ const WRAP_UP: &str = "You have used your entire turn budget, and no further too
 
 fn schema_for(def: &ToolDef, verdicts: &[String]) -> Value {
     let (name, description, params): (String, String, Value) = match def {
-        ToolDef::Custom { name, description, run, pinned, .. } => {
-            let ps: Vec<String> = custom_params(run).into_iter().filter(|p| !pinned.contains_key(p)).collect();
+        ToolDef::Custom { name, description, run, pinned, literal, .. } => {
+            let ps: Vec<String> = if *literal { Vec::new() } else { custom_params(run) }.into_iter().into_iter().filter(|p| !pinned.contains_key(p)).collect();
             let props: Map<String, Value> = ps.iter().map(|p| (p.clone(), json!({"type": "string"}))).collect();
             let mut schema = json!({"type": "object", "properties": props});
             if !ps.is_empty() {

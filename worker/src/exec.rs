@@ -83,7 +83,7 @@ async fn run_in(
     dir: &Path,
     store: Arc<dyn ArtifactStore>,
     sink: Arc<dyn LineSink>,
-    mut cancel: watch::Receiver<bool>,
+    cancel: watch::Receiver<bool>,
 ) -> AssignmentResult {
     let fail = |e: StepError| AssignmentResult { assignment_id: a.id.clone(), exit_code: None, stdout: String::new(), stderr: String::new(), outputs: Vec::new(), result: Err(e), agent: None };
     if a.cwd == Cwd::StepDir {
@@ -118,6 +118,86 @@ async fn run_in(
         }
         return res;
     }
+    let mut res = match run_command(a, dir, &sink, &cancel).await {
+        Ok(r) => r,
+        Err(r) => return *r,
+    };
+    if res.result.is_err() {
+        return res;
+    }
+    res.result = judge(a, &a.judge, dir, res.exit_code, &res.stdout);
+    if let (Err(e), Some(fix)) = (&res.result, &a.fix) {
+        if e.class == steppe_shared::outcome::Class::Failed {
+            res = repair(a, fix, dir, res, &sink, &cancel).await;
+        }
+    }
+    if res.result.is_ok() {
+        capture(a, dir, store, &mut res).await;
+    }
+    res
+}
+
+/// A task missed its success criteria and has a `fix:` agent: one fix
+/// conversation in the task's own directory (with the task itself as a
+/// zero-argument rerun tool), then one final run judged by the same rule.
+async fn repair(a: &Assignment, fix: &steppe_shared::agent_work::AgentWork, dir: &Path, failed: AssignmentResult, sink: &Arc<dyn LineSink>, cancel: &watch::Receiver<bool>) -> AssignmentResult {
+    let exit = failed.exit_code.unwrap_or(-1);
+    let reason = failed.result.as_ref().err().map(|e| e.message.clone()).unwrap_or_default();
+    sink.line(&a.run_id, &a.step, Stream::Stdout, &format!("task \"{}\" failed (exit {exit}); invoking fix agent \"{}\"", a.step, fix.agent));
+    let mut work = fix.clone();
+    let mut block = format!("exit code: {exit}\n");
+    if a.judge.is_assert() {
+        block.push_str(&format!("assert: {reason}\n"));
+    }
+    if !failed.stdout.is_empty() {
+        block.push_str(&format!("stdout:\n{}\n", cap(&failed.stdout, 32_000)));
+    }
+    if !failed.stderr.is_empty() {
+        block.push_str(&format!("stderr:\n{}\n", cap(&failed.stderr, 32_000)));
+    }
+    if let Some(steppe_shared::agent_work::AgentMessage::Text(first)) = work.messages.first_mut() {
+        first.push_str("\n\n--- failure output ---\n");
+        first.push_str(&block);
+    }
+    let (r, outcome) = crate::agent::run(&work, dir, &a.run_id, sink.clone(), cancel.clone()).await;
+    if let Err(e) = r {
+        return AssignmentResult {
+            result: Err(StepError { class: e.class, message: format!("fix agent \"{}\": {}", fix.agent, e.message) }),
+            agent: Some(outcome),
+            ..failed
+        };
+    }
+    let mut again = match run_command(a, dir, sink, cancel).await {
+        Ok(r) => r,
+        Err(r) => return *r,
+    };
+    again.agent = Some(outcome);
+    if again.result.is_ok() {
+        again.result = judge(a, &a.judge, dir, again.exit_code, &again.stdout);
+    }
+    if again.result.is_err() {
+        let exit = again.exit_code.unwrap_or(-1);
+        again.result = Err(StepError::failed(format!("task \"{}\": still failing after fix agent \"{}\" (exit {exit})", a.step, fix.agent)));
+    }
+    again
+}
+
+fn cap(s: &str, n: usize) -> &str {
+    if s.len() <= n {
+        return s;
+    }
+    let mut cut = n;
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    &s[..cut]
+}
+
+/// Runs the assignment's command once: `Ok` with its result (timeouts and
+/// aborts already classified), `Err` when it could not start.
+async fn run_command(a: &Assignment, dir: &Path, sink: &Arc<dyn LineSink>, cancel: &watch::Receiver<bool>) -> Result<AssignmentResult, Box<AssignmentResult>> {
+    let fail = |e: StepError| Box::new(AssignmentResult { assignment_id: a.id.clone(), exit_code: None, stdout: String::new(), stderr: String::new(), outputs: Vec::new(), result: Err(e), agent: None });
+    let mut cancel = cancel.clone();
     let mut cmd = Command::new("sh");
     cmd.arg("-c").arg(&a.command).current_dir(dir).env_clear();
     for name in HOST_ENV.iter().copied().chain(a.env.iter().map(String::as_str)) {
@@ -128,7 +208,7 @@ async fn run_in(
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0).kill_on_drop(true);
     let mut child = match cmd.spawn() {
         Ok(c) => c,
-        Err(e) => return fail(StepError::errored(format!("{}: cannot start sh: {e}", a.step))),
+        Err(e) => return Err(fail(StepError::errored(format!("{}: cannot start sh: {e}", a.step)))),
     };
     let pid = child.id();
     let out_task = child.stdout.take().map(|s| tokio::spawn(read_stream(BufReader::new(s), a.run_id.clone(), a.step.clone(), Stream::Stdout, sink.clone(), a.stream)));
@@ -182,14 +262,10 @@ async fn run_in(
     let mut res = AssignmentResult { assignment_id: a.id.clone(), exit_code, stdout, stderr, outputs: Vec::new(), result: Ok(()), agent: None };
     if let Some(e) = stop {
         res.result = Err(e);
-        return res;
     }
-    res.result = judge(a, &a.judge, dir, exit_code, &res.stdout);
-    if res.result.is_ok() {
-        capture(a, dir, store, &mut res).await;
-    }
-    res
+    Ok(res)
 }
+
 
 /// Stores the declared outputs (or, for a get's `in`, the directory itself).
 async fn capture(a: &Assignment, dir: &Path, store: Arc<dyn ArtifactStore>, res: &mut AssignmentResult) {

@@ -375,9 +375,13 @@ fn glob_to_regex(g: &str) -> Result<regex::Regex, regex::Error> {
 
 /// Renders a custom tool's `run:` over `.args` and runs it.
 pub async fn custom(space: &Space, def: &ToolDef, model_args: &Value) -> Value {
-    let ToolDef::Custom { name, run, pinned, max_output_bytes, timeout_ms, .. } = def else {
+    let ToolDef::Custom { name, run, pinned, max_output_bytes, timeout_ms, literal, .. } = def else {
         return error("not a custom tool");
     };
+    let cap = max_output_bytes.map(|m| m.min(10 << 20) as usize).unwrap_or(INLINE_CAP);
+    if *literal {
+        return space.shell(run, timeout_ms.map(Duration::from_millis), cap).await;
+    }
     let mut args: Map<String, Value> = model_args.as_object().cloned().unwrap_or_default();
     for (k, v) in pinned {
         args.insert(k.clone(), v.clone());
@@ -396,7 +400,6 @@ pub async fn custom(space: &Space, def: &ToolDef, model_args: &Value) -> Value {
         Ok(c) => c,
         Err(e) => return error(format!("{name}: {e}")),
     };
-    let cap = max_output_bytes.map(|m| m.min(10 << 20) as usize).unwrap_or(INLINE_CAP);
     space.shell(&cmd, timeout_ms.map(Duration::from_millis), cap).await
 }
 
@@ -525,6 +528,7 @@ mod tests {
             pinned: serde_json::from_value(json!({"repo": "acme/ci"})).unwrap(),
             max_output_bytes: None,
             timeout_ms: None,
+            literal: false,
         };
         assert_eq!(custom_params("{{ .args.repo }} {{ .args.body | shellquote }} {{ .args.repo }}"), vec!["repo", "body"]);
         let r = custom(&s, &def, &json!({"body": "looks good"})).await;

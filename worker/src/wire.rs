@@ -40,6 +40,7 @@ pub fn assignment_to_wire(a: &Assignment) -> v1::Assignment {
         image: a.image.clone(),
         stream: a.stream,
         agent_json: a.agent.as_ref().and_then(|w| serde_json::to_string(w).ok()).unwrap_or_default(),
+        fix_json: a.fix.as_ref().and_then(|w| serde_json::to_string(w).ok()).unwrap_or_default(),
     }
 }
 
@@ -64,6 +65,7 @@ pub fn assignment_from_wire(a: v1::Assignment) -> Assignment {
         image: a.image,
         stream: a.stream,
         agent: if a.agent_json.is_empty() { None } else { serde_json::from_str(&a.agent_json).ok().map(Box::new) },
+        fix: if a.fix_json.is_empty() { None } else { serde_json::from_str(&a.fix_json).ok().map(Box::new) },
     }
 }
 
@@ -130,6 +132,7 @@ mod tests {
             image: None,
             stream: true,
             agent: None,
+            fix: None,
         };
         let b = assignment_from_wire(assignment_to_wire(&a));
         assert_eq!((b.id, b.cwd, b.inputs, b.timeout, b.judge), (a.id, a.cwd, a.inputs, a.timeout, a.judge));

@@ -30,6 +30,7 @@ fn custom(s: &ToolSpec) -> ToolDef {
         pinned: s.args.clone().unwrap_or_default(),
         max_output_bytes: s.max_output_bytes.map(|m| m.max(0) as u64),
         timeout_ms: s.timeout.and_then(|t| t.to_std()).map(|t| t.as_millis() as u64),
+        literal: false,
     }
 }
 
@@ -179,6 +180,43 @@ impl JobRun {
         })
     }
 
+    /// A task's `fix:` as the conversation the worker runs when the task fails:
+    /// the fix agent's grant (narrowed by `fix.tools`) plus the task itself as a
+    /// zero-argument rerun tool, one attempt per request unless set.
+    pub(super) fn resolve_fix(&self, fix: &steppe_shared::model::Fix, task: &str, command: &str) -> Result<AgentWork, StepError> {
+        let agent = fix.agent().unwrap_or_default().to_string();
+        let spec = fix.spec();
+        let default = format!(
+            "A command that must pass has just failed; its output is below. Investigate the working directory, make the smallest change that resolves the failure, then call the \"{task}\" tool to re-run the command and confirm it passes. Repeat until it passes, then reply with a brief summary and stop."
+        );
+        let messages = match spec.map(|s| s.resolved_messages.clone()).filter(|m| !m.is_empty()) {
+            Some(m) => m,
+            None => vec![Message::Text(default)],
+        };
+        let step = Step {
+            agent: Some(agent),
+            resolved_messages: messages,
+            tools: spec.and_then(|s| s.tools.clone()),
+            dir: spec.and_then(|s| s.dir.clone()),
+            attempts: Some(spec.and_then(|s| s.attempts).unwrap_or(1)),
+            timeout: spec.and_then(|s| s.timeout),
+            ..Default::default()
+        };
+        let mut work = self.resolve(&step, &Vec::new(), None)?;
+        work.tools.push(ToolDef::Custom {
+            name: task.to_string(),
+            description: format!("Re-run the \"{task}\" task's command. Returns exit_code, stdout, stderr."),
+            run: command.to_string(),
+            required: false,
+            max_calls: 0,
+            pinned: Map::new(),
+            max_output_bytes: None,
+            timeout_ms: None,
+            literal: true,
+        });
+        Ok(work)
+    }
+
     /// An agent step: resolved here, conversed on a worker.
     /// `vocab` overrides the step's verdicts (an ensemble member votes in the block's).
     pub(super) async fn agent(self: &Arc<Self>, s: &Step, cell: &Cell, vocab: Option<&[String]>) -> Done {
@@ -204,6 +242,7 @@ impl JobRun {
             image: None,
             stream: true,
             agent: Some(Box::new(work)),
+            fix: None,
         };
         let mut d = self.attempts(&label, a, 1).await;
         if let Some(o) = &d.agent {

@@ -579,6 +579,7 @@ impl JobRun {
             image: None,
             stream: false,
             agent: None,
+            fix: None,
         };
         let r = self.dispatch(a).await;
         match r.result {
@@ -676,6 +677,13 @@ impl JobRun {
         let env = s.env.clone().or_else(|| entry.and_then(|e| e.env.clone())).unwrap_or_default();
         let timeout = s.timeout.or_else(|| entry.and_then(|e| e.timeout)).and_then(|t| t.to_std());
         let judge = s.assert.as_ref().map(|a| Judge { stdout: a.stdout.clone(), code: a.code, files: a.files.clone().unwrap_or_default() }).unwrap_or_default();
+        let fix = match s.fix.as_ref().or_else(|| entry.and_then(|e| e.fix.as_ref())) {
+            Some(f) => match self.resolve_fix(f, &name, &command) {
+                Ok(w) => Some(Box::new(w)),
+                Err(e) => return self.finish_err(&label, e),
+            },
+            None => None,
+        };
         let mut inputs = self.input_refs(&self.step_inputs(s), s.input_mapping.as_ref());
         let upstream = self.upstream(s);
         if !upstream.is_empty() {
@@ -699,8 +707,17 @@ impl JobRun {
             image,
             stream: true,
             agent: None,
+            fix,
         };
         let mut d = self.attempts(&label, a, s.attempts.unwrap_or(1)).await;
+        if let Some(o) = d.agent.take() {
+            // The fixer ran: it lands in the execution log before the task it rescued.
+            let fixer = s.fix.as_ref().or_else(|| entry.and_then(|e| e.fix.as_ref())).and_then(|f| f.agent()).unwrap_or_default().to_string();
+            let mut log = vec![fixer];
+            log.append(&mut d.log);
+            d.log = log;
+            let _ = o;
+        }
         if let Some(m) = &s.output_mapping {
             for (n, _) in d.outputs.iter_mut() {
                 if let Some(to) = m.get(n.as_str()).and_then(Value::as_str) {
@@ -753,7 +770,9 @@ impl JobRun {
         }
         let r = last.expect("at least one attempt");
         if let (Some(o), Ok(mut u)) = (&r.agent, self.usage.lock()) {
-            u.push((label.to_string(), o.tokens));
+            // A task's agent outcome is its fixer's conversation.
+            let who = a.fix.as_ref().map(|f| f.agent.clone()).unwrap_or_else(|| label.to_string());
+            u.push((who, o.tokens));
         }
         self.ended_with(label, &r.result, t0.elapsed(), r.exit_code, r.agent.as_ref());
         Done { result: r.result.clone(), routed: r.result, log: vec![label.to_string()], skipped: false, outputs: r.outputs, agent: r.agent }

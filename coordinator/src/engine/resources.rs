@@ -89,6 +89,7 @@ impl JobRun {
             image: t.image.clone(),
             stream: false,
             agent: None,
+            fix: None,
         };
         let res = self.dispatch(a).await;
         if let Err(e) = res.result {
@@ -228,6 +229,7 @@ impl JobRun {
             image: t.image.clone(),
             stream: true,
             agent: None,
+            fix: None,
         };
         let res = self.dispatch(a).await;
         res.result?;
@@ -272,6 +274,7 @@ impl JobRun {
             image: t.image.clone(),
             stream: true,
             agent: None,
+            fix: None,
         };
         self.attempts(&label, a, s.attempts.unwrap_or(1)).await
     }
