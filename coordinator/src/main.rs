@@ -349,7 +349,7 @@ fn load_or_report(path: &Path, vars: &VarArgs) -> Result<Result<steppe_shared::L
 /// Builds the engine: a local artifact store, the in-process queue and
 /// Dispatcher, `--workers` local worker loops and, with `--listen`, the worker
 /// service for remote `steppe worker`s. Must be called inside the runtime.
-async fn engine(loaded: &steppe_shared::Loaded, exec: &ExecArgs, scripted: Option<String>) -> Result<Arc<engine::Engine>> {
+async fn engine(loaded: &steppe_shared::Loaded, exec: &ExecArgs, scripted: Option<(String, Option<String>)>) -> Result<Arc<engine::Engine>> {
     use steppe_shared::artifacts::LocalArtifactStore;
     use steppe_shared::queue::InProcessQueue;
     let state = loaded.dir.join(".steppe");
@@ -413,7 +413,8 @@ async fn engine(loaded: &steppe_shared::Loaded, exec: &ExecArgs, scripted: Optio
         cancel: cancel_rx,
         cancel_tx: _cancel_tx,
         env_model: LoadOptions::from_env(Default::default()).env_model,
-        scripted,
+        scripted: scripted.as_ref().map(|(p, _)| p.clone()),
+        scripted_fallback: scripted.and_then(|(_, f)| f),
     }))
 }
 
@@ -526,7 +527,12 @@ fn test(path: &Path, script: Option<&Path>, dump: Option<&Path>, exec: &ExecArgs
         Some(sc) => Some(rt.block_on(scripted::serve(sc.model.clone(), "127.0.0.1:0".parse()?))?),
         None => None,
     };
-    let engine = rt.block_on(engine(&loaded, exec, model.as_ref().map(|m| m.base_url.clone())))?;
+    let fallback = match scenario.as_ref().and_then(|sc| sc.fallback.clone()) {
+        Some(f) => Some(rt.block_on(scripted::serve(Some(f), "127.0.0.1:0".parse()?))?),
+        None => None,
+    };
+    let targets = model.as_ref().map(|m| (m.base_url.clone(), fallback.as_ref().map(|f| f.base_url.clone())));
+    let engine = rt.block_on(engine(&loaded, exec, targets))?;
     let jobs = loaded.pipeline.jobs.clone();
     let mut failures: Vec<(String, String)> = Vec::new();
     let mut aborted = false;
@@ -553,10 +559,16 @@ fn test(path: &Path, script: Option<&Path>, dump: Option<&Path>, exec: &ExecArgs
     }
     if let Some(m) = &model {
         if let Some(f) = dump {
-            let lines: Vec<String> = m.requests().iter().map(|r| r.to_string()).collect();
+            let mut lines: Vec<String> = m.requests().iter().map(|r| r.to_string()).collect();
+            if let Some(fb) = &fallback {
+                lines.extend(fb.requests().iter().map(|r| r.to_string()));
+            }
             std::fs::write(f, lines.join("\n") + "\n").with_context(|| format!("--dump-requests {}", f.display()))?;
         }
-        let problems = m.failures();
+        let mut problems = m.failures();
+        if let Some(fb) = &fallback {
+            problems.extend(fb.failures().into_iter().map(|p| format!("fallback {p}")));
+        }
         if !problems.is_empty() {
             for p in &problems {
                 println!("FAIL scenario: {p}");

@@ -40,6 +40,29 @@ pub struct AgentWork {
     /// `context.from` deliveries, sorted by sender: (sender, rendered text).
     #[serde(default)]
     pub upstream: Vec<(String, String)>,
+    /// Agents this one may delegate to, as tools taking one `request` string.
+    #[serde(default)]
+    pub sub_agents: Vec<SubAgent>,
+    /// Sources to fail over to, in order, when the current one is unwell.
+    #[serde(default)]
+    pub fallbacks: Vec<Endpoint>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct SubAgent {
+    pub name: String,
+    pub description: String,
+    pub work: AgentWork,
+}
+
+/// Where a model is reached.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Endpoint {
+    pub model: String,
+    pub base_url: String,
+    pub api_key_env: Option<String>,
+    pub key_required: bool,
+    pub string_tool_choice: bool,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -117,4 +140,7 @@ pub struct AgentOutcome {
     pub turns: u32,
     pub wrapped_up: bool,
     pub denials: Vec<DenialRecord>,
+    /// The fallback model that served the end of the conversation, if any.
+    #[serde(default)]
+    pub fallback_model: Option<String>,
 }

@@ -135,6 +135,11 @@ fn unmet_tool_calls(want: &[(String, Map<String, Value>)], got: &[TrajectoryEntr
 
 struct Conversation<'a> {
     work: &'a AgentWork,
+    /// The source serving the conversation now (the primary, or a fallback after a failover).
+    model: String,
+    base_url: String,
+    string_tool_choice: bool,
+    next_fallback: usize,
     label: String,
     sink: Arc<dyn LineSink>,
     run_id: String,
@@ -152,12 +157,12 @@ impl Conversation<'_> {
     }
 
     async fn request(&mut self, with_tools: bool, forced: Option<&str>) -> Result<Value, StepError> {
-        let mut body = json!({"model": self.work.model, "messages": self.messages});
+        let mut body = json!({"model": self.model, "messages": self.messages});
         if with_tools && !self.tools.is_empty() {
             body["tools"] = json!(self.tools);
         }
         if let Some(f) = forced {
-            body["tool_choice"] = if self.work.string_tool_choice { json!("required") } else { json!({"type": "function", "function": {"name": f}}) };
+            body["tool_choice"] = if self.string_tool_choice { json!("required") } else { json!({"type": "function", "function": {"name": f}}) };
         }
         if let Some(t) = self.work.temperature {
             body["temperature"] = json!(t);
@@ -171,9 +176,29 @@ impl Conversation<'_> {
         if let Some(r) = &self.work.reasoning_effort {
             body["reasoning_effort"] = json!(r.to_lowercase());
         }
-        let resp = chat(&self.work.base_url, self.key.as_deref(), &body, self.work.attempts).await.map_err(|e| match e {
-            ProviderError::Unwell(m) | ProviderError::Refused(m) | ProviderError::Malformed(m) => StepError::errored(format!("{}: model request failed: {m}", self.label)),
-        })?;
+        let resp = loop {
+            match chat(&self.base_url, self.key.as_deref(), &body, self.work.attempts).await {
+                Ok(r) => break r,
+                Err(ProviderError::Unwell(m)) if self.next_fallback < self.work.fallbacks.len() => {
+                    // Resume the same conversation on the next source: same history, same tools.
+                    let fb = self.work.fallbacks[self.next_fallback].clone();
+                    self.next_fallback += 1;
+                    self.say(&format!("agent: {} failed over mid-run to {} ({m})", self.work.agent, fb.model));
+                    self.model = fb.model.clone();
+                    self.base_url = fb.base_url.clone();
+                    self.string_tool_choice = fb.string_tool_choice;
+                    self.key = fb.api_key_env.as_ref().and_then(|v| std::env::var(v).ok()).filter(|k| !k.is_empty());
+                    if fb.key_required && self.key.is_none() {
+                        return Err(StepError::errored(format!("{}: fallback {}: its API key variable is not set", self.label, fb.model)));
+                    }
+                    body["model"] = json!(self.model);
+                    self.out.fallback_model = Some(self.model.clone());
+                }
+                Err(ProviderError::Unwell(m) | ProviderError::Refused(m) | ProviderError::Malformed(m)) => {
+                    return Err(StepError::errored(format!("{}: model request failed: {m}", self.label)));
+                }
+            }
+        };
         let usage = resp.get("usage");
         let tokens = usage
             .and_then(|u| u.get("total_tokens").and_then(Value::as_u64))
@@ -216,8 +241,25 @@ pub async fn run(work: &AgentWork, root: &Path, run_id: &str, sink: Arc<dyn Line
     }
 }
 
-async fn converse(work: &AgentWork, root: &Path, run_id: &str, sink: Arc<dyn LineSink>, label: String) -> (Result<(), StepError>, AgentOutcome) {
-    let mut conv = Conversation { work, label: label.clone(), sink, run_id: run_id.to_string(), key: None, tools: Vec::new(), messages: Vec::new(), out: AgentOutcome::default() };
+fn converse<'a>(work: &'a AgentWork, root: &'a Path, run_id: &'a str, sink: Arc<dyn LineSink>, label: String) -> std::pin::Pin<Box<dyn std::future::Future<Output = (Result<(), StepError>, AgentOutcome)> + Send + 'a>> {
+    Box::pin(converse_boxed(work, root, run_id, sink, label))
+}
+
+async fn converse_boxed(work: &AgentWork, root: &Path, run_id: &str, sink: Arc<dyn LineSink>, label: String) -> (Result<(), StepError>, AgentOutcome) {
+    let mut conv = Conversation {
+        work,
+        model: work.model.clone(),
+        base_url: work.base_url.clone(),
+        string_tool_choice: work.string_tool_choice,
+        next_fallback: 0,
+        label: label.clone(),
+        sink,
+        run_id: run_id.to_string(),
+        key: None,
+        tools: Vec::new(),
+        messages: Vec::new(),
+        out: AgentOutcome::default(),
+    };
     let r = converse_inner(&mut conv, root).await;
     let out = std::mem::take(&mut conv.out);
     (r, out)
@@ -263,6 +305,9 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
     }
     let defs: HashMap<String, ToolDef> = work.tools.iter().map(|t| (t.name().to_string(), t.clone())).collect();
     conv.tools = work.tools.iter().map(|t| schema_for(t, &work.verdicts)).collect();
+    for sub in &work.sub_agents {
+        conv.tools.push(json!({"type": "function", "function": {"name": sub.name, "description": sub.description, "parameters": {"type": "object", "properties": {"request": {"type": "string", "description": "The natural-language instruction or question to send to the sub-agent."}}, "required": ["request"]}}}));
+    }
     if !work.verdicts.is_empty() {
         if defs.contains_key("verdict") {
             return Err(StepError::errored(format!("{label}: declares verdicts: but already defines a tool named \"verdict\"")));
@@ -435,6 +480,26 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
                 }
             } else {
                 match defs.get(&name) {
+                    None if work.sub_agents.iter().any(|s| s.name == name) => {
+                        let sub = work.sub_agents.iter().find(|s| s.name == name).expect("checked above");
+                        match args.get("request").and_then(Value::as_str).filter(|r| !r.trim().is_empty()) {
+                            None => error(format!("{name}: missing required argument \"request\"")),
+                            Some(request) => {
+                                conv.say(&format!("agent: {name} (sub-agent)"));
+                                let mut child = sub.work.clone();
+                                child.messages = vec![AgentMessage::Text(request.to_string())];
+                                child.dir = work.dir.clone();
+                                child.verdicts.clear();
+                                let (r, o) = converse(&child, root, &conv.run_id, conv.sink.clone(), name.clone()).await;
+                                conv.out.tokens += o.tokens;
+                                conv.out.denials.extend(o.denials);
+                                match r {
+                                    Ok(()) => json!({"result": crate::tools::spill_cap(&o.response)}),
+                                    Err(e) => error(e.message),
+                                }
+                            }
+                        }
+                    }
                     None => {
                         conv.out.denials.push(steppe_shared::agent_work::DenialRecord {
                             tool: name.clone(),

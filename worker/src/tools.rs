@@ -299,6 +299,11 @@ impl Space {
     }
 }
 
+/// A text result capped at the inline limit (a sub-agent's answer).
+pub fn spill_cap(s: &str) -> String {
+    capped(s.as_bytes(), INLINE_CAP)
+}
+
 fn capped(bytes: &[u8], cap: usize) -> String {
     let s = String::from_utf8_lossy(bytes);
     if s.len() <= cap {

@@ -4,10 +4,10 @@
 use std::sync::Arc;
 
 use serde_json::{Map, Value};
-use steppe_shared::agent_work::{AgentAssert, AgentMessage, AgentWork, ToolDef};
+use steppe_shared::agent_work::{AgentAssert, AgentMessage, AgentWork, Endpoint, SubAgent, ToolDef};
 use steppe_shared::assignment::{Assignment, Cwd, Judge};
 use steppe_shared::builtins::{provider_of, DEFAULT_TOOLS};
-use steppe_shared::model::{AgentDef, Message, Step, ToolGrant, ToolSpec};
+use steppe_shared::model::{AgentDef, Message, Source, Step, ToolGrant, ToolSpec};
 use steppe_shared::outcome::StepError;
 
 use super::{cell_label, render_cell, Cell, Done, JobRun};
@@ -49,8 +49,8 @@ fn grant(tools: Option<&[ToolGrant]>) -> (Vec<(String, ToolDef)>, Vec<String>) {
                             out.push((b.clone(), builtin(b, Some(s))));
                         } else if s.name.is_some() {
                             out.push((s.name.clone().unwrap_or_default(), custom(s)));
-                        } else if let Some(a) = &s.agent {
-                            skipped.push(format!("sub-agent {a}"));
+                        } else if s.agent.is_some() {
+                            // Served as a sub-agent (see `sub_agents`).
                         } else if let Some(m) = &s.mcp {
                             skipped.push(format!("mcp {m}"));
                         }
@@ -78,6 +78,10 @@ impl JobRun {
     }
 
     fn resolve(&self, s: &Step, cell: &Cell, vocab: Option<&[String]>) -> Result<AgentWork, StepError> {
+        self.resolve_at(s, cell, vocab, 0)
+    }
+
+    fn resolve_at(&self, s: &Step, cell: &Cell, vocab: Option<&[String]>, depth: usize) -> Result<AgentWork, StepError> {
         let name = s.agent.clone().unwrap_or_default();
         let def = self.agent_def(&name).ok_or_else(|| StepError::errored(format!("agent \"{name}\" is not declared")))?;
         let model = def
@@ -91,23 +95,28 @@ impl JobRun {
             return Err(StepError::errored(format!("agent \"{name}\": cli agents ({model}) are not supported by this build of steppe yet")));
         }
         let src = def.source.clone().unwrap_or_default();
-        let provider = provider_of(&model);
-        let wire_model = match provider {
-            Some(p) => model[p.prefix.len() + 1..].to_string(),
-            None => model.clone(),
-        };
-        let (base_url, key_env, key_required, string_choice) = match &self.engine.scripted {
-            Some(url) => (url.clone(), None, false, false),
-            None => {
-                let mut base = src.endpoint.clone().or(provider.map(|p| p.base_url.to_string())).unwrap_or_default();
-                if !base.ends_with('/') {
-                    base.push('/');
-                }
-                let key_env = src.api_key_env.clone().or(provider.and_then(|p| p.key_env.map(str::to_string)));
-                let required = src.api_key_env.is_some() || provider.is_some_and(|p| p.key_required);
-                let sc = src.string_tool_choice.unwrap_or(provider.is_some_and(|p| p.string_tool_choice));
-                (base, key_env, required, sc)
-            }
+        let primary = self.endpoint(&src, &model, self.engine.scripted.as_deref());
+        let (wire_model, base_url, key_env, key_required, string_choice) =
+            (primary.model, primary.base_url, primary.api_key_env, primary.key_required, primary.string_tool_choice);
+        let fallbacks: Vec<Endpoint> = match (&self.engine.scripted, &self.engine.scripted_fallback) {
+            // Under a scenario only the first fallback is pointed at the scenario's fallback script.
+            (Some(_), Some(fb_url)) => def
+                .fallback
+                .iter()
+                .flatten()
+                .take(1)
+                .filter_map(|f| f.source.as_ref())
+                .map(|fs| self.endpoint(fs, fs.model.as_deref().unwrap_or(&model), Some(fb_url)))
+                .collect(),
+            (Some(_), None) => Vec::new(),
+            (None, _) => def
+                .fallback
+                .iter()
+                .flatten()
+                .filter_map(|f| f.source.as_ref())
+                .filter(|fs| !fs.model.as_deref().unwrap_or_default().starts_with('@'))
+                .map(|fs| self.endpoint(fs, fs.model.as_deref().unwrap_or(&model), None))
+                .collect(),
         };
         let render = |t: &str| render_cell(&self.subst(t), cell).map_err(|e| StepError::errored(format!("{name}: {e}")));
         let mut messages = Vec::new();
@@ -177,7 +186,60 @@ impl JobRun {
             budget_tokens: def.budget.as_ref().and_then(|b| b.tokens).map(|t| t.max(0) as u64),
             assert: assert.unwrap_or_default(),
             upstream: self.upstream(s),
+            sub_agents: self.sub_agents(def, s, depth)?,
+            fallbacks,
         })
+    }
+
+    /// Where a source is reached: its provider prefix or endpoint, or the scripted model.
+    fn endpoint(&self, src: &Source, model: &str, scripted: Option<&str>) -> Endpoint {
+        let provider = provider_of(model);
+        let wire = match provider {
+            Some(p) => model[p.prefix.len() + 1..].to_string(),
+            None => model.to_string(),
+        };
+        if let Some(url) = scripted {
+            return Endpoint { model: wire, base_url: url.to_string(), api_key_env: None, key_required: false, string_tool_choice: false };
+        }
+        let mut base = src.endpoint.clone().or(provider.map(|p| p.base_url.to_string())).unwrap_or_default();
+        if !base.ends_with('/') {
+            base.push('/');
+        }
+        Endpoint {
+            model: wire,
+            base_url: base,
+            api_key_env: src.api_key_env.clone().or(provider.and_then(|p| p.key_env.map(str::to_string))),
+            key_required: src.api_key_env.is_some() || provider.is_some_and(|p| p.key_required),
+            string_tool_choice: src.string_tool_choice.unwrap_or(provider.is_some_and(|p| p.string_tool_choice)),
+        }
+    }
+
+    /// The sub-agents an agent grants (and the step does not narrow away).
+    fn sub_agents(&self, def: &AgentDef, s: &Step, depth: usize) -> Result<Vec<SubAgent>, StepError> {
+        if depth >= 8 {
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::new();
+        for g in def.tools.iter().flatten() {
+            let ToolGrant::Spec(spec) = g else { continue };
+            let Some(child) = &spec.agent else { continue };
+            let selected = match &s.tools {
+                Some(sel) if !sel.is_empty() => sel.iter().any(|t| matches!(t, ToolGrant::Name(n) if n == child)),
+                _ => true,
+            };
+            if !selected {
+                continue;
+            }
+            let child_def = self.agent_def(child).ok_or_else(|| StepError::errored(format!("sub-agent \"{child}\" is not declared")))?;
+            let step = Step { agent: Some(child.clone()), ..Default::default() };
+            let work = self.resolve_at(&step, &Vec::new(), None, depth + 1)?;
+            out.push(SubAgent {
+                name: child.clone(),
+                description: spec.description.clone().or(child_def.description.clone()).unwrap_or_default(),
+                work,
+            });
+        }
+        Ok(out)
     }
 
     /// A task's `fix:` as the conversation the worker runs when the task fails:

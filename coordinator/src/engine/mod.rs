@@ -43,6 +43,8 @@ pub struct Engine {
     pub env_model: Option<String>,
     /// `steppe test --script`: every agent talks to this scripted model.
     pub scripted: Option<String>,
+    /// The scenario's `fallback:` script: every agent's first fallback source.
+    pub scripted_fallback: Option<String>,
 }
 
 impl Engine {
