@@ -86,6 +86,29 @@ fn untrusted_tag(text: &str) -> String {
     }
 }
 
+/// sha256(name ‖ 0 ‖ args ‖ 0 ‖ result), keys sorted (serde_json maps keep insertion
+/// order, so values are re-serialized through a sorted map first).
+fn signature(name: &str, args: &Value, result: &Value) -> String {
+    fn sorted(v: &Value) -> Value {
+        match v {
+            Value::Object(m) => {
+                let b: BTreeMap<&String, Value> = m.iter().map(|(k, v)| (k, sorted(v))).collect();
+                serde_json::to_value(b).unwrap_or(Value::Null)
+            }
+            Value::Array(a) => Value::Array(a.iter().map(sorted).collect()),
+            other => other.clone(),
+        }
+    }
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    h.update(name.as_bytes());
+    h.update([0]);
+    h.update(sorted(args).to_string().as_bytes());
+    h.update([0]);
+    h.update(sorted(result).to_string().as_bytes());
+    format!("{:x}", h.finalize())
+}
+
 fn ok_result(r: &Value) -> bool {
     match r.get("exit_code").and_then(Value::as_i64) {
         Some(c) => c == 0,
@@ -367,6 +390,9 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
     let mut forced: Option<String> = None;
     let (mut ignored_forces, mut nudges) = (0u32, 0u32);
     let mut calls_made: HashMap<String, u64> = HashMap::new();
+    // Loop detection: signatures of the last 10 tool-executing turns.
+    let mut window: std::collections::VecDeque<Vec<(String, String)>> = std::collections::VecDeque::new();
+    let mut warned_loop = false;
     let mut turn = 0u32;
     let mut last_message = pending_messages.len() == 0;
     loop {
@@ -457,6 +483,7 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
         }
         forced = None;
         ignored_forces = 0;
+        let mut turn_sigs: Vec<(String, String)> = Vec::new();
         for (id, name, args) in parsed {
             conv.say(&format!("→ {name} {args}"));
             let result = if name == "verdict" && !work.verdicts.is_empty() {
@@ -527,7 +554,23 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
                 }
             }
             conv.out.trajectory.push(TrajectoryEntry { name: name.clone(), args: args.clone(), ok });
+            turn_sigs.push((name.clone(), signature(&name, &args, &result)));
             conv.messages.push(json!({"role": "tool", "tool_call_id": id, "content": result.to_string()}));
+        }
+        window.push_back(turn_sigs);
+        if window.len() > 10 {
+            window.pop_front();
+        }
+        let mut counts: HashMap<&(String, String), usize> = HashMap::new();
+        for sig in window.iter().flatten() {
+            *counts.entry(sig).or_insert(0) += 1;
+        }
+        if let Some(((tool, _), _)) = counts.into_iter().find(|(_, n)| *n > 5) {
+            if warned_loop {
+                return Err(StepError::failed(format!("{label}: agent stuck in a loop: kept repeating an identical \"{tool}\" call after being warned")));
+            }
+            warned_loop = true;
+            conv.messages.push(json!({"role": "user", "content": format!("You have called {tool} with identical arguments and received an identical result more than 5 times within the last 10 turns — you are stuck in a loop. Do something materially different, or finish with a final message explaining what is blocking you.")}));
         }
     }
     // Turn budget spent.
