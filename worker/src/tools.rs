@@ -290,12 +290,50 @@ impl Space {
         };
         match out {
             Ok(o) => json!({
-                "stdout": capped(&o.stdout, cap),
-                "stderr": capped(&o.stderr, cap),
+                "stdout": self.spill(&o.stdout, cap),
+                "stderr": self.spill(&o.stderr, cap),
                 "exit_code": o.status.code().unwrap_or(-1),
             }),
             Err(e) => error(format!("cannot run the command: {e}")),
         }
+    }
+
+    /// Output over the inline cap is written whole (≤ 10 MiB) to a spill file
+    /// under `.steps-agent-out/` and replaced by a pointer and a preview.
+    fn spill(&self, bytes: &[u8], cap: usize) -> String {
+        if bytes.len() <= cap {
+            return String::from_utf8_lossy(bytes).into_owned();
+        }
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let dir = self.policy.write_root().join(".steps-agent-out");
+        let file = dir.join(format!("output-{}-{}.txt", std::process::id(), N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)));
+        let limit = 10 << 20;
+        let mut body = bytes[..bytes.len().min(limit)].to_vec();
+        if bytes.len() > limit {
+            body.extend_from_slice(format!("\n... [truncated {} bytes]", bytes.len() - limit).as_bytes());
+        }
+        let written = std::fs::create_dir_all(&dir).and_then(|_| std::fs::write(&file, &body));
+        match written {
+            Ok(()) => {
+                let preview = capped(&bytes[..bytes.len().min(2000)], 2000);
+                format!(
+                    "<persistent_file>\nThe output was {} and is saved in full at {}. Read it directly (with read_file and start_line/end_line), not whole.\nA preview of the first 2.0 KB follows.\n</persistent_file>\n\n{preview}",
+                    human(bytes.len()),
+                    file.display()
+                )
+            }
+            Err(_) => capped(bytes, cap),
+        }
+    }
+}
+
+fn human(n: usize) -> String {
+    if n < 1024 {
+        format!("{n} B")
+    } else if n < 1 << 20 {
+        format!("{:.1} KB", n as f64 / 1024.0)
+    } else {
+        format!("{:.1} MB", n as f64 / (1 << 20) as f64)
     }
 }
 
@@ -541,5 +579,17 @@ mod tests {
         assert_eq!(r["exit_code"], 0);
         let r = custom(&s, &def, &json!({})).await;
         assert!(r["error"].as_str().unwrap().contains("missing required argument(s): \"body\""), "{r}");
+    }
+
+    #[tokio::test]
+    async fn big_output_spills_to_a_file_the_model_can_read() {
+        let (s, d) = space("spill");
+        let r = s.shell("head -c 50000 /dev/zero | tr '\\0' a", None, INLINE_CAP).await;
+        let out = r["stdout"].as_str().unwrap();
+        assert!(out.starts_with("<persistent_file>") && out.contains("48.8 KB"), "{}", &out[..200]);
+        let path = out.split("saved in full at ").nth(1).unwrap().split(". Read").next().unwrap();
+        assert!(path.starts_with(d.canonicalize().unwrap().to_str().unwrap()));
+        assert_eq!(std::fs::read(path).unwrap().len(), 50_000);
+        assert!(out.len() < 3_000);
     }
 }
