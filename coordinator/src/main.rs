@@ -212,6 +212,10 @@ struct ExecArgs {
     /// Print only the summary, not each step.
     #[arg(long, short)]
     quiet: bool,
+    /// Answer an agent's ask_user question ahead: every question containing
+    /// SUBSTRING (case-insensitive) gets ANSWER. Repeatable.
+    #[arg(long = "answer", value_name = "SUBSTRING=ANSWER")]
+    answer: Vec<String>,
 }
 
 #[derive(Args, Debug, Default)]
@@ -415,6 +419,14 @@ async fn engine(loaded: &steppe_shared::Loaded, exec: &ExecArgs, scripted: Optio
         env_model: LoadOptions::from_env(Default::default()).env_model,
         scripted: scripted.as_ref().map(|(p, _)| p.clone()),
         scripted_fallback: scripted.and_then(|(_, f)| f),
+        answers: exec
+            .answer
+            .iter()
+            .map(|a| match a.split_once('=') {
+                Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+                _ => Err(anyhow::anyhow!("--answer {a}: expected SUBSTRING=ANSWER")),
+            })
+            .collect::<Result<_>>()?,
     }))
 }
 

@@ -96,3 +96,33 @@ fn denials_and_tokens_are_recorded() {
     let t = steppe(&["runs", "p.yml", "--cost"]);
     assert!(t.contains("1,234") && t.contains("unpriced"), "{t}");
 }
+
+/// `--answer` answers ask_user ahead; with no answer and no default the step is aborted.
+#[test]
+fn ask_user_presets_and_the_unanswered_question() {
+    let work = std::env::temp_dir().join(format!("steppe-agents-ask-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).expect("mkdir");
+    std::fs::write(
+        work.join("p.yml"),
+        "agents:\n- name: w\n  source: {model: openrouter/x/y}\n  tools: [{builtin: ask_user}]\njobs:\n- name: j\n  plan:\n  - agent: w\n    messages: [Ask.]\n    assert:\n      stdout: patch\n",
+    )
+    .expect("write");
+    std::fs::write(
+        work.join("s.yaml"),
+        "model:\n  rules:\n    - when: {tool_result_contains: '\"source\":\"preset\"'}\n      say: The bump is patch.\n    - call: ask_user\n      args: {question: Which BUMP is this?}\n",
+    )
+    .expect("write");
+    let steppe = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_steppe")).args(args).current_dir(&work).output().expect("run");
+        (o.status.code().unwrap_or(-1), format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)))
+    };
+    let (code, t) = steppe(&["test", "p.yml", "--script", "s.yaml", "--answer", "bump=patch"]);
+    assert_eq!(code, 0, "{t}");
+    assert!(t.contains("answer: patch"), "{t}");
+    let (code, t) = steppe(&["run", "p.yml", "--script-free-run-is-not-a-flag"]);
+    assert_eq!(code, 2, "unknown flags are usage errors: {t}");
+    let (code, t) = steppe(&["test", "p.yml", "--script", "s.yaml"]);
+    assert_eq!(code, 130, "{t}");
+    assert!(t.contains("nobody answered") && t.contains("--answer"), "{t}");
+}

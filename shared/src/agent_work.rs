@@ -46,6 +46,23 @@ pub struct AgentWork {
     /// Sources to fail over to, in order, when the current one is unwell.
     #[serde(default)]
     pub fallbacks: Vec<Endpoint>,
+    /// `--answer 'substring=answer'` presets for ask_user.
+    #[serde(default)]
+    pub answers: Vec<(String, String)>,
+    /// How many ask_user calls the step may make (default 3).
+    #[serde(default)]
+    pub max_questions: u32,
+    /// The ask_user grant's settings, when ask_user is granted.
+    #[serde(default)]
+    pub ask: Option<Box<AskSpec>>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct AskSpec {
+    /// An agent asked before a person is.
+    pub answered_by: Option<SubAgent>,
+    pub default: Option<String>,
+    pub options_required: bool,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]

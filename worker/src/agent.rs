@@ -328,6 +328,9 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
     }
     let defs: HashMap<String, ToolDef> = work.tools.iter().map(|t| (t.name().to_string(), t.clone())).collect();
     conv.tools = work.tools.iter().map(|t| schema_for(t, &work.verdicts)).collect();
+    if work.ask.is_some() {
+        conv.tools.push(json!({"type": "function", "function": {"name": "ask_user", "description": "Ask the person running the pipeline a question and wait for the answer. Offer options when the answer is one of a few.", "parameters": {"type": "object", "properties": {"question": {"type": "string"}, "options": {"type": "array", "items": {"type": "string"}}}, "required": ["question"]}}}));
+    }
     for sub in &work.sub_agents {
         conv.tools.push(json!({"type": "function", "function": {"name": sub.name, "description": sub.description, "parameters": {"type": "object", "properties": {"request": {"type": "string", "description": "The natural-language instruction or question to send to the sub-agent."}}, "required": ["request"]}}}));
     }
@@ -390,6 +393,7 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
     let mut forced: Option<String> = None;
     let (mut ignored_forces, mut nudges) = (0u32, 0u32);
     let mut calls_made: HashMap<String, u64> = HashMap::new();
+    let mut asked: HashMap<String, Value> = HashMap::new();
     // Loop detection: signatures of the last 10 tool-executing turns.
     let mut window: std::collections::VecDeque<Vec<(String, String)>> = std::collections::VecDeque::new();
     let mut warned_loop = false;
@@ -507,6 +511,60 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
                 }
             } else {
                 match defs.get(&name) {
+                    None if name == "ask_user" && work.ask.is_some() => {
+                        let ask = work.ask.as_deref().expect("checked above");
+                        let question = args.get("question").and_then(Value::as_str).unwrap_or_default().to_string();
+                        let options: Vec<String> = args.get("options").and_then(Value::as_array).map(|o| o.iter().filter_map(Value::as_str).map(str::to_string).collect()).unwrap_or_default();
+                        let key = format!("{question}\u{0}{}", options.join("\u{0}"));
+                        let used = calls_made.entry("ask_user".into()).or_insert(0);
+                        let max = if work.max_questions == 0 { 3 } else { work.max_questions as u64 };
+                        if question.trim().is_empty() {
+                            error("ask_user: missing required argument \"question\"")
+                        } else if let Some(memo) = asked.get(&key) {
+                            memo.clone()
+                        } else if *used >= max {
+                            error(format!("ask_user: question budget ({max}) spent for this step; continue with what you know"))
+                        } else {
+                            *used += 1;
+                            conv.say(&format!("question: {question}{}", if options.is_empty() { String::new() } else { format!(" (options: {})", options.join(" | ")) }));
+                            let mut answer: Option<Value> = work
+                                .answers
+                                .iter()
+                                .find(|(sub, _)| question.to_lowercase().contains(&sub.to_lowercase()))
+                                .map(|(_, a)| json!({"answered": true, "answer": a, "source": "preset"}));
+                            if answer.is_none() {
+                                if let Some(resp) = &ask.answered_by {
+                                    let mut child = resp.work.clone();
+                                    let opts = if options.is_empty() { String::new() } else { format!("\nAnswer with one of: {}.", options.join(", ")) };
+                                    child.messages = vec![AgentMessage::Text(format!("{question}{opts}"))];
+                                    child.verdicts.clear();
+                                    let (r, o) = converse(&child, root, &conv.run_id, conv.sink.clone(), resp.name.clone()).await;
+                                    conv.out.tokens += o.tokens;
+                                    if r.is_ok() && !o.response.trim().is_empty() {
+                                        answer = Some(json!({"answered": true, "answer": o.response.trim(), "source": format!("agent:{}", resp.name)}));
+                                    }
+                                }
+                            }
+                            if let Some(a) = &answer {
+                                let text = a["answer"].as_str().unwrap_or_default().to_string();
+                                if ask.options_required && !options.is_empty() && !options.contains(&text) {
+                                    answer = None;
+                                }
+                            }
+                            let result = match (answer, &ask.default) {
+                                (Some(a), _) => a,
+                                (None, Some(d)) => json!({"answered": false, "answer": d, "source": "default", "note": "nobody answered; the declared default was used"}),
+                                (None, None) => {
+                                    return Err(StepError::aborted(format!(
+                                        "{label}: ask_user: nobody answered {question:?} (answer ahead with --answer 'substring=answer', or declare default: on the grant)"
+                                    )));
+                                }
+                            };
+                            conv.say(&format!("answer: {}", result["answer"].as_str().unwrap_or_default()));
+                            asked.insert(key, result.clone());
+                            result
+                        }
+                    }
                     None if work.sub_agents.iter().any(|s| s.name == name) => {
                         let sub = work.sub_agents.iter().find(|s| s.name == name).expect("checked above");
                         match args.get("request").and_then(Value::as_str).filter(|r| !r.trim().is_empty()) {

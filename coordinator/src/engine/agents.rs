@@ -149,6 +149,7 @@ impl JobRun {
             }
             _ => all.into_iter().map(|(_, d)| d).collect(),
         };
+        let tools: Vec<ToolDef> = tools.into_iter().filter(|t| t.name() != "ask_user").collect();
         let verdicts: Vec<String> = match vocab {
             Some(v) => v.to_vec(),
             None => s.verdicts.iter().flatten().map(|v| v.name.clone()).filter(|n| n != "failure").collect(),
@@ -188,7 +189,37 @@ impl JobRun {
             upstream: self.upstream(s),
             sub_agents: self.sub_agents(def, s, depth)?,
             fallbacks,
+            answers: self.engine.answers.clone(),
+            max_questions: s.max_questions.or(def.max_questions).unwrap_or(3).max(0) as u32,
+            ask: self.ask_spec(def, s, depth)?,
         })
+    }
+
+    /// The ask_user grant (when the agent grants it and the step keeps it).
+    fn ask_spec(&self, def: &AgentDef, s: &Step, depth: usize) -> Result<Option<Box<steppe_shared::agent_work::AskSpec>>, StepError> {
+        let grant = def.tools.iter().flatten().find_map(|g| match g {
+            ToolGrant::Name(n) if n == "ask_user" => Some(None),
+            ToolGrant::Spec(spec) if spec.builtin.as_deref() == Some("ask_user") => Some(Some(spec.as_ref())),
+            _ => None,
+        });
+        let Some(spec) = grant else { return Ok(None) };
+        if let Some(sel) = s.tools.as_ref().filter(|t| !t.is_empty()) {
+            if !sel.iter().any(|t| matches!(t, ToolGrant::Name(n) if n == "ask_user")) {
+                return Ok(None);
+            }
+        }
+        let answered_by = match spec.and_then(|sp| sp.answered_by.clone()) {
+            Some(name) if depth < 8 => {
+                let step = Step { agent: Some(name.clone()), ..Default::default() };
+                Some(SubAgent { name: name.clone(), description: String::new(), work: self.resolve_at(&step, &Vec::new(), None, depth + 1)? })
+            }
+            _ => None,
+        };
+        Ok(Some(Box::new(steppe_shared::agent_work::AskSpec {
+            answered_by,
+            default: spec.and_then(|sp| sp.default.clone()),
+            options_required: spec.and_then(|sp| sp.options_required).unwrap_or(false),
+        })))
     }
 
     /// Where a source is reached: its provider prefix or endpoint, or the scripted model.

@@ -45,6 +45,8 @@ pub struct Engine {
     pub scripted: Option<String>,
     /// The scenario's `fallback:` script: every agent's first fallback source.
     pub scripted_fallback: Option<String>,
+    /// `--answer 'substring=answer'`: ask_user questions answered ahead.
+    pub answers: Vec<(String, String)>,
 }
 
 impl Engine {
