@@ -15,6 +15,12 @@ use steppe_worker::exec::{LineSink, Stream};
 pub enum Event {
     /// A line for the terminal only.
     Say(String),
+    /// A step began (shown in the live status line on a terminal).
+    Started(String),
+    /// A step ended: its summary line.
+    Ended(String, String),
+    /// Redraw the status line (durations tick).
+    Tick,
     Line { run_id: String, line: LogLine },
     Step(StepRecord),
     /// Reply once everything before it is in the store.
@@ -27,13 +33,50 @@ pub struct HubState {
     quiet: bool,
     store: Option<Arc<dyn Store>>,
     batch: Vec<(String, LogLine)>,
+    /// On a terminal: a live status line under the output naming what runs.
+    live: bool,
+    running: Vec<(String, std::time::Instant)>,
+    status_shown: bool,
 }
 
 impl HubState {
-    fn say(&self, line: &str) {
-        if !self.quiet {
+    fn say(&mut self, line: &str) {
+        if self.quiet {
+            return;
+        }
+        let mut out = std::io::stdout().lock();
+        if self.status_shown {
+            let _ = write!(out, "\r\x1b[2K");
+            self.status_shown = false;
+        }
+        let _ = writeln!(out, "{line}");
+        drop(out);
+        self.status();
+    }
+
+    /// `… running: compile 3.2s, lint 0.4s` on the last terminal line.
+    fn status(&mut self) {
+        if !self.live || self.quiet || self.running.is_empty() {
+            return;
+        }
+        let parts: Vec<String> = self.running.iter().take(6).map(|(s, t)| format!("{s} {:.1}s", t.elapsed().as_secs_f64())).collect();
+        let more = if self.running.len() > 6 { format!(" +{}", self.running.len() - 6) } else { String::new() };
+        let mut line = format!("… running: {}{more}", parts.join(", "));
+        if line.chars().count() > 120 {
+            line = line.chars().take(119).collect::<String>() + "…";
+        }
+        let mut out = std::io::stdout().lock();
+        let _ = write!(out, "\r\x1b[2K{line}");
+        let _ = out.flush();
+        self.status_shown = true;
+    }
+
+    fn clear_status(&mut self) {
+        if self.status_shown {
             let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "{line}");
+            let _ = write!(out, "\r\x1b[2K");
+            let _ = out.flush();
+            self.status_shown = false;
         }
     }
 
@@ -59,13 +102,32 @@ impl Actor for HubActor {
     type State = HubState;
     type Arguments = (bool, Option<Arc<dyn Store>>);
 
-    async fn pre_start(&self, _me: ActorRef<Event>, (quiet, store): Self::Arguments) -> Result<HubState, ActorProcessingErr> {
-        Ok(HubState { quiet, store, batch: Vec::new() })
+    async fn pre_start(&self, me: ActorRef<Event>, (quiet, store): Self::Arguments) -> Result<HubState, ActorProcessingErr> {
+        use std::io::IsTerminal;
+        let live = std::io::stdout().is_terminal() && std::env::var_os("TERM").is_some_and(|t| t != "dumb");
+        if live && !quiet {
+            let _ = me.send_interval(Duration::from_millis(500), || Event::Tick);
+        }
+        Ok(HubState { quiet, store, batch: Vec::new(), live, running: Vec::new(), status_shown: false })
     }
 
     async fn handle(&self, _me: ActorRef<Event>, ev: Event, st: &mut HubState) -> Result<(), ActorProcessingErr> {
         match ev {
             Event::Say(l) => st.say(&l),
+            Event::Started(step) => {
+                st.running.push((step.clone(), std::time::Instant::now()));
+                st.say(&format!("▶ {step}"));
+            }
+            Event::Ended(step, line) => {
+                if let Some(i) = st.running.iter().position(|(s, _)| *s == step) {
+                    st.running.remove(i);
+                }
+                st.say(&line);
+                if st.running.is_empty() {
+                    st.clear_status();
+                }
+            }
+            Event::Tick => st.status(),
             Event::Line { run_id, line } => {
                 st.say(&format!("[{}] {}", line.step, line.line));
                 if st.store.is_some() {
@@ -84,6 +146,7 @@ impl Actor for HubActor {
                 }
             }
             Event::Flush(reply) => {
+                st.clear_status();
                 st.flush();
                 let _ = reply.send(());
             }
@@ -116,15 +179,16 @@ impl EventHub {
     }
 
     pub fn start_step(&self, step: &str) {
-        self.say(format!("▶ {step}"));
+        let _ = self.actor.cast(Event::Started(step.to_string()));
     }
 
     pub fn end(&self, step: &str, r: &Result<(), StepError>, took: Duration) {
         let secs = took.as_secs_f64();
-        match r {
-            Ok(()) => self.say(format!("✔ {step} ({secs:.2}s)")),
-            Err(e) => self.say(format!("✘ {step} {} ({secs:.2}s): {}", Outcome::of(r).word(), e.message)),
-        }
+        let line = match r {
+            Ok(()) => format!("✔ {step} ({secs:.2}s)"),
+            Err(e) => format!("✘ {step} {} ({secs:.2}s): {}", Outcome::of(r).word(), e.message),
+        };
+        let _ = self.actor.cast(Event::Ended(step.to_string(), line));
     }
 
     pub fn note(&self, msg: &str) {
