@@ -168,6 +168,9 @@ enum Command {
         /// Spend: tokens per run (or, with --run, per step). Unpriced is not $0.00.
         #[arg(long)]
         cost: bool,
+        /// Show agent steps' transcripts (text, calls, results) with --steps.
+        #[arg(long)]
+        transcript: bool,
     },
     /// List approvals waiting for a decision (ID JOB REQUESTED MESSAGE).
     Approvals {
@@ -280,11 +283,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Run { pipeline, job, exec, vars } => run_job(&pipeline, job.as_deref(), &exec, &vars),
         Command::Test { pipeline, script, dump_requests, exec, vars } => test(&pipeline, script.as_deref(), dump_requests.as_deref(), &exec, &vars),
         Command::ScriptedModel { script, listen } => scripted_model(&script, listen),
-        Command::Runs { pipeline, job, limit, steps, run, logs, cost } => {
+        Command::Runs { pipeline, job, limit, steps, run, logs, cost, transcript } => {
             if cost {
                 runs_cost(&pipeline, job.as_deref(), limit, run.as_deref())
             } else {
-                runs(&pipeline, job.as_deref(), limit, steps, run.as_deref(), logs)
+                runs(&pipeline, job.as_deref(), limit, steps || transcript, run.as_deref(), logs, transcript)
             }
         }
         Command::Approvals { pipeline } => approvals(&pipeline),
@@ -639,7 +642,7 @@ fn fmt_time(ms: i64) -> String {
     format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}Z", rem / 3600, (rem % 3600) / 60, rem % 60)
 }
 
-fn runs(path: &Path, job: Option<&str>, limit: usize, steps: bool, run: Option<&str>, logs: bool) -> Result<ExitCode> {
+fn runs(path: &Path, job: Option<&str>, limit: usize, steps: bool, run: Option<&str>, logs: bool, transcript: bool) -> Result<ExitCode> {
     use steppe_shared::store::{db_path, SqliteStore, Store};
     let db = db_path(path);
     let Some(store) = SqliteStore::open_existing(&db)? else {
@@ -675,6 +678,15 @@ fn runs(path: &Path, job: Option<&str>, limit: usize, steps: bool, run: Option<&
             let detail: serde_json::Value = s.detail.as_deref().and_then(|d| serde_json::from_str(d).ok()).unwrap_or_default();
             if let Some(v) = detail.get("verdict").and_then(|v| v.as_str()) {
                 println!("    verdict: {v}");
+            }
+            if transcript {
+                for e in detail.get("transcript").and_then(|t| t.as_array()).into_iter().flatten() {
+                    let kind = e.get("kind").and_then(|v| v.as_str()).unwrap_or_default();
+                    let name = e.get("name").and_then(|v| v.as_str()).unwrap_or_default();
+                    let content = e.get("content").and_then(|v| v.as_str()).unwrap_or_default();
+                    let short: String = content.chars().take(300).collect();
+                    println!("    {kind:<8} {name} {short}");
+                }
             }
             for d in detail.get("denials").and_then(|d| d.as_array()).into_iter().flatten() {
                 println!(

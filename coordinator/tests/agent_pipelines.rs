@@ -88,11 +88,14 @@ fn denials_and_tokens_are_recorded() {
     };
     let t = steppe(&["test", "p.yml", "--script", "s.yaml"]);
     assert!(t.contains("usage: 1,234 tokens across 1 agent step(s)"), "{t}");
+    assert!(t.contains("sandbox: 2 tool call(s) refused:"), "the run ends with its denials: {t}");
     assert!(!Path::new("/etc/steppe-should-not-exist").exists());
     let t = steppe(&["runs", "p.yml", "--steps"]);
     assert!(t.lines().any(|l| l.starts_with("snoop") && l.trim_end().ends_with("1,234")), "{t}");
     assert!(t.contains("denied: read_file /etc/hostname") && t.contains("reads are confined"), "{t}");
     assert!(t.contains("denied: write_file") && t.contains("not granted to this step"), "{t}");
+    let t = steppe(&["runs", "p.yml", "--transcript"]);
+    assert!(t.contains("call     read_file") && t.contains("result   read_file") && t.contains("text") && t.contains("nope"), "{t}");
     let t = steppe(&["runs", "p.yml", "--cost"]);
     assert!(t.contains("1,234") && t.contains("unpriced"), "{t}");
 }

@@ -160,4 +160,16 @@ pub struct AgentOutcome {
     /// The fallback model that served the end of the conversation, if any.
     #[serde(default)]
     pub fallback_model: Option<String>,
+    /// What happened, in order: the model's text, its calls, the results
+    /// (each cut at 16 KiB; the whole capped at 256 KiB).
+    #[serde(default)]
+    pub transcript: Vec<TranscriptEvent>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct TranscriptEvent {
+    /// `text`, `call`, `result` or `subagent`.
+    pub kind: String,
+    pub name: String,
+    pub content: String,
 }

@@ -172,7 +172,27 @@ struct Conversation<'a> {
     out: AgentOutcome,
 }
 
+const TRANSCRIPT_CAP: usize = 256 * 1024;
+
 impl Conversation<'_> {
+    /// Appends to the transcript, each entry cut at 16 KiB, the whole at 256 KiB.
+    fn record(&mut self, kind: &str, name: &str, content: &str) {
+        let used: usize = self.out.transcript.iter().map(|e| e.content.len() + e.name.len()).sum();
+        if used >= TRANSCRIPT_CAP {
+            return;
+        }
+        let mut c = content.to_string();
+        let limit = 16_384.min(TRANSCRIPT_CAP - used);
+        if c.len() > limit {
+            let mut cut = limit;
+            while !c.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            c.truncate(cut);
+        }
+        self.out.transcript.push(steppe_shared::agent_work::TranscriptEvent { kind: kind.into(), name: name.into(), content: c });
+    }
+
     fn say(&self, line: &str) {
         for l in line.lines() {
             self.sink.line(&self.run_id, &self.label, Stream::Stdout, l);
@@ -446,6 +466,7 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
         }
         if !text.is_empty() {
             conv.say(&text);
+            conv.record("text", "", &text);
         }
         if parsed.is_empty() {
             if !last_message {
@@ -490,6 +511,7 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
         let mut turn_sigs: Vec<(String, String)> = Vec::new();
         for (id, name, args) in parsed {
             conv.say(&format!("→ {name} {args}"));
+            conv.record("call", &name, &args.to_string());
             let result = if name == "verdict" && !work.verdicts.is_empty() {
                 let choice = args.get("choice").and_then(Value::as_str).unwrap_or_default().to_string();
                 if !work.verdicts.contains(&choice) {
@@ -578,6 +600,8 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
                                 let (r, o) = converse(&child, root, &conv.run_id, conv.sink.clone(), name.clone()).await;
                                 conv.out.tokens += o.tokens;
                                 conv.out.denials.extend(o.denials);
+                                let nested = serde_json::to_string(&o.transcript).unwrap_or_default();
+                                conv.record("subagent", &name, &nested);
                                 match r {
                                     Ok(()) => json!({"result": crate::tools::spill_cap(&o.response)}),
                                     Err(e) => error(e.message),
@@ -613,6 +637,7 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
             }
             conv.out.trajectory.push(TrajectoryEntry { name: name.clone(), args: args.clone(), ok });
             turn_sigs.push((name.clone(), signature(&name, &args, &result)));
+            conv.record("result", &name, &result.to_string());
             conv.messages.push(json!({"role": "tool", "tool_call_id": id, "content": result.to_string()}));
         }
         window.push_back(turn_sigs);
@@ -643,6 +668,7 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
         return Err(StepError::failed(format!("{label}: agent exceeded {} turns and produced none when asked to answer from what it had", work.max_turns)));
     }
     conv.say(&text);
+    conv.record("text", "", &text);
     conv.out.response = text;
     conv.out.wrapped_up = true;
     Ok(())

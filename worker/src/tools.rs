@@ -369,7 +369,46 @@ fn find_span(text: &str, old: &str) -> Option<(String, &'static str)> {
             return Some((lines[i..i + want.len()].join("\n"), "line-trimmed"));
         }
     }
-    None
+    block_anchor(&lines, &want).map(|s| (s, "block-anchor"))
+}
+
+/// For 3+ lines: the first and last lines (trimmed) anchor a block of about
+/// the same length; the middle lines must be similar enough (≥ 0.65 mean).
+fn block_anchor(lines: &[&str], want: &[&str]) -> Option<String> {
+    let n = want.len();
+    if n < 3 {
+        return None;
+    }
+    let slack = (n / 4).max(1);
+    let similarity = |a: &str, b: &str| -> f64 {
+        let max = a.chars().count().max(b.chars().count());
+        if max == 0 {
+            return 1.0;
+        }
+        if a.len().saturating_mul(b.len()) > 1 << 20 {
+            return 0.0;
+        }
+        1.0 - steppe_shared::suggest::levenshtein(a, b) as f64 / max as f64
+    };
+    let mut best: Option<(f64, usize, usize)> = None;
+    for i in 0..lines.len() {
+        if lines[i].trim() != want[0] {
+            continue;
+        }
+        let Some(j) = (i + 2..lines.len()).find(|&j| lines[j].trim() == want[n - 1]) else { continue };
+        let len = j - i + 1;
+        if len + slack < n || len > n + slack {
+            continue;
+        }
+        let middle_file = &lines[i + 1..j];
+        let middle_want = &want[1..n - 1];
+        let pairs = middle_file.len().min(middle_want.len()).max(1);
+        let score: f64 = middle_file.iter().zip(middle_want).map(|(a, b)| similarity(a.trim(), b)).sum::<f64>() / pairs as f64;
+        if score >= 0.65 && best.is_none_or(|(s, _, _)| score > s) {
+            best = Some((score, i, j));
+        }
+    }
+    best.map(|(_, i, j)| lines[i..=j].join("\n"))
 }
 
 fn walk(base: &Path, dir: &Path, out: &mut Vec<PathBuf>, limit: usize) {
@@ -538,6 +577,8 @@ mod tests {
         assert_eq!(r["match_mode"], "exact", "{r}");
         let r = s.builtin(&b("edit_file"), &json!({"path": "src/main.rs", "old_string": "fn main() {\n  println!(\"bye\");", "new_string": "fn main() {\n    println!(\"ok\");"}), &mut den).await;
         assert_eq!(r["match_mode"], "line-trimmed", "{r}");
+        let r = s.builtin(&b("edit_file"), &json!({"path": "src/main.rs", "old_string": "fn main() {\n    printn!(\"ok\");\n}", "new_string": "fn main() {\n    println!(\"ok\");\n}"}), &mut den).await;
+        assert_eq!(r["match_mode"], "block-anchor", "{r}");
         let r = s.builtin(&b("search_files"), &json!({"pattern": "ok", "output_mode": "content"}), &mut den).await;
         assert_eq!(r["matches"][0]["path"], "src/main.rs", "{r}");
         let r = s.builtin(&b("list_dir"), &json!({}), &mut den).await;

@@ -115,6 +115,8 @@ pub struct JobRun {
     decisions: Mutex<HashMap<String, Decision>>,
     /// Tokens each agent conversation spent, in the order they ended.
     usage: Mutex<Vec<(String, u64)>>,
+    /// Tool calls the sandbox refused: (step, denial).
+    denials: Mutex<Vec<(String, steppe_shared::agent_work::DenialRecord)>>,
 }
 
 #[derive(Debug, Clone)]
@@ -166,6 +168,7 @@ impl JobRun {
             fetched: Mutex::new(Vec::new()),
             decisions: Mutex::new(HashMap::new()),
             usage: Mutex::new(Vec::new()),
+            denials: Mutex::new(Vec::new()),
         })
     }
 
@@ -209,7 +212,7 @@ impl JobRun {
                     }
                     response.truncate(cut);
                 }
-                json!({"verdict": o.verdict, "note": o.note, "turns": o.turns, "wrapped_up": o.wrapped_up, "response": response, "trajectory": trajectory, "denials": o.denials}).to_string()
+                json!({"verdict": o.verdict, "note": o.note, "turns": o.turns, "wrapped_up": o.wrapped_up, "fallback_model": o.fallback_model, "response": response, "trajectory": trajectory, "denials": o.denials, "transcript": o.transcript}).to_string()
             }),
         });
     }
@@ -277,6 +280,13 @@ impl JobRun {
             self.engine.out.note(&format!("usage: {} tokens across {} agent step(s)", group(total), usage.len()));
             for (name, t) in &usage {
                 self.engine.out.note(&format!("  {name:<16} {}", group(*t)));
+            }
+        }
+        let denials = self.denials.lock().map(|d| d.clone()).unwrap_or_default();
+        if !denials.is_empty() {
+            self.engine.out.note(&format!("sandbox: {} tool call(s) refused:", denials.len()));
+            for (step, d) in &denials {
+                self.engine.out.note(&format!("  {step}: {} {} — {}", d.tool, d.path, d.reason));
             }
         }
         self.engine.out.flush().await;
@@ -773,6 +783,9 @@ impl JobRun {
             tokio::time::sleep(Duration::from_millis(500 * u64::from(n))).await;
         }
         let r = last.expect("at least one attempt");
+        if let (Some(o), Ok(mut dn)) = (&r.agent, self.denials.lock()) {
+            dn.extend(o.denials.iter().map(|d| (label.to_string(), d.clone())));
+        }
         if let (Some(o), Ok(mut u)) = (&r.agent, self.usage.lock()) {
             // A task's agent outcome is its fixer's conversation.
             let who = a.fix.as_ref().map(|f| f.agent.clone()).unwrap_or_else(|| label.to_string());
