@@ -171,6 +171,9 @@ enum Command {
         /// Show agent steps' transcripts (text, calls, results) with --steps.
         #[arg(long)]
         transcript: bool,
+        /// Show the run's events (steps started and ended, notes) in order.
+        #[arg(long)]
+        events: bool,
     },
     /// List approvals waiting for a decision (ID JOB REQUESTED MESSAGE).
     Approvals {
@@ -283,8 +286,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Run { pipeline, job, exec, vars } => run_job(&pipeline, job.as_deref(), &exec, &vars),
         Command::Test { pipeline, script, dump_requests, exec, vars } => test(&pipeline, script.as_deref(), dump_requests.as_deref(), &exec, &vars),
         Command::ScriptedModel { script, listen } => scripted_model(&script, listen),
-        Command::Runs { pipeline, job, limit, steps, run, logs, cost, transcript } => {
-            if cost {
+        Command::Runs { pipeline, job, limit, steps, run, logs, cost, transcript, events } => {
+            if events {
+                runs_events(&pipeline, job.as_deref(), run.as_deref())
+            } else if cost {
                 runs_cost(&pipeline, job.as_deref(), limit, run.as_deref())
             } else {
                 runs(&pipeline, job.as_deref(), limit, steps || transcript, run.as_deref(), logs, transcript)
@@ -792,6 +797,22 @@ fn runs_cost(path: &Path, job: Option<&str>, limit: usize, run: Option<&str>) ->
                 println!("{:<40} {:>12} {:>9}", s.name, thousands(s.tokens.unwrap_or(0)), fmt_ms(s.duration_ms));
             }
         }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn runs_events(path: &Path, job: Option<&str>, run: Option<&str>) -> Result<ExitCode> {
+    use steppe_shared::store::{db_path, SqliteStore, Store};
+    let Some(store) = SqliteStore::open_existing(&db_path(path))? else {
+        println!("no runs recorded for {}", path.display());
+        return Ok(ExitCode::SUCCESS);
+    };
+    let id = match run {
+        Some(id) => id.to_string(),
+        None => store.runs(job, 1)?.into_iter().next().map(|r| r.id).with_context(|| format!("no runs recorded for {}", path.display()))?,
+    };
+    for (kind, step, message) in store.events(&id)? {
+        println!("{kind:<8} {step:<30} {message}");
     }
     Ok(ExitCode::SUCCESS)
 }

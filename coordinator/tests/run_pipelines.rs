@@ -191,6 +191,9 @@ fn runs_are_recorded_and_shown() {
         }),
         "{t}"
     );
+    let t = text(&steppe(&["runs", "p.yml", "--events"], &d));
+    assert!(t.lines().any(|l| l.starts_with("started") && l.contains("compile")), "{t}");
+    assert!(t.lines().any(|l| l.starts_with("ended") && l.contains("broken") && l.contains("failed")), "{t}");
     let t = text(&steppe(&["runs", "p.yml", "--logs"], &d));
     assert!(t.contains("[compile] compiled") && t.contains("[compile] (stderr) warn"), "{t}");
 }

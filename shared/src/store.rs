@@ -73,6 +73,10 @@ pub trait Store: Send + Sync {
     fn run(&self, id: &str) -> Result<Option<RunRecord>, StoreError>;
     fn steps(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError>;
     fn logs(&self, run_id: &str) -> Result<Vec<LogLine>, StoreError>;
+    /// Appends a run event (a step started or ended, a note), stamped now.
+    fn record_event(&self, run_id: &str, kind: &str, step: &str, message: &str) -> Result<(), StoreError>;
+    /// A run's events in order: (kind, step, message).
+    fn events(&self, run_id: &str) -> Result<Vec<(String, String, String)>, StoreError>;
     /// Parks an approval; returns its id.
     fn request_approval(&self, run_id: &str, job: &str, message: &str, requested_ms: i64, deadline_ms: i64) -> Result<i64, StoreError>;
     fn approval(&self, id: i64) -> Result<Option<ApprovalRecord>, StoreError>;
@@ -114,6 +118,10 @@ CREATE TABLE IF NOT EXISTS logs (
   stderr INTEGER NOT NULL, line TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS logs_run ON logs (run_id, seq);
 CREATE INDEX IF NOT EXISTS runs_job ON runs (job, started_ms);
+CREATE TABLE IF NOT EXISTS events (
+  run_id TEXT NOT NULL, seq INTEGER PRIMARY KEY AUTOINCREMENT, at_ms INTEGER NOT NULL,
+  kind TEXT NOT NULL, step TEXT NOT NULL, message TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS events_run ON events (run_id, seq);
 CREATE TABLE IF NOT EXISTS versions (
   resource TEXT NOT NULL, seq INTEGER NOT NULL, version TEXT NOT NULL,
   PRIMARY KEY (resource, version));
@@ -312,6 +320,21 @@ impl Store for SqliteStore {
         })
     }
 
+    fn record_event(&self, run_id: &str, kind: &str, step: &str, message: &str) -> Result<(), StoreError> {
+        let at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
+        self.with(|c| {
+            c.execute("INSERT INTO events (run_id, at_ms, kind, step, message) VALUES (?1, ?2, ?3, ?4, ?5)", params![run_id, at, kind, step, message]).map(|_| ())
+        })
+    }
+
+    fn events(&self, run_id: &str) -> Result<Vec<(String, String, String)>, StoreError> {
+        self.with(|c| {
+            let mut st = c.prepare("SELECT kind, step, message FROM events WHERE run_id = ?1 ORDER BY seq")?;
+            let rows = st.query_map(params![run_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+            rows.collect()
+        })
+    }
+
     fn record_versions(&self, resource: &str, versions: &[serde_json::Value]) -> Result<(), StoreError> {
         self.with(|c| {
             let tx = c.transaction()?;
@@ -380,6 +403,9 @@ mod tests {
         assert_eq!(s.run("r1").unwrap().unwrap().outcome.as_deref(), Some("succeeded"));
         assert_eq!(s.steps("r1").unwrap()[0].name, "compile");
         assert_eq!(s.logs("r1").unwrap()[0].line, "ok");
+        s.record_event("r1", "started", "compile", "").unwrap();
+        s.record_event("r1", "ended", "compile", "succeeded").unwrap();
+        assert_eq!(s.events("r1").unwrap().iter().map(|e| e.0.as_str()).collect::<Vec<_>>(), ["started", "ended"]);
         let a = s.request_approval("r1", "build", "Ship it?", 40, 50).unwrap();
         assert_eq!(s.pending_approvals().unwrap().len(), 1);
         assert!(s.decide_approval(a, false, "not today", "ana").unwrap());

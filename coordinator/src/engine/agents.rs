@@ -128,7 +128,7 @@ impl JobRun {
         }
         let (all, skipped) = grant(def.tools.as_deref());
         if !skipped.is_empty() {
-            self.engine.out.note(&format!("{name}: {} not served by this build; granted tools without them", skipped.join(", ")));
+            self.engine.out.run_note(&self.run_id, &format!("{name}: {} not served by this build; granted tools without them", skipped.join(", ")));
         }
         let tools: Vec<ToolDef> = match &s.tools {
             Some(sel) if !sel.is_empty() => {
@@ -340,13 +340,13 @@ impl JobRun {
         let mut d = self.attempts(&label, a, 1).await;
         if let Some(o) = &d.agent {
             if let Some(v) = &o.verdict {
-                self.engine.out.note(&format!("verdict: {v}"));
+                self.engine.out.run_note(&self.run_id, &format!("verdict: {v}"));
             }
             if let Some(n) = &o.note {
-                self.engine.out.note(&format!("note: {n}"));
+                self.engine.out.run_note(&self.run_id, &format!("note: {n}"));
             }
             for den in &o.denials {
-                self.engine.out.note(&format!("denied: {} {} — {}", den.tool, den.path, den.reason));
+                self.engine.out.run_note(&self.run_id, &format!("denied: {} {} — {}", den.tool, den.path, den.reason));
             }
         }
         if d.result.is_err() {
@@ -366,7 +366,7 @@ impl JobRun {
         let vocab: Vec<String> = e.verdicts.iter().flatten().map(|v| v.name.clone()).filter(|n| n != "failure").collect();
         let rule = e.decide.clone().unwrap_or_else(|| "majority".into());
         let exclude = e.member_errors.as_deref() == Some("exclude");
-        self.engine.out.note(&format!("ensemble: {} agents, decide {rule}", e.agents.len()));
+        self.engine.out.run_note(&self.run_id, &format!("ensemble: {} agents, decide {rule}", e.agents.len()));
         let results = futures::future::join_all(e.agents.iter().map(|m| self.step_as_member(m, &vocab))).await;
         let mut log = Vec::new();
         let mut votes: Vec<(String, String, Option<String>)> = Vec::new();
@@ -414,7 +414,7 @@ impl JobRun {
         };
         match decision {
             Ok(v) => {
-                self.engine.out.note(&format!("ensemble decide: {rule} → {v}"));
+                self.engine.out.run_note(&self.run_id, &format!("ensemble decide: {rule} → {v}"));
                 let mut d = Done::ok(log);
                 d.agent = Some(steppe_shared::agent_work::AgentOutcome { verdict: Some(v), ..Default::default() });
                 d

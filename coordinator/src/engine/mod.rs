@@ -178,7 +178,7 @@ impl JobRun {
     }
 
     fn ended_with(&self, label: &str, r: &Result<(), StepError>, took: Duration, exit_code: Option<i32>, agent: Option<&steppe_shared::agent_work::AgentOutcome>) {
-        self.engine.out.end(label, r, took);
+        self.engine.out.end(&self.run_id, label, r, took);
         self.engine.out.record_step(steppe_shared::store::StepRecord {
             run_id: self.run_id.clone(),
             seq: self.seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
@@ -270,30 +270,30 @@ impl JobRun {
         let now_ms = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
         if let Some(s) = self.engine.out.store() {
             if let Err(e) = s.start_run(&self.run_id, &self.job.name, now_ms()) {
-                self.engine.out.note(&format!("steppe: recording the run: {e}"));
+                self.engine.out.run_note(&self.run_id, &format!("steppe: recording the run: {e}"));
             }
         }
         let r = self.run_inner().await;
         let usage = self.usage.lock().map(|u| u.clone()).unwrap_or_default();
         if !usage.is_empty() {
             let total: u64 = usage.iter().map(|(_, t)| t).sum();
-            self.engine.out.note(&format!("usage: {} tokens across {} agent step(s)", group(total), usage.len()));
+            self.engine.out.run_note(&self.run_id, &format!("usage: {} tokens across {} agent step(s)", group(total), usage.len()));
             for (name, t) in &usage {
-                self.engine.out.note(&format!("  {name:<16} {}", group(*t)));
+                self.engine.out.run_note(&self.run_id, &format!("  {name:<16} {}", group(*t)));
             }
         }
         let denials = self.denials.lock().map(|d| d.clone()).unwrap_or_default();
         if !denials.is_empty() {
-            self.engine.out.note(&format!("sandbox: {} tool call(s) refused:", denials.len()));
+            self.engine.out.run_note(&self.run_id, &format!("sandbox: {} tool call(s) refused:", denials.len()));
             for (step, d) in &denials {
-                self.engine.out.note(&format!("  {step}: {} {} — {}", d.tool, d.path, d.reason));
+                self.engine.out.run_note(&self.run_id, &format!("  {step}: {} {} — {}", d.tool, d.path, d.reason));
             }
         }
         self.engine.out.flush().await;
         if let (Some(s), true) = (self.engine.out.store(), r.build_ok) {
             for (res, v) in self.fetched.lock().map(|f| f.clone()).unwrap_or_default() {
                 if let Err(e) = s.record_green(&self.job.name, &res, &v) {
-                    self.engine.out.note(&format!("steppe: recording {res} as passed: {e}"));
+                    self.engine.out.run_note(&self.run_id, &format!("steppe: recording {res} as passed: {e}"));
                 }
             }
         }
@@ -303,7 +303,7 @@ impl JobRun {
                 Err(e) => (Outcome::of(&r.result).word(), e.message.clone()),
             };
             if let Err(e) = s.finish_run(&self.run_id, now_ms(), word, &msg) {
-                self.engine.out.note(&format!("steppe: recording the run: {e}"));
+                self.engine.out.run_note(&self.run_id, &format!("steppe: recording the run: {e}"));
             }
         }
         r
@@ -328,7 +328,7 @@ impl JobRun {
                 if result.is_ok() {
                     result = Err(StepError::failed(format!("job hook: {}", e.message)));
                 } else {
-                    self.engine.out.note(&format!("job hook failed: {}", e.message));
+                    self.engine.out.run_note(&self.run_id, &format!("job hook failed: {}", e.message));
                 }
             }
         }
@@ -457,7 +457,7 @@ impl JobRun {
             Err(e) => return (Err(e), log),
         };
         if versions.is_empty() {
-            self.engine.out.note(&format!("get {resource}: cannot build; no versions exist for: {resource}"));
+            self.engine.out.run_note(&self.run_id, &format!("get {resource}: cannot build; no versions exist for: {resource}"));
             return (Ok(()), log);
         }
         let snapshot = self.artifacts.lock().map(|a| a.clone()).unwrap_or_default();
@@ -540,7 +540,7 @@ impl JobRun {
                         if *key == "on_success" {
                             hook_err = Some(StepError::failed(format!("on_success hook: {}", e.message)));
                         } else {
-                            self.engine.out.note(&format!("{key} hook failed: {}", e.message));
+                            self.engine.out.run_note(&self.run_id, &format!("{key} hook failed: {}", e.message));
                         }
                     }
                 }
@@ -551,7 +551,7 @@ impl JobRun {
                         if hook_err.is_none() && d.routed.is_ok() {
                             hook_err = Some(StepError::failed(format!("ensure hook: {}", e.message)));
                         } else {
-                            self.engine.out.note(&format!("ensure hook failed: {}", e.message));
+                            self.engine.out.run_note(&self.run_id, &format!("ensure hook failed: {}", e.message));
                         }
                     }
                 }
@@ -566,7 +566,7 @@ impl JobRun {
                     if e.class != Class::Aborted {
                         let name = s.try_.as_deref().and_then(Step::name).unwrap_or("step");
                         let word = if e.class == Class::Failed { "failed" } else { "errored" };
-                        self.engine.out.note(&format!("try: {name} {word} (tried, continuing)"));
+                        self.engine.out.run_note(&self.run_id, &format!("try: {name} {word} (tried, continuing)"));
                         d.result = Ok(());
                     }
                 }
@@ -757,7 +757,7 @@ impl JobRun {
     }
 
     fn finish_err(&self, label: &str, e: StepError) -> Done {
-        self.engine.out.start_step(label);
+        self.engine.out.start_step(&self.run_id, label);
         self.ended(label, &Err(e.clone()), Duration::ZERO, None);
         Done::err(e, vec![label.to_string()])
     }
@@ -766,7 +766,7 @@ impl JobRun {
     /// the step's own timeout ends the attempts.
     async fn attempts(self: &Arc<Self>, label: &str, mut a: Assignment, attempts: i64) -> Done {
         let attempts = attempts.max(1) as u32;
-        self.engine.out.start_step(label);
+        self.engine.out.start_step(&self.run_id, label);
         let t0 = Instant::now();
         let mut last = None;
         for n in 1..=attempts {
@@ -779,7 +779,7 @@ impl JobRun {
             if ok || timed_out || aborted || n == attempts || self.aborted() {
                 break;
             }
-            self.engine.out.note(&format!("{label}: attempt {n} of {attempts} failed; retrying"));
+            self.engine.out.run_note(&self.run_id, &format!("{label}: attempt {n} of {attempts} failed; retrying"));
             tokio::time::sleep(Duration::from_millis(500 * u64::from(n))).await;
         }
         let r = last.expect("at least one attempt");
@@ -840,14 +840,14 @@ impl JobRun {
         };
         let p = self.engine.pipeline_path.display();
         let wait = steppe_worker::exec::fmt_duration(timeout);
-        self.engine.out.note(&format!("approval {id}: {message}"));
-        self.engine.out.note(&format!("approval {id}: waiting up to {wait} — steppe approve {p} {id}   (or: steppe reject {p} {id} --reason …)"));
+        self.engine.out.run_note(&self.run_id, &format!("approval {id}: {message}"));
+        self.engine.out.run_note(&self.run_id, &format!("approval {id}: waiting up to {wait} — steppe approve {p} {id}   (or: steppe reject {p} {id} --reason …)"));
         let t0 = Instant::now();
         loop {
             match store.approval(id) {
                 Ok(Some(rec)) => match rec.decision.as_deref() {
                     Some("approved") => {
-                        self.engine.out.note(&format!("approval {id}: approved by {}", rec.approver));
+                        self.engine.out.run_note(&self.run_id, &format!("approval {id}: approved by {}", rec.approver));
                         return Done::ok(Vec::new());
                     }
                     Some(_) => {
@@ -970,7 +970,7 @@ impl JobRun {
             cells = next;
         }
         if cells.is_empty() || values.iter().any(|(_, v)| v.is_empty()) {
-            self.engine.out.note(&format!("across: 0 cells ({} is empty); nothing to run", s.name().unwrap_or("step")));
+            self.engine.out.run_note(&self.run_id, &format!("across: 0 cells ({} is empty); nothing to run", s.name().unwrap_or("step")));
             return Done::ok(Vec::new());
         }
         let _ = kind;

@@ -15,10 +15,12 @@ use steppe_worker::exec::{LineSink, Stream};
 pub enum Event {
     /// A line for the terminal only.
     Say(String),
-    /// A step began (shown in the live status line on a terminal).
-    Started(String),
-    /// A step ended: its summary line.
-    Ended(String, String),
+    /// A step of a run began (shown in the live status line on a terminal).
+    Started { run_id: String, step: String },
+    /// A step ended: its outcome word and summary line.
+    Ended { run_id: String, step: String, outcome: String, line: String },
+    /// A note about a run (a retry, a failover, a verdict …).
+    RunNote { run_id: String, line: String },
     /// Redraw the status line (durations tick).
     Tick,
     Line { run_id: String, line: LogLine },
@@ -71,6 +73,14 @@ impl HubState {
         self.status_shown = true;
     }
 
+    fn event(&self, run_id: &str, kind: &str, step: &str, message: &str) {
+        if let Some(s) = &self.store {
+            if let Err(e) = s.record_event(run_id, kind, step, message) {
+                eprintln!("steppe: recording an event: {e}");
+            }
+        }
+    }
+
     fn clear_status(&mut self) {
         if self.status_shown {
             let mut out = std::io::stdout().lock();
@@ -114,11 +124,17 @@ impl Actor for HubActor {
     async fn handle(&self, _me: ActorRef<Event>, ev: Event, st: &mut HubState) -> Result<(), ActorProcessingErr> {
         match ev {
             Event::Say(l) => st.say(&l),
-            Event::Started(step) => {
+            Event::Started { run_id, step } => {
+                st.event(&run_id, "started", &step, "");
                 st.running.push((step.clone(), std::time::Instant::now()));
                 st.say(&format!("▶ {step}"));
             }
-            Event::Ended(step, line) => {
+            Event::RunNote { run_id, line } => {
+                st.event(&run_id, "note", "", &line);
+                st.say(&line);
+            }
+            Event::Ended { run_id, step, outcome, line } => {
+                st.event(&run_id, "ended", &step, &outcome);
                 if let Some(i) = st.running.iter().position(|(s, _)| *s == step) {
                     st.running.remove(i);
                 }
@@ -178,17 +194,22 @@ impl EventHub {
         let _ = self.actor.cast(Event::Say(line));
     }
 
-    pub fn start_step(&self, step: &str) {
-        let _ = self.actor.cast(Event::Started(step.to_string()));
+    pub fn start_step(&self, run_id: &str, step: &str) {
+        let _ = self.actor.cast(Event::Started { run_id: run_id.to_string(), step: step.to_string() });
     }
 
-    pub fn end(&self, step: &str, r: &Result<(), StepError>, took: Duration) {
+    pub fn end(&self, run_id: &str, step: &str, r: &Result<(), StepError>, took: Duration) {
         let secs = took.as_secs_f64();
         let line = match r {
             Ok(()) => format!("✔ {step} ({secs:.2}s)"),
             Err(e) => format!("✘ {step} {} ({secs:.2}s): {}", Outcome::of(r).word(), e.message),
         };
-        let _ = self.actor.cast(Event::Ended(step.to_string(), line));
+        let _ = self.actor.cast(Event::Ended { run_id: run_id.to_string(), step: step.to_string(), outcome: Outcome::of(r).word().to_string(), line });
+    }
+
+    /// A note that belongs to a run: printed and kept with the run's events.
+    pub fn run_note(&self, run_id: &str, msg: &str) {
+        let _ = self.actor.cast(Event::RunNote { run_id: run_id.to_string(), line: msg.to_string() });
     }
 
     pub fn note(&self, msg: &str) {

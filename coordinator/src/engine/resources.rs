@@ -41,7 +41,7 @@ impl JobRun {
         match checked {
             Ok(v) => {
                 if let Err(e) = store.record_versions(name, &v) {
-                    self.engine.out.note(&format!("steppe: recording versions of {name}: {e}"));
+                    self.engine.out.run_note(&self.run_id, &format!("steppe: recording versions of {name}: {e}"));
                     return Ok(v);
                 }
                 store.history(name).map_err(|e| StepError::errored(format!("history of {name}: {e}")))
@@ -51,7 +51,7 @@ impl JobRun {
                 if h.is_empty() || e.class == steppe_shared::outcome::Class::Aborted {
                     return Err(e);
                 }
-                self.engine.out.note(&format!("warning: could not refresh {name}; building from recorded history: {}", e.message));
+                self.engine.out.run_note(&self.run_id, &format!("warning: could not refresh {name}; building from recorded history: {}", e.message));
                 Ok(h)
             }
         }
@@ -109,7 +109,7 @@ impl JobRun {
         let artifact = s.get.clone().unwrap_or_default();
         let name = s.resource.clone().unwrap_or_else(|| artifact.clone());
         let log = vec![name.clone()];
-        self.engine.out.start_step(&name);
+        self.engine.out.start_step(&self.run_id, &name);
         let t0 = Instant::now();
         let attempts = s.attempts.unwrap_or(1).max(1) as u32;
         let mut last = Err(StepError::errored("no attempt ran"));
@@ -162,7 +162,7 @@ impl JobRun {
                 }
             }
         };
-        self.engine.out.note(&format!("{name}: version {version}"));
+        self.engine.out.run_note(&self.run_id, &format!("{name}: version {version}"));
         if let Ok(mut f) = self.fetched.lock() {
             f.push((name.to_string(), version.clone()));
         }
@@ -283,7 +283,7 @@ impl JobRun {
 impl JobRun {
     /// An expr-backed put: evaluated here, with `file()` reading the put's inputs.
     async fn put_expr(self: &Arc<Self>, s: &Step, name: &str, label: &str, out: Option<String>, r: &Resource, t: &ResourceType) -> Done {
-        self.engine.out.start_step(label);
+        self.engine.out.start_step(&self.run_id, label);
         let t0 = Instant::now();
         let result = async {
             let src = out.ok_or_else(|| StepError::errored(format!("put {name}: type sets no expr.out")))?;
