@@ -36,6 +36,9 @@ pub struct AgentWork {
     /// 0 = whole file.
     pub max_context_bytes: u64,
     pub budget_tokens: Option<u64>,
+    /// The job's token ceiling: (cap, already spent by earlier steps of the run).
+    #[serde(default)]
+    pub job_budget: Option<(u64, u64)>,
     pub assert: AgentAssert,
     /// `context.from` deliveries, sorted by sender: (sender, rendered text).
     #[serde(default)]

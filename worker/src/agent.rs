@@ -253,6 +253,15 @@ impl Conversation<'_> {
                 return Err(StepError::errored(format!("agent \"{}\": budget exceeded: cap {cap} tokens, spent {}", self.work.agent, self.out.tokens)));
             }
         }
+        if let Some((cap, before)) = self.work.job_budget {
+            let total = before + self.out.tokens;
+            if total > cap {
+                return Err(StepError::errored(format!(
+                    "job budget exceeded: cap {cap} tokens, spent {total}\n  running total: earlier steps {before} -> {} {} (tripped here)",
+                    self.work.agent, self.out.tokens
+                )));
+            }
+        }
         let msg = resp.pointer("/choices/0/message").cloned().ok_or_else(|| StepError::errored(format!("{}: the model's response has no choices", self.label)))?;
         Ok(msg)
     }

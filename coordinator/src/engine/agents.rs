@@ -185,6 +185,7 @@ impl JobRun {
             context_paths: s.context_paths.iter().flatten().map(|p| render(p)).collect::<Result<_, _>>()?,
             max_context_bytes: s.max_context_bytes.or(def.max_context_bytes).unwrap_or(100_000).max(0) as u64,
             budget_tokens: def.budget.as_ref().and_then(|b| b.tokens).map(|t| t.max(0) as u64),
+            job_budget: self.job.budget.as_ref().and_then(|b| b.tokens).map(|cap| (cap.max(0) as u64, self.spent())),
             assert: assert.unwrap_or_default(),
             upstream: self.upstream(s),
             sub_agents: self.sub_agents(def, s, depth)?,

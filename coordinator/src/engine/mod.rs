@@ -742,6 +742,11 @@ impl JobRun {
         d
     }
 
+    /// Tokens this run's agent conversations spent so far.
+    pub(crate) fn spent(&self) -> u64 {
+        self.usage.lock().map(|u| u.iter().map(|(_, t)| t).sum()).unwrap_or(0)
+    }
+
     /// Stores a directory of small files (name → contents) as an artifact.
     fn store_files(&self, files: &[(String, String)]) -> std::io::Result<ArtifactRef> {
         let dir = std::env::temp_dir().join(format!("steppe-files-{}-{}", std::process::id(), rand_suffix()));
@@ -976,14 +981,37 @@ impl JobRun {
         let _ = kind;
         let limit = s.max_in_flight.filter(|m| *m > 1).map(|m| m as usize).unwrap_or(1);
         let gate = Arc::new(tokio::sync::Semaphore::new(limit));
+        // budget: checked before each cell; when spent, start no more (the plan goes on).
+        let budget = s.budget.as_ref().and_then(|b| b.tokens).map(|t| t.max(0) as u64);
+        let start_spent = self.spent();
+        let stopped = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let futs = cells.iter().map(|c| {
             let gate = gate.clone();
+            let stopped = stopped.clone();
             async move {
                 let _p = gate.acquire_owned().await;
-                (c.clone(), self.step(s, c.clone(), false).await)
+                if let Some(b) = budget {
+                    if self.spent().saturating_sub(start_spent) >= b {
+                        stopped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        return None;
+                    }
+                }
+                Some((c.clone(), self.step(s, c.clone(), false).await))
             }
         });
-        let results = join_all(futs).await;
+        let results: Vec<(Cell, Done)> = join_all(futs).await.into_iter().flatten().collect();
+        let skipped = stopped.load(std::sync::atomic::Ordering::Relaxed);
+        if let (Some(b), true) = (budget, skipped > 0) {
+            self.engine.out.run_note(
+                &self.run_id,
+                &format!(
+                    "budget: across stopped after {} of {} cells (spent {} of {b} tokens)",
+                    cells.len() - skipped,
+                    cells.len(),
+                    self.spent().saturating_sub(start_spent)
+                ),
+            );
+        }
         let mut log = Vec::new();
         let mut errors = Vec::new();
         let mut collected: Vec<(Cell, Vec<(String, ArtifactRef)>)> = Vec::new();
