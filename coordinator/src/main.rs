@@ -308,15 +308,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
 
 fn validate(path: &Path, syntax_only: bool, vars: &VarArgs) -> Result<ExitCode> {
     let opts = LoadOptions::from_env(vars.resolve()?);
-    let loaded = match load_file(path, &opts) {
+    let loaded = match load_reporting(path, &opts) {
         Ok(l) => l,
-        Err(diags) => {
-            for d in diags.iter() {
-                eprintln!("{d}");
-            }
-            eprintln!("steppe: error: {} problem(s) in {}", diags.len(), path.display());
-            return Ok(ExitCode::from(2));
-        }
+        Err(code) => return Ok(code),
     };
     if !syntax_only {
         let problems = machine::check(&loaded, opts.env_model.as_deref());
@@ -345,17 +339,18 @@ fn validate(path: &Path, syntax_only: bool, vars: &VarArgs) -> Result<ExitCode> 
 }
 
 fn load_or_report(path: &Path, vars: &VarArgs) -> Result<Result<steppe_shared::Loaded, ExitCode>> {
-    let opts = LoadOptions::from_env(vars.resolve()?);
-    match load_file(path, &opts) {
-        Ok(l) => Ok(Ok(l)),
-        Err(diags) => {
-            for d in diags.iter() {
-                eprintln!("{d}");
-            }
-            eprintln!("steppe: error: {} problem(s) in {}", diags.len(), path.display());
-            Ok(Err(ExitCode::from(2)))
+    Ok(load_reporting(path, &LoadOptions::from_env(vars.resolve()?)))
+}
+
+/// Loads the pipeline; on problems prints every one and gives the exit code (2).
+fn load_reporting(path: &Path, opts: &LoadOptions) -> Result<steppe_shared::Loaded, ExitCode> {
+    load_file(path, opts).map_err(|diags| {
+        for d in diags.iter() {
+            eprintln!("{d}");
         }
-    }
+        eprintln!("steppe: error: {} problem(s) in {}", diags.len(), path.display());
+        ExitCode::from(2)
+    })
 }
 
 /// Builds the engine: a local artifact store, the in-process queue and
@@ -531,16 +526,9 @@ fn test(path: &Path, script: Option<&Path>, dump: Option<&Path>, exec: &ExecArgs
             vars_v.entry(k.clone()).or_insert_with(|| v.clone());
         }
     }
-    let opts = LoadOptions::from_env(vars_v);
-    let loaded = match load_file(path, &opts) {
+    let loaded = match load_reporting(path, &LoadOptions::from_env(vars_v)) {
         Ok(l) => l,
-        Err(diags) => {
-            for d in diags.iter() {
-                eprintln!("{d}");
-            }
-            eprintln!("steppe: error: {} problem(s) in {}", diags.len(), path.display());
-            return Ok(ExitCode::from(2));
-        }
+        Err(code) => return Ok(code),
     };
     let rt = runtime()?;
     let model = match &scenario {

@@ -382,9 +382,7 @@ impl JobRun {
             }
         }
         if !errors.is_empty() && (!exclude || votes.is_empty()) {
-            let class = super::classify_all(&errors);
-            let msg = errors.iter().map(|e| e.message.clone()).collect::<Vec<_>>().join("; ");
-            return Done::err(StepError { class, message: format!("ensemble: {msg}") }, log);
+            return Done::err(super::combined(&errors, "ensemble: "), log);
         }
         let count = |v: &str| votes.iter().filter(|(_, x, _)| x == v).count();
         let decision: Result<String, String> = match rule.as_str() {

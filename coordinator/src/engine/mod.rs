@@ -145,6 +145,12 @@ fn render_cell(text: &str, cell: &Cell) -> Result<String, String> {
     template::render(text, &json!({ "vars": vars }))
 }
 
+/// Several failures as one: the most severe class, the messages joined.
+fn combined(errors: &[StepError], prefix: &str) -> StepError {
+    let msg = errors.iter().map(|e| e.message.clone()).collect::<Vec<_>>().join("; ");
+    StepError { class: classify_all(errors), message: format!("{prefix}{msg}") }
+}
+
 fn classify_all(errors: &[StepError]) -> Class {
     if errors.iter().any(|e| e.class == Class::Aborted) {
         Class::Aborted
@@ -484,9 +490,7 @@ impl JobRun {
         if errors.is_empty() {
             (Ok(()), log)
         } else {
-            let class = classify_all(&errors);
-            let msg = errors.iter().map(|e| e.message.clone()).collect::<Vec<_>>().join("; ");
-            (Err(StepError { class, message: msg }), log)
+            (Err(combined(&errors, "")), log)
         }
     }
 
@@ -927,9 +931,7 @@ impl JobRun {
         if errors.is_empty() {
             Done::ok(log)
         } else {
-            let class = classify_all(&errors);
-            let msg = errors.iter().map(|e| e.message.clone()).collect::<Vec<_>>().join("; ");
-            Done::err(StepError { class, message: msg }, log)
+            Done::err(combined(&errors, ""), log)
         }
     }
 
@@ -947,9 +949,7 @@ impl JobRun {
                 errors.push(e);
             }
         }
-        let class = classify_all(&errors);
-        let msg = errors.iter().map(|e| e.message.clone()).collect::<Vec<_>>().join("; ");
-        Done::err(StepError { class, message: format!("race: every branch failed: {msg}") }, Vec::new())
+        Done::err(combined(&errors, "race: every branch failed: "), Vec::new())
     }
 
     /// An `across:` step: one cell per combination (last axis fastest).
@@ -1055,9 +1055,7 @@ impl JobRun {
         if errors.is_empty() {
             Done::ok(log)
         } else {
-            let class = classify_all(&errors);
-            let msg = errors.iter().map(|e| e.message.clone()).collect::<Vec<_>>().join("; ");
-            Done::err(StepError { class, message: msg }, log)
+            Done::err(combined(&errors, ""), log)
         }
     }
 
