@@ -60,6 +60,30 @@ pub struct Assignment {
     pub fix: Option<Box<AgentWork>>,
 }
 
+impl Assignment {
+    /// A command in a fresh step directory, judged by exit code, output streamed;
+    /// callers set what differs with struct update syntax.
+    pub fn command(run_id: &str, step: &str, command: String) -> Self {
+        Assignment {
+            id: String::new(),
+            run_id: run_id.to_string(),
+            step: step.to_string(),
+            attempt: 1,
+            command,
+            env: Vec::new(),
+            cwd: Cwd::StepDir,
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+            timeout: None,
+            judge: Judge::default(),
+            image: None,
+            stream: true,
+            agent: None,
+            fix: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct AssignmentResult {
     pub assignment_id: String,

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 use steppe_shared::agent_work::{AgentAssert, AgentMessage, AgentWork, Endpoint, SubAgent, ToolDef};
-use steppe_shared::assignment::{Assignment, Cwd, Judge};
+use steppe_shared::assignment::Assignment;
 use steppe_shared::builtins::{provider_of, DEFAULT_TOOLS};
 use steppe_shared::model::{AgentDef, Message, Source, Step, ToolGrant, ToolSpec};
 use steppe_shared::outcome::StepError;
@@ -322,21 +322,11 @@ impl JobRun {
         };
         let outputs = s.outputs.clone().unwrap_or_default();
         let a = Assignment {
-            id: String::new(),
-            run_id: self.run_id.clone(),
-            step: label.clone(),
-            attempt: 1,
-            command: String::new(),
             env: s.env.clone().unwrap_or_default(),
-            cwd: Cwd::StepDir,
             inputs: self.input_refs(s.input_names(), None),
             outputs,
-            timeout: None,
-            judge: Judge::default(),
-            image: None,
-            stream: true,
             agent: Some(Box::new(work)),
-            fix: None,
+            ..Assignment::command(&self.run_id, &label, String::new())
         };
         let mut d = self.attempts(&label, a, 1).await;
         if let Some(o) = &d.agent {

@@ -583,21 +583,11 @@ impl JobRun {
     async fn guard(self: &Arc<Self>, s: &Step, cmd: &str, cell: &Cell) -> Result<bool, StepError> {
         let inputs = self.input_refs(&self.step_inputs(s), s.input_mapping.as_ref());
         let a = Assignment {
-            id: String::new(),
-            run_id: self.run_id.clone(),
-            step: format!("{} (when)", s.name().unwrap_or("step")),
-            attempt: 1,
-            command: render_cell(&self.subst(cmd), cell).map_err(StepError::errored)?,
             env: s.env.clone().unwrap_or_default(),
             cwd: Cwd::StepDir,
             inputs,
-            outputs: Vec::new(),
-            timeout: None,
-            judge: Judge::default(),
-            image: None,
             stream: false,
-            agent: None,
-            fix: None,
+            ..Assignment::command(&self.run_id, &format!("{} (when)", s.name().unwrap_or("step")), render_cell(&self.subst(cmd), cell).map_err(StepError::errored)?)
         };
         let r = self.dispatch(a).await;
         match r.result {
@@ -711,21 +701,14 @@ impl JobRun {
             }
         }
         let a = Assignment {
-            id: String::new(),
-            run_id: self.run_id.clone(),
-            step: label.clone(),
-            attempt: 1,
-            command,
             env,
-            cwd: Cwd::StepDir,
             inputs,
             outputs: outputs.clone(),
             timeout,
             judge,
             image,
-            stream: true,
-            agent: None,
             fix,
+            ..Assignment::command(&self.run_id, &label, command)
         };
         let mut d = self.attempts(&label, a, s.attempts.unwrap_or(1)).await;
         if let Some(o) = d.agent.take() {

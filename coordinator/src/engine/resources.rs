@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::{json, Value};
-use steppe_shared::assignment::{Assignment, Cwd, Judge};
+use steppe_shared::assignment::{Assignment, Cwd};
 use steppe_shared::model::{Inputs, Resource, ResourceType, Step, VersionSpec};
 use steppe_shared::outcome::StepError;
 use steppe_shared::expr::{compile, eval, Env, Stage};
@@ -75,21 +75,11 @@ impl JobRun {
         let data = json!({"source": r.source.clone().unwrap_or(json!({})), "version": {}});
         let command = template::render(&check, &data).map_err(|e| StepError::errored(format!("check {name}: {e}")))?;
         let a = Assignment {
-            id: String::new(),
-            run_id: self.run_id.clone(),
-            step: format!("{name} (check)"),
-            attempt: 1,
-            command,
             env: Self::env_of(r, t),
             cwd: Cwd::Host(self.engine.dir.clone()),
-            inputs: Vec::new(),
-            outputs: Vec::new(),
-            timeout: None,
-            judge: Judge::default(),
             image: t.image.clone(),
             stream: false,
-            agent: None,
-            fix: None,
+            ..Assignment::command(&self.run_id, &format!("{name} (check)"), command)
         };
         let res = self.dispatch(a).await;
         if let Err(e) = res.result {
@@ -215,21 +205,11 @@ impl JobRun {
         let data = json!({"source": r.source.clone().unwrap_or(json!({})), "version": version, "params": params});
         let command = template::render(&in_cmd, &data).map_err(|e| StepError::errored(format!("get {name}: {e}")))?;
         let a = Assignment {
-            id: String::new(),
-            run_id: self.run_id.clone(),
-            step: name.to_string(),
-            attempt: 1,
-            command,
             env: Self::env_of(r, t),
             cwd: Cwd::CaptureSelf,
-            inputs: Vec::new(),
-            outputs: Vec::new(),
             timeout: s.timeout.and_then(|t| t.to_std()),
-            judge: Judge::default(),
             image: t.image.clone(),
-            stream: true,
-            agent: None,
-            fix: None,
+            ..Assignment::command(&self.run_id, name, command)
         };
         let res = self.dispatch(a).await;
         res.result?;
@@ -260,21 +240,11 @@ impl JobRun {
             _ => s.input_names().to_vec(),
         };
         let a = Assignment {
-            id: String::new(),
-            run_id: self.run_id.clone(),
-            step: label.clone(),
-            attempt: 1,
-            command,
             env: Self::env_of(r, t),
-            cwd: Cwd::StepDir,
             inputs: self.input_refs(&names, None),
-            outputs: Vec::new(),
             timeout: s.timeout.and_then(|t| t.to_std()),
-            judge: Judge::default(),
             image: t.image.clone(),
-            stream: true,
-            agent: None,
-            fix: None,
+            ..Assignment::command(&self.run_id, &label, command)
         };
         self.attempts(&label, a, s.attempts.unwrap_or(1)).await
     }
