@@ -6,6 +6,7 @@ mod registry;
 mod run_actor;
 mod scripted;
 mod service;
+mod submit;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -136,6 +137,57 @@ enum Command {
         /// Assignments run at once (default: one per core).
         #[arg(long, value_name = "N")]
         slots: Option<u32>,
+        /// A file holding the token the coordinator requires.
+        #[arg(long, value_name = "FILE")]
+        token_file: Option<PathBuf>,
+    },
+    /// Serve runs for `steppe submit` and assignments for `steppe worker`s.
+    ///
+    /// A long-lived coordinator: pipelines are submitted to it (with every file
+    /// they read), their steps go on its queue, and workers anywhere take them.
+    /// With --token-file every call (submissions and worker sessions) must carry
+    /// that token. History lives in DIR/steppe.db, artifacts in DIR/artifacts
+    /// (which workers on other hosts must share).
+    ///
+    /// Example:
+    ///   steppe coordinator --listen 127.0.0.1:7070 --token-file token
+    ///   steppe worker --coordinator http://127.0.0.1:7070 --token-file token
+    ///   steppe submit ci.yml --job build --coordinator http://127.0.0.1:7070 --token-file token
+    #[command(verbatim_doc_comment)]
+    Coordinator {
+        #[arg(long, value_name = "ADDR")]
+        listen: std::net::SocketAddr,
+        /// Worker slots inside the coordinator itself (default 0: only remote workers).
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        workers: usize,
+        /// Where the coordinator keeps history, artifacts and submissions.
+        #[arg(long, value_name = "DIR", default_value = ".steppe-coordinator")]
+        state: PathBuf,
+        #[arg(long, value_name = "FILE")]
+        token_file: Option<PathBuf>,
+    },
+    /// Run a pipeline on a coordinator and follow it like `steppe run`.
+    ///
+    /// Loads the pipeline here first (so problems show before anything is sent),
+    /// sends it with every file it reads, and prints the run's output as it
+    /// happens. Exits like `steppe run` (or, with --test, like `steppe test`).
+    #[command(verbatim_doc_comment)]
+    Submit {
+        pipeline: PathBuf,
+        #[arg(long)]
+        job: Option<String>,
+        /// Run every job and check the asserts, like `steppe test`.
+        #[arg(long)]
+        test: bool,
+        #[arg(long, value_name = "URL")]
+        coordinator: String,
+        #[arg(long, value_name = "FILE")]
+        token_file: Option<PathBuf>,
+        /// Answer an ask_user question ahead (SUBSTRING=ANSWER; repeatable).
+        #[arg(long = "answer", value_name = "SUBSTRING=ANSWER")]
+        answer: Vec<String>,
+        #[command(flatten)]
+        vars: VarArgs,
     },
     /// Show recorded runs of a pipeline (read-only; never creates the store).
     ///
@@ -298,7 +350,15 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Approvals { pipeline } => approvals(&pipeline),
         Command::Approve { pipeline, id, reason } => decide(&pipeline, id, true, &reason),
         Command::Reject { pipeline, id, reason } => decide(&pipeline, id, false, &reason),
-        Command::Worker { coordinator, slots } => worker(&coordinator, slots),
+        Command::Worker { coordinator, slots, token_file } => worker(&coordinator, slots, token_file.as_deref()),
+        Command::Coordinator { listen, workers, state, token_file } => coordinator(listen, workers, &state, token_file.as_deref()),
+        Command::Submit { pipeline, job, test, coordinator, token_file, answer, vars } => {
+            let token = submit::read_token(token_file.as_deref())?;
+            let vars = vars.resolve()?.into_iter().collect();
+            let rt = runtime()?;
+            let code = rt.block_on(submit::submit(&coordinator, token.as_deref(), &pipeline, job.as_deref(), test, vars, answer))?;
+            Ok(ExitCode::from(u8::try_from(code).unwrap_or(2)))
+        }
         Command::Schema => {
             println!("{}", schema::pipeline_schema_json());
             Ok(ExitCode::SUCCESS)
@@ -353,13 +413,24 @@ fn load_reporting(path: &Path, opts: &LoadOptions) -> Result<steppe_shared::Load
     })
 }
 
-/// Builds the engine: a local artifact store, the in-process queue and
-/// Dispatcher, `--workers` local worker loops and, with `--listen`, the worker
-/// service for remote `steppe worker`s. Must be called inside the runtime.
-async fn engine(loaded: &steppe_shared::Loaded, exec: &ExecArgs, scripted: Option<(String, Option<String>)>) -> Result<Arc<engine::Engine>> {
+/// The process-wide parts every run shares: the artifact store, the queue and
+/// Dispatcher, the EventHub (with the run store), the WorkerRegistry, local
+/// worker loops, and (with a listener) the worker and submission services.
+pub struct Services {
+    pub store: Arc<dyn steppe_shared::artifacts::ArtifactStore>,
+    pub dispatcher: Arc<dispatch::Dispatcher>,
+    pub out: Arc<engine::EventHub>,
+    pub registry: registry::WorkerRegistry,
+    pub cancel_tx: Arc<tokio::sync::watch::Sender<bool>>,
+    pub cancel_rx: tokio::sync::watch::Receiver<bool>,
+    /// Where submitted pipelines are unpacked.
+    pub state: PathBuf,
+}
+
+/// Starts the shared parts; `state` holds artifacts (and submissions), `db` the run store.
+async fn start_services(state: &Path, db: &Path, slots: usize, quiet: bool, listen: Option<std::net::SocketAddr>, token: Option<String>) -> Result<Arc<Services>> {
     use steppe_shared::artifacts::LocalArtifactStore;
     use steppe_shared::queue::InProcessQueue;
-    let state = loaded.dir.join(".steppe");
     let artifact_dir = state.join("artifacts");
     let store: Arc<dyn steppe_shared::artifacts::ArtifactStore> = Arc::new(
         LocalArtifactStore::new(&artifact_dir).with_context(|| format!("creating {}", artifact_dir.display()))?,
@@ -367,29 +438,27 @@ async fn engine(loaded: &steppe_shared::Loaded, exec: &ExecArgs, scripted: Optio
     let artifact_dir = artifact_dir.canonicalize().unwrap_or(artifact_dir);
     let work = std::env::temp_dir().join(format!("steppe-work-{}", std::process::id()));
     std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
-    let slots = exec.workers.unwrap_or_else(cores);
-    if slots == 0 && exec.listen.is_none() {
+    if slots == 0 && listen.is_none() {
         anyhow::bail!("--workers 0 leaves nobody to run steps; add --listen ADDR and start `steppe worker`s");
     }
-    let db = steppe_shared::store::db_path(&loaded.path);
-    let runs: Arc<dyn steppe_shared::store::Store> = Arc::new(steppe_shared::store::SqliteStore::open(&db)?);
-    let out = Arc::new(engine::Output::start(exec.quiet, Some(runs)).await.context("starting the event hub")?);
-    let (_cancel_tx, cancel_rx) = tokio::sync::watch::channel(false);
+    let runs: Arc<dyn steppe_shared::store::Store> = Arc::new(steppe_shared::store::SqliteStore::open(db)?);
+    let out = Arc::new(engine::Output::start(quiet, Some(runs)).await.context("starting the event hub")?);
+    let (cancel_tx, cancel_rx) = tokio::sync::watch::channel(false);
     let dispatcher = dispatch::Dispatcher::start(Arc::new(InProcessQueue::new())).await.context("starting the dispatcher")?;
     let registry = registry::WorkerRegistry::start(out.clone()).await.context("starting the worker registry")?;
     steppe_worker::local::spawn_local_workers(slots, dispatcher.queue.clone(), store.clone(), work, out.clone(), dispatcher.clone(), dispatcher.local.clone());
     if slots > 0 {
         registry.joined("local", slots as u32, false);
     }
-    if let Some(addr) = exec.listen {
-        let svc = service::WorkerService { dispatcher: dispatcher.clone(), sink: out.clone(), artifact_dir, registry: registry.clone() };
+    let svc = Arc::new(Services { store, dispatcher, out, registry, cancel_tx: Arc::new(cancel_tx), cancel_rx, state: state.to_path_buf() });
+    if let Some(addr) = listen {
         let listener = std::net::TcpListener::bind(addr).with_context(|| format!("--listen {addr}"))?;
         listener.set_nonblocking(true)?;
         let listener = tokio::net::TcpListener::from_std(listener)?;
         let bound = listener.local_addr()?;
-        out.note(&format!("serving workers on {bound}"));
+        svc.out.note(&format!("serving workers on {bound}"));
         if slots == 0 {
-            let (registry, out) = (registry.clone(), out.clone());
+            let (registry, out) = (svc.registry.clone(), svc.out.clone());
             tokio::spawn(async move {
                 tokio::time::sleep(std::time::Duration::from_secs(5)).await;
                 if registry.list().await.is_empty() {
@@ -397,11 +466,15 @@ async fn engine(loaded: &steppe_shared::Loaded, exec: &ExecArgs, scripted: Optio
                 }
             });
         }
+        let workers = service::WorkerService { dispatcher: svc.dispatcher.clone(), sink: svc.out.clone(), artifact_dir, registry: svc.registry.clone() };
+        let runs = submit::RunService { svc: svc.clone() };
+        let auth = submit::TokenCheck::new(token, svc.out.clone());
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
         tokio::spawn(async move {
             let r = tonic::transport::Server::builder()
                 .tcp_nodelay(true)
-                .add_service(svc.server())
+                .add_service(steppe_proto::v1::coordinator_server::CoordinatorServer::with_interceptor(workers, auth.clone()))
+                .add_service(steppe_proto::v1::runs_server::RunsServer::with_interceptor(runs, auth))
                 .serve_with_incoming(incoming)
                 .await;
             if let Err(e) = r {
@@ -409,28 +482,50 @@ async fn engine(loaded: &steppe_shared::Loaded, exec: &ExecArgs, scripted: Optio
             }
         });
     }
+    Ok(svc)
+}
+
+/// An engine for one loaded pipeline on the shared services.
+fn make_engine(svc: &Services, loaded: &steppe_shared::Loaded, answers: Vec<(String, String)>, scripted: Option<(String, Option<String>)>) -> Arc<engine::Engine> {
     let dir = if loaded.dir.as_os_str().is_empty() { PathBuf::from(".") } else { loaded.dir.clone() };
-    Ok(Arc::new(engine::Engine {
+    Arc::new(engine::Engine {
         pipeline: Arc::new(loaded.pipeline.clone()),
         dir,
         pipeline_path: loaded.path.clone(),
-        store,
-        dispatcher,
-        out,
-        cancel: cancel_rx,
-        cancel_tx: _cancel_tx,
+        store: svc.store.clone(),
+        dispatcher: svc.dispatcher.clone(),
+        out: svc.out.clone(),
+        cancel: svc.cancel_rx.clone(),
+        cancel_tx: svc.cancel_tx.clone(),
         env_model: LoadOptions::from_env(Default::default()).env_model,
         scripted: scripted.as_ref().map(|(p, _)| p.clone()),
         scripted_fallback: scripted.and_then(|(_, f)| f),
-        answers: exec
-            .answer
-            .iter()
-            .map(|a| match a.split_once('=') {
-                Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
-                _ => Err(anyhow::anyhow!("--answer {a}: expected SUBSTRING=ANSWER")),
-            })
-            .collect::<Result<_>>()?,
-    }))
+        answers,
+    })
+}
+
+fn parse_answers(answers: &[String]) -> Result<Vec<(String, String)>> {
+    answers
+        .iter()
+        .map(|a| match a.split_once('=') {
+            Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+            _ => Err(anyhow::anyhow!("--answer {a}: expected SUBSTRING=ANSWER")),
+        })
+        .collect()
+}
+
+/// Builds the engine of embedded mode: services under the pipeline's `.steppe/`.
+async fn engine(loaded: &steppe_shared::Loaded, exec: &ExecArgs, scripted: Option<(String, Option<String>)>) -> Result<Arc<engine::Engine>> {
+    let svc = start_services(
+        &loaded.dir.join(".steppe"),
+        &steppe_shared::store::db_path(&loaded.path),
+        exec.workers.unwrap_or_else(cores),
+        exec.quiet,
+        exec.listen,
+        None,
+    )
+    .await?;
+    Ok(make_engine(&svc, loaded, parse_answers(&exec.answer)?, scripted))
 }
 
 fn cores() -> usize {
@@ -439,7 +534,11 @@ fn cores() -> usize {
 
 /// Runs one job, turning Ctrl-C into an abort (hooks still get their grace).
 async fn run_one(engine: &Arc<engine::Engine>, job: &steppe_shared::model::Job) -> engine::JobResult {
-    let run = engine::JobRun::new(engine.clone(), job.clone(), run_id());
+    run_one_as(engine, job, run_id()).await
+}
+
+async fn run_one_as(engine: &Arc<engine::Engine>, job: &steppe_shared::model::Job, id: String) -> engine::JobResult {
+    let run = engine::JobRun::new(engine.clone(), job.clone(), id);
     let fut = run_actor::run_in_actor(run);
     tokio::pin!(fut);
     tokio::select! {
@@ -596,14 +695,29 @@ fn test(path: &Path, script: Option<&Path>, dump: Option<&Path>, exec: &ExecArgs
     Ok(ExitCode::SUCCESS)
 }
 
-fn worker(url: &str, slots: Option<u32>) -> Result<ExitCode> {
+fn coordinator(listen: std::net::SocketAddr, workers: usize, state: &Path, token_file: Option<&Path>) -> Result<ExitCode> {
+    let token = submit::read_token(token_file)?;
+    let rt = runtime()?;
+    rt.block_on(async {
+        std::fs::create_dir_all(state).with_context(|| format!("creating {}", state.display()))?;
+        let svc = start_services(state, &state.join("steppe.db"), workers, false, Some(listen), token).await?;
+        tokio::signal::ctrl_c().await.ok();
+        svc.out.note("steppe coordinator: stopping");
+        svc.out.flush().await;
+        anyhow::Ok(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn worker(url: &str, slots: Option<u32>, token_file: Option<&Path>) -> Result<ExitCode> {
+    let token = submit::read_token(token_file)?;
     let rt = runtime()?;
     let slots = slots.unwrap_or(cores() as u32);
     let name = format!("{}:{}", std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".into()), std::process::id());
     let work = std::env::temp_dir().join(format!("steppe-worker-{}", std::process::id()));
     std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
     eprintln!("steppe worker {name}: connecting to {url} with {slots} slot(s)");
-    rt.block_on(steppe_worker::remote::run(url, slots, &name, work.clone()))?;
+    rt.block_on(steppe_worker::remote::run(url, slots, &name, work.clone(), token))?;
     let _ = std::fs::remove_dir_all(&work);
     eprintln!("steppe worker {name}: the coordinator closed the session");
     Ok(ExitCode::SUCCESS)

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use steppe_proto::v1::coordinator_server::{Coordinator, CoordinatorServer};
+use steppe_proto::v1::coordinator_server::Coordinator;
 use steppe_proto::v1::{coordinator_message, worker_message, CoordinatorMessage, Welcome, WorkerMessage};
 use steppe_shared::assignment::Assignment;
 use steppe_worker::exec::{LineSink, Stream};
@@ -23,12 +23,6 @@ pub struct WorkerService {
     pub sink: Arc<dyn LineSink>,
     pub artifact_dir: PathBuf,
     pub registry: WorkerRegistry,
-}
-
-impl WorkerService {
-    pub fn server(self) -> CoordinatorServer<Self> {
-        CoordinatorServer::new(self)
-    }
 }
 
 type InFlight = Arc<Mutex<HashMap<String, (Assignment, OwnedSemaphorePermit)>>>;

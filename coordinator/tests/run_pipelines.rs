@@ -308,3 +308,56 @@ fn readme_examples_work() {
     assert_eq!(out.status.code(), Some(0), "{t}");
     assert!(t.contains("PASS build") && t.contains("PASS deploy") && t.contains("2/2 passed"), "{t}");
 }
+
+/// `steppe coordinator` + two `steppe worker`s + `steppe submit`: the
+/// self-checking pipelines pass through a coordinator exactly as through
+/// `steppe test`, and every call must carry the coordinator's token.
+#[test]
+fn submit_through_a_coordinator_and_two_workers() {
+    use std::io::{BufRead, BufReader};
+    let work = scratch("coordinator");
+    std::fs::write(work.join("token"), "t0ken\n").expect("token");
+    let mut coord = Command::new(env!("CARGO_BIN_EXE_steppe"))
+        .args(["coordinator", "--listen", "127.0.0.1:0", "--token-file", "token", "--state", "state"])
+        .current_dir(&work)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn coordinator");
+    let mut lines = BufReader::new(coord.stdout.take().expect("stdout")).lines();
+    let first = lines.next().expect("line").expect("utf8");
+    let url = format!("http://{}", first.strip_prefix("serving workers on ").expect("address line"));
+    std::thread::spawn(move || for _ in lines.by_ref() {});
+    let worker = |token: bool| {
+        let mut args = vec!["worker", "--coordinator", url.as_str(), "--slots", "2"];
+        if token {
+            args.extend(["--token-file", "token"]);
+        }
+        Command::new(env!("CARGO_BIN_EXE_steppe")).args(&args).current_dir(&work).stderr(std::process::Stdio::piped()).spawn().expect("spawn worker")
+    };
+    let mut workers = vec![worker(true), worker(true)];
+    let intruder = worker(false).wait_with_output().expect("intruder");
+    assert_ne!(intruder.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&intruder.stderr).contains("valid token is required"));
+    for name in ["blocks.yml", "workspace.yml", "resources.yml", "modifiers.yml", "passed.yml", "expr-resources.yml"] {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/run").join(name);
+        std::fs::copy(&src, work.join(name)).expect("copy");
+        let c = work.join(format!("counter-{name}")).to_string_lossy().into_owned();
+        let out = steppe(&["submit", name, "--test", "--coordinator", &url, "--token-file", "token", "--var", &format!("counter={c}"), "--var", "loop=unused"], &work);
+        let t = text(&out);
+        assert_eq!(out.status.code(), Some(0), "{name} through the coordinator:\n{t}");
+        assert!(t.lines().any(|l| l.ends_with(" passed")), "{t}");
+    }
+    // Exit codes carry over: a failing job is 1, a missing token is refused.
+    std::fs::write(work.join("fail.yml"), "jobs:\n- name: j\n  plan:\n  - task: t\n    run: exit 3\n").expect("write");
+    let out = steppe(&["submit", "fail.yml", "--coordinator", &url, "--token-file", "token"], &work);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("exit status 3"), "{}", text(&out));
+    let out = steppe(&["submit", "fail.yml", "--coordinator", &url], &work);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out).contains("refused the submission"), "{}", text(&out));
+    let _ = coord.kill();
+    let _ = coord.wait();
+    for w in &mut workers {
+        let _ = w.wait();
+    }
+}

@@ -45,6 +45,9 @@ pub struct Loaded {
     pub dir: PathBuf,
     pub files: SourceFiles,
     pub source_map: SourceMap,
+    /// Every file the load read besides the pipeline (includes and `*_file`
+    /// fields), relative to `dir`: what a remote coordinator needs with it.
+    pub read_files: Vec<String>,
 }
 
 /// Key path → position, for every key and list item of the loaded document.
@@ -143,6 +146,13 @@ pub fn load_file(path: &Path, opts: &LoadOptions) -> Result<Loaded, Diagnostics>
 
 /// Loads and validates pipeline `text` as if read from `path`.
 pub fn load_str(text: &str, path: &Path, opts: &LoadOptions) -> Result<Loaded, Diagnostics> {
+    READS.with(|r| r.borrow_mut().clear());
+    let mut loaded = load_str_inner(text, path, opts)?;
+    loaded.read_files = READS.with(|r| std::mem::take(&mut *r.borrow_mut()));
+    Ok(loaded)
+}
+
+fn load_str_inner(text: &str, path: &Path, opts: &LoadOptions) -> Result<Loaded, Diagnostics> {
     let dir = path
         .parent()
         .map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p })
@@ -213,6 +223,7 @@ pub fn load_str(text: &str, path: &Path, opts: &LoadOptions) -> Result<Loaded, D
         dir,
         files,
         source_map: map,
+        read_files: Vec::new(),
     })
 }
 
@@ -245,6 +256,7 @@ fn inline_includes(
                 continue;
             }
             let full = dir.join(&rel);
+            note_read(&rel);
             let text = match std::fs::read_to_string(&full) {
                 Ok(t) => t,
                 Err(_) => {
@@ -305,8 +317,23 @@ fn inline_includes(
     }
 }
 
+thread_local! {
+    /// Files a load read besides the pipeline, relative to its directory.
+    static READS: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn note_read(rel: &str) {
+    READS.with(|r| {
+        let mut r = r.borrow_mut();
+        if !r.iter().any(|x| x == rel) {
+            r.push(rel.to_string());
+        }
+    });
+}
+
 /// Reads a `*_file` path relative to the pipeline directory.
 fn read_relative(dir: &Path, rel: &str, key: &str) -> Result<String, String> {
+    note_read(rel);
     let full = dir.join(rel);
     let text = std::fs::read_to_string(&full)
         .map_err(|_| format!("{key}: no such file relative to the pipeline directory: {rel}"))?;
@@ -654,6 +681,7 @@ mod tests {
             ]
         );
         assert_eq!(l.pipeline.agents[0].system.as_deref(), Some("You are terse.\n"));
+        assert_eq!(l.read_files, vec!["inc/persona.md", "inc/run.sh", "inc/m1.md"]);
     }
 
     #[test]

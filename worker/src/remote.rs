@@ -26,6 +26,8 @@ pub enum WorkerError {
     NoWelcome,
     #[error("artifact directory {dir}: {source}")]
     Artifacts { dir: String, source: std::io::Error },
+    #[error("the token holds characters a header cannot carry")]
+    Token,
 }
 
 struct Lines {
@@ -49,11 +51,25 @@ impl LineSink for Lines {
     }
 }
 
-/// Serves one coordinator until it closes the session.
-pub async fn run(url: &str, slots: u32, name: &str, work_root: PathBuf) -> Result<(), WorkerError> {
-    let mut client = CoordinatorClient::connect(url.to_string())
+/// Serves one coordinator until it closes the session. `token` is sent as a
+/// bearer token on the session when the coordinator requires one.
+pub async fn run(url: &str, slots: u32, name: &str, work_root: PathBuf, token: Option<String>) -> Result<(), WorkerError> {
+    let channel = tonic::transport::Endpoint::from_shared(url.to_string())
+        .map_err(|source| WorkerError::Connect { url: url.to_string(), source })?
+        .tcp_nodelay(true)
+        .connect()
         .await
         .map_err(|source| WorkerError::Connect { url: url.to_string(), source })?;
+    let header: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>> = match &token {
+        Some(t) => Some(format!("Bearer {t}").parse().map_err(|_| WorkerError::Token)?),
+        None => None,
+    };
+    let mut client = CoordinatorClient::with_interceptor(channel, move |mut req: tonic::Request<()>| {
+        if let Some(h) = &header {
+            req.metadata_mut().insert("authorization", h.clone());
+        }
+        Ok(req)
+    });
     let (tx, rx) = mpsc::channel::<WorkerMessage>(1024);
     let _ = tx
         .send(WorkerMessage { msg: Some(worker_message::Msg::Hello(Hello { worker: name.to_string(), slots })) })

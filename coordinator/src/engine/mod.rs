@@ -38,7 +38,7 @@ pub struct Engine {
     pub dispatcher: Arc<Dispatcher>,
     pub out: Arc<Output>,
     pub cancel: watch::Receiver<bool>,
-    pub cancel_tx: watch::Sender<bool>,
+    pub cancel_tx: Arc<watch::Sender<bool>>,
     /// `$STEPPE_MODEL`: the model of agents that name none.
     pub env_model: Option<String>,
     /// `steppe test --script`: every agent talks to this scripted model.

@@ -27,6 +27,9 @@ pub enum Event {
     Step(StepRecord),
     /// Reply once everything before it is in the store.
     Flush(RpcReplyPort<()>),
+    /// Also send a run's lines here (a `steppe submit` following it).
+    Watch { run_id: String, tx: tokio::sync::mpsc::UnboundedSender<String> },
+    Unwatch(String),
 }
 
 struct HubActor;
@@ -39,6 +42,7 @@ pub struct HubState {
     live: bool,
     running: Vec<(String, std::time::Instant)>,
     status_shown: bool,
+    watchers: std::collections::HashMap<String, tokio::sync::mpsc::UnboundedSender<String>>,
 }
 
 impl HubState {
@@ -71,6 +75,14 @@ impl HubState {
         let _ = write!(out, "\r\x1b[2K{line}");
         let _ = out.flush();
         self.status_shown = true;
+    }
+
+    /// A line of a run: printed here and sent to whoever follows the run.
+    fn emit(&mut self, run_id: &str, line: &str) {
+        if let Some(tx) = self.watchers.get(run_id) {
+            let _ = tx.send(line.to_string());
+        }
+        self.say(line);
     }
 
     fn event(&self, run_id: &str, kind: &str, step: &str, message: &str) {
@@ -118,7 +130,7 @@ impl Actor for HubActor {
         if live && !quiet {
             let _ = me.send_interval(Duration::from_millis(500), || Event::Tick);
         }
-        Ok(HubState { quiet, store, batch: Vec::new(), live, running: Vec::new(), status_shown: false })
+        Ok(HubState { quiet, store, batch: Vec::new(), live, running: Vec::new(), status_shown: false, watchers: Default::default() })
     }
 
     async fn handle(&self, _me: ActorRef<Event>, ev: Event, st: &mut HubState) -> Result<(), ActorProcessingErr> {
@@ -127,25 +139,25 @@ impl Actor for HubActor {
             Event::Started { run_id, step } => {
                 st.event(&run_id, "started", &step, "");
                 st.running.push((step.clone(), std::time::Instant::now()));
-                st.say(&format!("▶ {step}"));
+                st.emit(&run_id, &format!("▶ {step}"));
             }
             Event::RunNote { run_id, line } => {
                 st.event(&run_id, "note", "", &line);
-                st.say(&line);
+                st.emit(&run_id, &line);
             }
             Event::Ended { run_id, step, outcome, line } => {
                 st.event(&run_id, "ended", &step, &outcome);
                 if let Some(i) = st.running.iter().position(|(s, _)| *s == step) {
                     st.running.remove(i);
                 }
-                st.say(&line);
+                st.emit(&run_id, &line);
                 if st.running.is_empty() {
                     st.clear_status();
                 }
             }
             Event::Tick => st.status(),
             Event::Line { run_id, line } => {
-                st.say(&format!("[{}] {}", line.step, line.line));
+                st.emit(&run_id, &format!("[{}] {}", line.step, line.line));
                 if st.store.is_some() {
                     st.batch.push((run_id, line));
                     if st.batch.len() >= 500 {
@@ -160,6 +172,12 @@ impl Actor for HubActor {
                         eprintln!("steppe: recording step {}: {e}", rec.name);
                     }
                 }
+            }
+            Event::Watch { run_id, tx } => {
+                st.watchers.insert(run_id, tx);
+            }
+            Event::Unwatch(run_id) => {
+                st.watchers.remove(&run_id);
             }
             Event::Flush(reply) => {
                 st.clear_status();
@@ -205,6 +223,15 @@ impl EventHub {
             Err(e) => format!("✘ {step} {} ({secs:.2}s): {}", Outcome::of(r).word(), e.message),
         };
         let _ = self.actor.cast(Event::Ended { run_id: run_id.to_string(), step: step.to_string(), outcome: Outcome::of(r).word().to_string(), line });
+    }
+
+    /// Sends `run_id`'s lines to `tx` as well, until [`EventHub::unwatch`].
+    pub fn watch(&self, run_id: &str, tx: tokio::sync::mpsc::UnboundedSender<String>) {
+        let _ = self.actor.cast(Event::Watch { run_id: run_id.to_string(), tx });
+    }
+
+    pub fn unwatch(&self, run_id: &str) {
+        let _ = self.actor.cast(Event::Unwatch(run_id.to_string()));
     }
 
     /// A note that belongs to a run: printed and kept with the run's events.

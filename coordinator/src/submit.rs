@@ -1,0 +1,294 @@
+//! `steppe coordinator` serves submissions; `steppe submit` sends a pipeline
+//! (with every file it reads) to one and follows the run: the same lines
+//! `steppe run`/`steppe test` print, then the same exit code.
+
+use std::collections::HashMap;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+
+use steppe_proto::v1::runs_client::RunsClient;
+use steppe_proto::v1::runs_server::Runs;
+use steppe_proto::v1::{run_event, BundleFile, RunEvent, RunFinished, SubmitRequest};
+use steppe_shared::outcome::{Class, Outcome};
+use steppe_shared::{load_file, LoadOptions};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::MetadataValue;
+use tonic::{Request, Response, Status};
+
+use crate::engine::EventHub;
+use crate::Services;
+
+/// Checks the bearer token on every call when the coordinator has one.
+#[derive(Clone)]
+pub struct TokenCheck {
+    token: Option<Arc<String>>,
+    out: Arc<EventHub>,
+}
+
+impl TokenCheck {
+    pub fn new(token: Option<String>, out: Arc<EventHub>) -> Self {
+        TokenCheck { token: token.map(Arc::new), out }
+    }
+}
+
+impl tonic::service::Interceptor for TokenCheck {
+    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
+        let Some(want) = &self.token else { return Ok(req) };
+        let got = req.metadata().get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+        if got == Some(want.as_str()) {
+            return Ok(req);
+        }
+        let peer = req.remote_addr().map(|a| a.to_string()).unwrap_or_else(|| "unknown".into());
+        self.out.note(&format!("refused an unauthenticated call from {peer}"));
+        Err(Status::unauthenticated("a valid token is required (steppe … --token-file F)"))
+    }
+}
+
+/// Adds the bearer token to every outgoing call.
+#[derive(Clone)]
+pub struct WithToken(pub Option<MetadataValue<tonic::metadata::Ascii>>);
+
+impl tonic::service::Interceptor for WithToken {
+    fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
+        if let Some(t) = &self.0 {
+            req.metadata_mut().insert("authorization", t.clone());
+        }
+        Ok(req)
+    }
+}
+
+pub fn read_token(file: Option<&Path>) -> anyhow::Result<Option<String>> {
+    let Some(f) = file else { return Ok(None) };
+    let t = std::fs::read_to_string(f).map_err(|e| anyhow::anyhow!("--token-file {}: {e}", f.display()))?;
+    let t = t.trim().to_string();
+    if t.is_empty() {
+        anyhow::bail!("--token-file {} is empty", f.display());
+    }
+    Ok(Some(t))
+}
+
+pub fn bearer(token: Option<&str>) -> anyhow::Result<WithToken> {
+    Ok(WithToken(match token {
+        Some(t) => Some(format!("Bearer {t}").parse().map_err(|_| anyhow::anyhow!("the token holds characters a header cannot carry"))?),
+        None => None,
+    }))
+}
+
+pub struct RunService {
+    pub svc: Arc<Services>,
+}
+
+type Lines = mpsc::UnboundedSender<String>;
+
+/// Where a bundle unpacks: nested deep enough that `..` paths stay inside `root`.
+fn unpack(root: &Path, pipeline: &str, files: &[BundleFile]) -> Result<PathBuf, String> {
+    let mut depth = 0usize;
+    for f in files {
+        let p = Path::new(&f.path);
+        if p.is_absolute() {
+            return Err(format!("bundle path {:?} must be relative", f.path));
+        }
+        let mut level: isize = 0;
+        for c in p.components() {
+            match c {
+                Component::ParentDir => level -= 1,
+                Component::Normal(_) => level += 1,
+                Component::CurDir => {}
+                _ => return Err(format!("bundle path {:?} is not a plain relative path", f.path)),
+            }
+            depth = depth.max((-level).max(0) as usize);
+        }
+    }
+    if depth > 16 {
+        return Err("bundle paths climb more than 16 directories".into());
+    }
+    let mut dir = root.to_path_buf();
+    for i in 0..depth {
+        dir.push(format!("d{i}"));
+    }
+    for f in files {
+        let full = dir.join(&f.path);
+        if let Some(parent) = full.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+        }
+        std::fs::write(&full, &f.content).map_err(|e| format!("{}: {e}", full.display()))?;
+    }
+    if Path::new(pipeline).components().count() != 1 {
+        return Err(format!("pipeline name {pipeline:?} must be a file name"));
+    }
+    Ok(dir.join(pipeline))
+}
+
+impl RunService {
+    async fn handle(&self, req: SubmitRequest, lines: &Lines) -> i32 {
+        let id = crate::run_id();
+        let root = self.svc.state.join("submissions").join(&id);
+        let path = match unpack(&root, &req.pipeline, &req.files) {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = lines.send(format!("steppe: error: {e}"));
+                return 2;
+            }
+        };
+        let opts = LoadOptions { vars: req.vars.clone().into_iter().collect(), ..LoadOptions::from_env(Default::default()) };
+        let loaded = match load_file(&path, &opts) {
+            Ok(l) => l,
+            Err(diags) => {
+                for d in diags.iter() {
+                    let _ = lines.send(d.to_string());
+                }
+                let _ = lines.send(format!("steppe: error: {} problem(s) in {}", diags.len(), req.pipeline));
+                return 2;
+            }
+        };
+        let answers = match crate::parse_answers(&req.answers) {
+            Ok(a) => a,
+            Err(e) => {
+                let _ = lines.send(format!("steppe: error: {e}"));
+                return 2;
+            }
+        };
+        let engine = crate::make_engine(&self.svc, &loaded, answers, None);
+        let jobs = loaded.pipeline.jobs.clone();
+        let run = |job: steppe_shared::model::Job| {
+            let engine = engine.clone();
+            let lines = lines.clone();
+            async move {
+                let run_id = crate::run_id();
+                engine.out.watch(&run_id, lines);
+                let r = crate::run_one_as(&engine, &job, run_id.clone()).await;
+                engine.out.flush().await;
+                engine.out.unwatch(&run_id);
+                r
+            }
+        };
+        if req.test {
+            let mut failures = Vec::new();
+            for job in &jobs {
+                let r = run(job.clone()).await;
+                match r.result {
+                    Ok(()) => drop(lines.send(format!("PASS {}", job.name))),
+                    Err(e) => {
+                        let _ = lines.send(format!("FAIL {}: {}", job.name, e.message));
+                        if e.class == Class::Aborted {
+                            return 130;
+                        }
+                        failures.push((job.name.clone(), e.message));
+                    }
+                }
+            }
+            if let Some(want) = loaded.pipeline.assert.as_ref().and_then(|a| a.execution.as_ref()) {
+                let got: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
+                if want != &got {
+                    let _ = lines.send(format!("steppe: error: pipeline assert.execution mismatch\n  want: [{}]\n  got:  [{}]", want.join(", "), got.join(", ")));
+                    return 2;
+                }
+            }
+            if !failures.is_empty() {
+                let _ = lines.send(format!("steppe: error: test: {} job(s) failed:", failures.len()));
+                for (j, e) in &failures {
+                    let _ = lines.send(format!("  {j}: {e}"));
+                }
+                return 2;
+            }
+            let _ = lines.send(format!("{}/{} passed", jobs.len(), jobs.len()));
+            return 0;
+        }
+        let job = match (req.job.as_str(), jobs.len()) {
+            ("", 1) => jobs[0].clone(),
+            ("", _) => {
+                let names: Vec<&str> = jobs.iter().map(|j| j.name.as_str()).collect();
+                let _ = lines.send(format!("steppe: error: {} has {} jobs; pick one with --job ({})", req.pipeline, jobs.len(), names.join(", ")));
+                return 2;
+            }
+            (name, _) => match jobs.iter().find(|j| j.name == name) {
+                Some(j) => j.clone(),
+                None => {
+                    let _ = lines.send(format!("steppe: error: job \"{name}\" is not in {}", req.pipeline));
+                    return 2;
+                }
+            },
+        };
+        let r = run(job.clone()).await;
+        let _ = lines.send(format!("execution: [{}]", r.log.join(", ")));
+        let outcome = Outcome::of(&r.result);
+        match &r.result {
+            Ok(()) => drop(lines.send(format!("job {} succeeded", job.name))),
+            Err(e) => drop(lines.send(format!("job {} {}: {}", job.name, outcome.word(), e.message))),
+        }
+        i32::from(outcome.exit_code())
+    }
+}
+
+#[tonic::async_trait]
+impl Runs for RunService {
+    type SubmitStream = ReceiverStream<Result<RunEvent, Status>>;
+
+    async fn submit(&self, req: Request<SubmitRequest>) -> Result<Response<Self::SubmitStream>, Status> {
+        let req = req.into_inner();
+        let (tx, rx) = mpsc::channel(1024);
+        let (ltx, mut lrx) = mpsc::unbounded_channel::<String>();
+        let forward_tx = tx.clone();
+        let forward = tokio::spawn(async move {
+            while let Some(l) = lrx.recv().await {
+                if forward_tx.send(Ok(RunEvent { event: Some(run_event::Event::Line(l)) })).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let me = RunService { svc: self.svc.clone() };
+        tokio::spawn(async move {
+            let code = me.handle(req, &ltx).await;
+            drop(ltx);
+            let _ = forward.await;
+            let fin = RunFinished { exit_code: code, message: String::new() };
+            let _ = tx.send(Ok(RunEvent { event: Some(run_event::Event::Finished(fin)) })).await;
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+/// `steppe submit`: loads the pipeline here (so problems show before anything
+/// is sent), sends it with every file it reads, prints what comes back.
+pub async fn submit(url: &str, token: Option<&str>, path: &Path, job: Option<&str>, test: bool, vars: HashMap<String, String>, answers: Vec<String>) -> anyhow::Result<i32> {
+    let opts = LoadOptions::from_env(vars.clone().into_iter().collect());
+    let loaded = match load_file(path, &opts) {
+        Ok(l) => l,
+        Err(diags) => {
+            for d in diags.iter() {
+                eprintln!("{d}");
+            }
+            eprintln!("steppe: error: {} problem(s) in {}", diags.len(), path.display());
+            return Ok(2);
+        }
+    };
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let mut files = vec![BundleFile { path: name.clone(), content: std::fs::read(path)? }];
+    for rel in &loaded.read_files {
+        let full = loaded.dir.join(rel);
+        files.push(BundleFile { path: rel.clone(), content: std::fs::read(&full).map_err(|e| anyhow::anyhow!("{}: {e}", full.display()))? });
+    }
+    let channel = tonic::transport::Endpoint::from_shared(url.to_string())
+        .map_err(|e| anyhow::anyhow!("--coordinator {url}: {e}"))?
+        .connect()
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot reach the coordinator at {url}: {e}"))?;
+    let mut client = RunsClient::with_interceptor(channel, bearer(token)?);
+    let req = SubmitRequest { pipeline: name, files, job: job.unwrap_or_default().to_string(), vars, test, answers };
+    let mut stream = client.submit(req).await.map_err(|s| anyhow::anyhow!("the coordinator refused the submission: {}", s.message()))?.into_inner();
+    while let Some(ev) = stream.message().await.map_err(|s| anyhow::anyhow!("the coordinator went away: {}", s.message()))? {
+        match ev.event {
+            Some(run_event::Event::Line(l)) => {
+                if l.starts_with("steppe: error:") || l.starts_with("  ") && l.contains(": ") && !l.starts_with("  [") {
+                    eprintln!("{l}");
+                } else {
+                    println!("{l}");
+                }
+            }
+            Some(run_event::Event::Finished(f)) => return Ok(f.exit_code),
+            None => {}
+        }
+    }
+    anyhow::bail!("the coordinator ended the run's stream without saying how it finished")
+}
