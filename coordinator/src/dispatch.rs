@@ -53,8 +53,8 @@ fn aborted(id: &str, why: &str) -> AssignmentResult {
 }
 
 impl DispatcherState {
-    fn cancel(&mut self, id: &str) {
-        if self.queue.remove(id) {
+    async fn cancel(&mut self, id: &str) {
+        if self.queue.remove(id).await.unwrap_or(false) {
             if let Some(p) = self.pending.remove(id) {
                 let _ = p.send(aborted(id, "cancelled before it started"));
             }
@@ -82,21 +82,29 @@ impl Actor for DispatcherActor {
     async fn handle(&self, _me: ActorRef<Self::Msg>, msg: Self::Msg, st: &mut Self::State) -> Result<(), ActorProcessingErr> {
         match msg {
             DispatchMsg::Submit(a, reply) => {
-                st.pending.insert(a.id.clone(), reply);
-                st.queue.push(a);
+                let id = a.id.clone();
+                st.pending.insert(id.clone(), reply);
+                if let Err(e) = st.queue.push(a).await {
+                    if let Some(p) = st.pending.remove(&id) {
+                        let mut r = aborted(&id, "");
+                        r.result = Err(StepError::errored(format!("could not queue the step: {e}")));
+                        let _ = p.send(r);
+                    }
+                }
             }
             DispatchMsg::Complete(r) => {
                 st.remote.remove(&r.assignment_id);
+                let _ = st.queue.ack(&r.assignment_id).await;
                 // A result nobody waits for (a cancelled race loser, a duplicate) is dropped.
                 if let Some(p) = st.pending.remove(&r.assignment_id) {
                     let _ = p.send(r);
                 }
             }
-            DispatchMsg::Cancel(id) => st.cancel(&id),
+            DispatchMsg::Cancel(id) => st.cancel(&id).await,
             DispatchMsg::CancelAll => {
                 let ids: Vec<String> = st.pending.keys().cloned().collect();
                 for id in ids {
-                    st.cancel(&id);
+                    st.cancel(&id).await;
                 }
             }
             DispatchMsg::RunningRemotely(id, tx) => {
@@ -107,7 +115,7 @@ impl Actor for DispatcherActor {
             DispatchMsg::Requeue(a) => {
                 st.remote.remove(&a.id);
                 if st.pending.contains_key(&a.id) {
-                    st.queue.push(a);
+                    let _ = st.queue.push(a).await;
                 }
             }
         }

@@ -165,6 +165,10 @@ enum Command {
         state: PathBuf,
         #[arg(long, value_name = "FILE")]
         token_file: Option<PathBuf>,
+        /// The queue assignments wait on: redis://HOST:PORT/ (Redis Streams,
+        /// leased) instead of this process's memory.
+        #[arg(long, value_name = "URL")]
+        queue: Option<String>,
     },
     /// Run a pipeline on a coordinator and follow it like `steppe run`.
     ///
@@ -351,7 +355,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Approve { pipeline, id, reason } => decide(&pipeline, id, true, &reason),
         Command::Reject { pipeline, id, reason } => decide(&pipeline, id, false, &reason),
         Command::Worker { coordinator, slots, token_file } => worker(&coordinator, slots, token_file.as_deref()),
-        Command::Coordinator { listen, workers, state, token_file } => coordinator(listen, workers, &state, token_file.as_deref()),
+        Command::Coordinator { listen, workers, state, token_file, queue } => coordinator(listen, workers, &state, token_file.as_deref(), queue.as_deref()),
         Command::Submit { pipeline, job, test, coordinator, token_file, answer, vars } => {
             let token = submit::read_token(token_file.as_deref())?;
             let vars = vars.resolve()?.into_iter().collect();
@@ -429,6 +433,19 @@ pub struct Services {
 
 /// Starts the shared parts; `state` holds artifacts (and submissions), `db` the run store.
 async fn start_services(state: &Path, db: &Path, slots: usize, quiet: bool, listen: Option<std::net::SocketAddr>, token: Option<String>) -> Result<Arc<Services>> {
+    start_services_with(state, db, slots, quiet, listen, token, None).await
+}
+
+/// As [`start_services`], on `queue` (the in-process queue when `None`).
+async fn start_services_with(
+    state: &Path,
+    db: &Path,
+    slots: usize,
+    quiet: bool,
+    listen: Option<std::net::SocketAddr>,
+    token: Option<String>,
+    queue: Option<Arc<dyn steppe_shared::queue::Queue>>,
+) -> Result<Arc<Services>> {
     use steppe_shared::artifacts::LocalArtifactStore;
     use steppe_shared::queue::InProcessQueue;
     let artifact_dir = state.join("artifacts");
@@ -444,7 +461,8 @@ async fn start_services(state: &Path, db: &Path, slots: usize, quiet: bool, list
     let runs: Arc<dyn steppe_shared::store::Store> = Arc::new(steppe_shared::store::SqliteStore::open(db)?);
     let out = Arc::new(engine::Output::start(quiet, Some(runs)).await.context("starting the event hub")?);
     let (cancel_tx, cancel_rx) = tokio::sync::watch::channel(false);
-    let dispatcher = dispatch::Dispatcher::start(Arc::new(InProcessQueue::new())).await.context("starting the dispatcher")?;
+    let queue = queue.unwrap_or_else(|| Arc::new(InProcessQueue::new()));
+    let dispatcher = dispatch::Dispatcher::start(queue).await.context("starting the dispatcher")?;
     let registry = registry::WorkerRegistry::start(out.clone()).await.context("starting the worker registry")?;
     steppe_worker::local::spawn_local_workers(slots, dispatcher.queue.clone(), store.clone(), work, out.clone(), dispatcher.clone(), dispatcher.local.clone());
     if slots > 0 {
@@ -695,12 +713,20 @@ fn test(path: &Path, script: Option<&Path>, dump: Option<&Path>, exec: &ExecArgs
     Ok(ExitCode::SUCCESS)
 }
 
-fn coordinator(listen: std::net::SocketAddr, workers: usize, state: &Path, token_file: Option<&Path>) -> Result<ExitCode> {
+fn coordinator(listen: std::net::SocketAddr, workers: usize, state: &Path, token_file: Option<&Path>, queue: Option<&str>) -> Result<ExitCode> {
     let token = submit::read_token(token_file)?;
     let rt = runtime()?;
     rt.block_on(async {
         std::fs::create_dir_all(state).with_context(|| format!("creating {}", state.display()))?;
-        let svc = start_services(state, &state.join("steppe.db"), workers, false, Some(listen), token).await?;
+        let queue: Option<Arc<dyn steppe_shared::queue::Queue>> = match queue {
+            Some(url) if url.starts_with("redis://") || url.starts_with("rediss://") => {
+                let name = format!("coordinator-{}", std::process::id());
+                Some(Arc::new(steppe_shared::queue::RedisQueue::connect(url, "steppe:assignments", &name, std::time::Duration::from_secs(60)).await?))
+            }
+            Some(other) => anyhow::bail!("--queue {other}: only redis:// queues are supported so far"),
+            None => None,
+        };
+        let svc = start_services_with(state, &state.join("steppe.db"), workers, false, Some(listen), token, queue).await?;
         tokio::signal::ctrl_c().await.ok();
         svc.out.note("steppe coordinator: stopping");
         svc.out.flush().await;

@@ -54,7 +54,14 @@ impl Coordinator for WorkerService {
         let puller = tokio::spawn(async move {
             loop {
                 let Ok(permit) = slots_sem.clone().acquire_owned().await else { return };
-                let a = d.queue.pop().await;
+                let a = match d.queue.pop().await {
+                    Ok(a) => a,
+                    Err(e) => {
+                        eprintln!("steppe: worker service: {e}");
+                        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                        continue;
+                    }
+                };
                 d.running_remotely(&a.id, ptx.clone());
                 if let Ok(mut m) = pflight.lock() {
                     m.insert(a.id.clone(), (a.clone(), permit));

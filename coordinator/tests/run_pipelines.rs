@@ -317,8 +317,22 @@ fn submit_through_a_coordinator_and_two_workers() {
     use std::io::{BufRead, BufReader};
     let work = scratch("coordinator");
     std::fs::write(work.join("token"), "t0ken\n").expect("token");
+    // The queue is a real Redis (Streams, leased); scripts/test installs redis-server.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("port");
+    let mut redis = Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("redis-server on PATH");
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let queue = format!("redis://127.0.0.1:{port}/");
     let mut coord = Command::new(env!("CARGO_BIN_EXE_steppe"))
-        .args(["coordinator", "--listen", "127.0.0.1:0", "--token-file", "token", "--state", "state"])
+        .args(["coordinator", "--listen", "127.0.0.1:0", "--token-file", "token", "--state", "state", "--queue", &queue])
         .current_dir(&work)
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -360,4 +374,6 @@ fn submit_through_a_coordinator_and_two_workers() {
     for w in &mut workers {
         let _ = w.wait();
     }
+    let _ = redis.kill();
+    let _ = redis.wait();
 }

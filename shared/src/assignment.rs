@@ -2,6 +2,8 @@
 //! (These become the `steppe.v1` proto messages when workers leave the process.)
 
 use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
 use crate::agent_work::{AgentOutcome, AgentWork};
@@ -9,7 +11,7 @@ use crate::artifacts::ArtifactRef;
 use crate::outcome::StepError;
 
 /// Where the command runs.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Cwd {
     /// A fresh directory holding the inputs and an empty directory per output.
     StepDir,
@@ -21,7 +23,7 @@ pub enum Cwd {
 
 /// How success is judged: by exit code 0, or (when any field is set) by the
 /// step's assert, which then takes over completely.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Judge {
     pub stdout: Option<String>,
     pub code: Option<i64>,
@@ -34,7 +36,7 @@ impl Judge {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Assignment {
     /// Unique per dispatch; results are matched to it.
     pub id: String,

@@ -1,10 +1,13 @@
-//! Where assignments wait for a worker. In-process here; Redis Streams, SQS
-//! and Pub/Sub backends implement the same trait (with leases) for clusters.
+//! Where assignments wait for a worker. In-process for embedded mode; Redis
+//! Streams for a cluster (a consumer group; an entry a worker took but never
+//! acknowledged comes back to another after the lease). SQS and Pub/Sub
+//! implement the same trait.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use tokio::sync::Notify;
 
@@ -12,20 +15,27 @@ use crate::assignment::Assignment;
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-pub trait Queue: Send + Sync {
-    /// Adds an assignment at the back.
-    fn push(&self, a: Assignment);
-    /// Takes the oldest assignment, waiting until there is one.
-    fn pop(&self) -> BoxFuture<'_, Assignment>;
-    /// Removes a waiting assignment (a cancelled run); true if it was waiting.
-    fn remove(&self, id: &str) -> bool;
-    fn len(&self) -> usize;
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    #[error("queue {url}: {message}")]
+    Backend { url: String, message: String },
+    #[error("queue: an entry that is not an assignment: {0}")]
+    Corrupt(String),
 }
 
-/// A FIFO in this process's memory.
+pub trait Queue: Send + Sync {
+    /// Adds an assignment at the back.
+    fn push(&self, a: Assignment) -> BoxFuture<'_, Result<(), QueueError>>;
+    /// Takes the oldest assignment (or one whose taker's lease ran out),
+    /// waiting until there is one.
+    fn pop(&self) -> BoxFuture<'_, Result<Assignment, QueueError>>;
+    /// The assignment is done with: it will not come back.
+    fn ack(&self, id: &str) -> BoxFuture<'_, Result<(), QueueError>>;
+    /// Removes an assignment nobody took yet; true if it was waiting.
+    fn remove(&self, id: &str) -> BoxFuture<'_, Result<bool, QueueError>>;
+}
+
+/// A FIFO in this process's memory (no leases: if the process dies, so does everything it held).
 #[derive(Default)]
 pub struct InProcessQueue {
     items: Mutex<VecDeque<Assignment>>,
@@ -39,81 +49,322 @@ impl InProcessQueue {
 }
 
 impl Queue for InProcessQueue {
-    fn push(&self, a: Assignment) {
+    fn push(&self, a: Assignment) -> BoxFuture<'_, Result<(), QueueError>> {
         if let Ok(mut q) = self.items.lock() {
             q.push_back(a);
         }
         self.ready.notify_one();
+        Box::pin(async { Ok(()) })
     }
 
-    fn pop(&self) -> BoxFuture<'_, Assignment> {
+    fn pop(&self) -> BoxFuture<'_, Result<Assignment, QueueError>> {
         Box::pin(async move {
             loop {
                 let notified = self.ready.notified();
-                if let Some(a) = self.items.lock().ok().and_then(|mut q| q.pop_front()) {
+                let (item, more) = match self.items.lock() {
+                    Ok(mut q) => {
+                        let item = q.pop_front();
+                        (item, !q.is_empty())
+                    }
+                    Err(_) => (None, false),
+                };
+                if let Some(a) = item {
                     // Someone else may be waiting for the next item.
-                    if !self.is_empty() {
+                    if more {
                         self.ready.notify_one();
                     }
-                    return a;
+                    return Ok(a);
                 }
                 notified.await;
             }
         })
     }
 
-    fn remove(&self, id: &str) -> bool {
-        let Ok(mut q) = self.items.lock() else { return false };
-        let before = q.len();
-        q.retain(|a| a.id != id);
-        q.len() != before
+    fn ack(&self, _id: &str) -> BoxFuture<'_, Result<(), QueueError>> {
+        Box::pin(async { Ok(()) })
     }
 
-    fn len(&self) -> usize {
-        self.items.lock().map(|q| q.len()).unwrap_or(0)
+    fn remove(&self, id: &str) -> BoxFuture<'_, Result<bool, QueueError>> {
+        let removed = match self.items.lock() {
+            Ok(mut q) => {
+                let before = q.len();
+                q.retain(|a| a.id != id);
+                q.len() != before
+            }
+            Err(_) => false,
+        };
+        Box::pin(async move { Ok(removed) })
+    }
+}
+
+/// Redis Streams: one stream, one consumer group; this process is one consumer.
+pub struct RedisQueue {
+    url: String,
+    client: redis::Client,
+    /// For commands that return at once; a blocking read gets its own connection,
+    /// since Redis serves one connection's commands in order.
+    conn: redis::aio::MultiplexedConnection,
+    key: String,
+    group: String,
+    consumer: String,
+    lease: Duration,
+    /// Assignment id → stream entry id, for entries this process pushed or took.
+    entries: Mutex<HashMap<String, String>>,
+}
+
+impl RedisQueue {
+    /// Connects and makes sure the stream and its consumer group exist.
+    pub async fn connect(url: &str, key: &str, consumer: &str, lease: Duration) -> Result<Self, QueueError> {
+        let err = |e: redis::RedisError| QueueError::Backend { url: url.to_string(), message: e.to_string() };
+        let client = redis::Client::open(url).map_err(err)?;
+        let mut conn = client.get_multiplexed_async_connection().await.map_err(err)?;
+        let group = "steppe-workers".to_string();
+        let created: Result<(), redis::RedisError> = redis::cmd("XGROUP").arg("CREATE").arg(key).arg(&group).arg("0").arg("MKSTREAM").query_async(&mut conn).await;
+        if let Err(e) = created {
+            if !e.to_string().contains("BUSYGROUP") {
+                return Err(err(e));
+            }
+        }
+        Ok(RedisQueue { url: url.to_string(), client, conn, key: key.to_string(), group, consumer: consumer.to_string(), lease, entries: Mutex::new(HashMap::new()) })
+    }
+
+    fn err(&self, e: redis::RedisError) -> QueueError {
+        QueueError::Backend { url: self.url.clone(), message: e.to_string() }
+    }
+
+    fn take(&self, entry: String, fields: HashMap<String, redis::Value>) -> Result<Assignment, QueueError> {
+        let raw = match fields.get("a") {
+            Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+            Some(redis::Value::SimpleString(s)) => s.clone(),
+            _ => return Err(QueueError::Corrupt(format!("entry {entry} has no assignment"))),
+        };
+        let a: Assignment = serde_json::from_str(&raw).map_err(|e| QueueError::Corrupt(format!("entry {entry}: {e}")))?;
+        if let Ok(mut m) = self.entries.lock() {
+            m.insert(a.id.clone(), entry);
+        }
+        Ok(a)
+    }
+
+    fn entry_of(&self, id: &str) -> Option<String> {
+        self.entries.lock().ok().and_then(|m| m.get(id).cloned())
+    }
+}
+
+type Entry = (String, HashMap<String, redis::Value>);
+
+fn parse_entries(v: &redis::Value) -> Vec<Entry> {
+    let redis::Value::Array(items) = v else { return Vec::new() };
+    items
+        .iter()
+        .filter_map(|e| {
+            let redis::Value::Array(pair) = e else { return None };
+            let id = match pair.first()? {
+                redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                redis::Value::SimpleString(s) => s.clone(),
+                _ => return None,
+            };
+            let redis::Value::Array(kv) = pair.get(1)? else { return None };
+            let mut fields = HashMap::new();
+            for chunk in kv.chunks(2) {
+                if let [redis::Value::BulkString(k), v] = chunk {
+                    fields.insert(String::from_utf8_lossy(k).into_owned(), v.clone());
+                }
+            }
+            Some((id, fields))
+        })
+        .collect()
+}
+
+impl Queue for RedisQueue {
+    fn push(&self, a: Assignment) -> BoxFuture<'_, Result<(), QueueError>> {
+        Box::pin(async move {
+            let body = serde_json::to_string(&a).map_err(|e| QueueError::Corrupt(e.to_string()))?;
+            let mut c = self.conn.clone();
+            let entry: String = redis::cmd("XADD").arg(&self.key).arg("*").arg("a").arg(body).query_async(&mut c).await.map_err(|e| self.err(e))?;
+            if let Ok(mut m) = self.entries.lock() {
+                m.insert(a.id.clone(), entry);
+            }
+            Ok(())
+        })
+    }
+
+    fn pop(&self) -> BoxFuture<'_, Result<Assignment, QueueError>> {
+        Box::pin(async move {
+            let mut c = self.client.get_multiplexed_async_connection().await.map_err(|e| self.err(e))?;
+            loop {
+                // An entry a consumer took and held past the lease comes back first.
+                let claimed: redis::Value = redis::cmd("XAUTOCLAIM")
+                    .arg(&self.key)
+                    .arg(&self.group)
+                    .arg(&self.consumer)
+                    .arg(self.lease.as_millis() as u64)
+                    .arg("0-0")
+                    .arg("COUNT")
+                    .arg(1)
+                    .query_async(&mut c)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                if let redis::Value::Array(parts) = &claimed {
+                    if let Some((entry, fields)) = parts.get(1).map(parse_entries).and_then(|v| v.into_iter().next()) {
+                        return self.take(entry, fields);
+                    }
+                }
+                let read: redis::Value = redis::cmd("XREADGROUP")
+                    .arg("GROUP")
+                    .arg(&self.group)
+                    .arg(&self.consumer)
+                    .arg("COUNT")
+                    .arg(1)
+                    .arg("BLOCK")
+                    .arg(1000)
+                    .arg("STREAMS")
+                    .arg(&self.key)
+                    .arg(">")
+                    .query_async(&mut c)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                if let redis::Value::Array(streams) = &read {
+                    for s in streams {
+                        if let redis::Value::Array(kv) = s {
+                            if let Some((entry, fields)) = kv.get(1).map(parse_entries).and_then(|v| v.into_iter().next()) {
+                                return self.take(entry, fields);
+                            }
+                        }
+                    }
+                }
+            }
+        })
+    }
+
+    fn ack(&self, id: &str) -> BoxFuture<'_, Result<(), QueueError>> {
+        let entry = self.entry_of(id);
+        let id = id.to_string();
+        Box::pin(async move {
+            let Some(entry) = entry else { return Ok(()) };
+            let mut c = self.conn.clone();
+            let _: () = redis::pipe()
+                .cmd("XACK").arg(&self.key).arg(&self.group).arg(&entry).ignore()
+                .cmd("XDEL").arg(&self.key).arg(&entry).ignore()
+                .query_async(&mut c)
+                .await
+                .map_err(|e| self.err(e))?;
+            if let Ok(mut m) = self.entries.lock() {
+                m.remove(&id);
+            }
+            Ok(())
+        })
+    }
+
+    fn remove(&self, id: &str) -> BoxFuture<'_, Result<bool, QueueError>> {
+        let entry = self.entry_of(id);
+        Box::pin(async move {
+            let Some(entry) = entry else { return Ok(false) };
+            let mut c = self.conn.clone();
+            // Taken entries are in the group's pending list; only untaken ones are removed.
+            let pending: redis::Value = redis::cmd("XPENDING").arg(&self.key).arg(&self.group).arg(&entry).arg(&entry).arg(1).query_async(&mut c).await.map_err(|e| self.err(e))?;
+            if matches!(&pending, redis::Value::Array(v) if !v.is_empty()) {
+                return Ok(false);
+            }
+            let n: i64 = redis::cmd("XDEL").arg(&self.key).arg(&entry).query_async(&mut c).await.map_err(|e| self.err(e))?;
+            Ok(n == 1)
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::assignment::{Cwd, Judge};
 
-    fn a(id: &str) -> Assignment {
-        Assignment {
-            id: id.into(),
-            run_id: "r".into(),
-            step: "s".into(),
-            attempt: 1,
-            command: "true".into(),
-            env: vec![],
-            cwd: Cwd::StepDir,
-            inputs: vec![],
-            outputs: vec![],
-            timeout: None,
-            judge: Judge::default(),
-            image: None,
-            stream: false,
-            agent: None,
-            fix: None,
-        }
+    pub(crate) fn a(id: &str) -> Assignment {
+        Assignment { id: id.into(), ..Assignment::command("r", "s", "true".into()) }
+    }
+
+    /// The behaviour every backend shares.
+    pub(crate) async fn conformance(q: std::sync::Arc<dyn Queue>) {
+        q.push(a("1")).await.unwrap();
+        q.push(a("2")).await.unwrap();
+        q.push(a("3")).await.unwrap();
+        assert!(q.remove("2").await.unwrap(), "a waiting assignment can be removed");
+        assert!(!q.remove("2").await.unwrap());
+        let first = q.pop().await.unwrap();
+        assert_eq!(first.id, "1", "first in, first out");
+        assert!(!q.remove("1").await.unwrap(), "a taken assignment is not removed");
+        q.ack("1").await.unwrap();
+        assert_eq!(q.pop().await.unwrap().id, "3");
+        q.ack("3").await.unwrap();
+        let q2 = q.clone();
+        let waiter = tokio::spawn(async move { q2.pop().await.unwrap().id });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        q.push(a("4")).await.unwrap();
+        assert_eq!(waiter.await.unwrap(), "4", "pop waits for a push");
+        q.ack("4").await.unwrap();
     }
 
     #[tokio::test]
-    async fn fifo_waits_and_removes() {
-        let q = std::sync::Arc::new(InProcessQueue::new());
-        q.push(a("1"));
-        q.push(a("2"));
-        q.push(a("3"));
-        assert!(q.remove("2"));
-        assert!(!q.remove("2"));
-        assert_eq!(q.pop().await.id, "1");
-        assert_eq!(q.pop().await.id, "3");
-        let q2 = q.clone();
-        let waiter = tokio::spawn(async move { q2.pop().await.id });
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        q.push(a("4"));
-        assert_eq!(waiter.await.unwrap(), "4");
-        assert!(q.is_empty());
+    async fn in_process_queue_conforms() {
+        conformance(std::sync::Arc::new(InProcessQueue::new())).await;
+    }
+}
+
+#[cfg(test)]
+mod redis_tests {
+    use super::tests::{a, conformance};
+    use super::*;
+    use std::process::{Child, Command, Stdio};
+
+    /// A throwaway redis-server on a free loopback port (scripts/test installs it).
+    struct Server {
+        child: Child,
+        url: String,
+    }
+
+    impl Drop for Server {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    fn redis() -> Server {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port");
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server on PATH (scripts/test installs it)");
+        for _ in 0..100 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Server { child, url: format!("redis://127.0.0.1:{port}/") }
+    }
+
+    #[tokio::test]
+    async fn redis_queue_conforms() {
+        let s = redis();
+        let q = RedisQueue::connect(&s.url, "steppe:test", "c1", Duration::from_secs(30)).await.expect("connect");
+        conformance(std::sync::Arc::new(q)).await;
+    }
+
+    #[tokio::test]
+    async fn a_lost_consumers_entry_comes_back_after_the_lease() {
+        let s = redis();
+        let lease = Duration::from_millis(300);
+        let first = RedisQueue::connect(&s.url, "steppe:lease", "doomed", lease).await.expect("connect");
+        let second = RedisQueue::connect(&s.url, "steppe:lease", "survivor", lease).await.expect("connect");
+        first.push(a("job-1")).await.unwrap();
+        assert_eq!(first.pop().await.unwrap().id, "job-1");
+        // `first` dies without acknowledging; after the lease, `second` gets it.
+        drop(first);
+        tokio::time::sleep(lease + Duration::from_millis(100)).await;
+        let again = second.pop().await.unwrap();
+        assert_eq!(again.id, "job-1");
+        second.ack("job-1").await.unwrap();
+        // Acknowledged: nothing comes back.
+        tokio::time::sleep(lease + Duration::from_millis(100)).await;
+        let none = tokio::time::timeout(Duration::from_millis(1500), second.pop()).await;
+        assert!(none.is_err(), "an acknowledged entry must not be delivered again");
     }
 }

@@ -55,7 +55,14 @@ pub fn spawn_local_workers(
             (queue.clone(), store.clone(), work_root.clone(), sink.clone(), reporter.clone(), cancels.clone());
         tokio::spawn(async move {
             loop {
-                let a = queue.pop().await;
+                let a = match queue.pop().await {
+                    Ok(a) => a,
+                    Err(e) => {
+                        eprintln!("steppe: worker: {e}");
+                        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                        continue;
+                    }
+                };
                 let cancel = cancels.register(&a.id);
                 let r = execute(&a, store.clone(), &work_root, sink.clone(), cancel).await;
                 cancels.done(&a.id);
