@@ -169,6 +169,10 @@ enum Command {
         /// leased) instead of this process's memory.
         #[arg(long, value_name = "URL")]
         queue: Option<String>,
+        /// Where history lives: redis://HOST:PORT/ instead of DIR/steppe.db, so
+        /// a restarted (or another) coordinator sees the same runs and versions.
+        #[arg(long, value_name = "URL")]
+        store: Option<String>,
     },
     /// Run a pipeline on a coordinator and follow it like `steppe run`.
     ///
@@ -355,7 +359,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Approve { pipeline, id, reason } => decide(&pipeline, id, true, &reason),
         Command::Reject { pipeline, id, reason } => decide(&pipeline, id, false, &reason),
         Command::Worker { coordinator, slots, token_file } => worker(&coordinator, slots, token_file.as_deref()),
-        Command::Coordinator { listen, workers, state, token_file, queue } => coordinator(listen, workers, &state, token_file.as_deref(), queue.as_deref()),
+        Command::Coordinator { listen, workers, state, token_file, queue, store } => {
+            coordinator(listen, workers, &state, token_file.as_deref(), queue.as_deref(), store.as_deref())
+        }
         Command::Submit { pipeline, job, test, coordinator, token_file, answer, vars } => {
             let token = submit::read_token(token_file.as_deref())?;
             let vars = vars.resolve()?.into_iter().collect();
@@ -433,13 +439,14 @@ pub struct Services {
 
 /// Starts the shared parts; `state` holds artifacts (and submissions), `db` the run store.
 async fn start_services(state: &Path, db: &Path, slots: usize, quiet: bool, listen: Option<std::net::SocketAddr>, token: Option<String>) -> Result<Arc<Services>> {
-    start_services_with(state, db, slots, quiet, listen, token, None).await
+    let runs: Arc<dyn steppe_shared::store::Store> = Arc::new(steppe_shared::store::SqliteStore::open(db)?);
+    start_services_with(state, runs, slots, quiet, listen, token, None).await
 }
 
 /// As [`start_services`], on `queue` (the in-process queue when `None`).
 async fn start_services_with(
     state: &Path,
-    db: &Path,
+    runs: Arc<dyn steppe_shared::store::Store>,
     slots: usize,
     quiet: bool,
     listen: Option<std::net::SocketAddr>,
@@ -458,7 +465,6 @@ async fn start_services_with(
     if slots == 0 && listen.is_none() {
         anyhow::bail!("--workers 0 leaves nobody to run steps; add --listen ADDR and start `steppe worker`s");
     }
-    let runs: Arc<dyn steppe_shared::store::Store> = Arc::new(steppe_shared::store::SqliteStore::open(db)?);
     let out = Arc::new(engine::Output::start(quiet, Some(runs)).await.context("starting the event hub")?);
     let (cancel_tx, cancel_rx) = tokio::sync::watch::channel(false);
     let queue = queue.unwrap_or_else(|| Arc::new(InProcessQueue::new()));
@@ -713,7 +719,7 @@ fn test(path: &Path, script: Option<&Path>, dump: Option<&Path>, exec: &ExecArgs
     Ok(ExitCode::SUCCESS)
 }
 
-fn coordinator(listen: std::net::SocketAddr, workers: usize, state: &Path, token_file: Option<&Path>, queue: Option<&str>) -> Result<ExitCode> {
+fn coordinator(listen: std::net::SocketAddr, workers: usize, state: &Path, token_file: Option<&Path>, queue: Option<&str>, store: Option<&str>) -> Result<ExitCode> {
     let token = submit::read_token(token_file)?;
     let rt = runtime()?;
     rt.block_on(async {
@@ -726,7 +732,12 @@ fn coordinator(listen: std::net::SocketAddr, workers: usize, state: &Path, token
             Some(other) => anyhow::bail!("--queue {other}: only redis:// queues are supported so far"),
             None => None,
         };
-        let svc = start_services_with(state, &state.join("steppe.db"), workers, false, Some(listen), token, queue).await?;
+        let runs: Arc<dyn steppe_shared::store::Store> = match store {
+            Some(url) if url.starts_with("redis://") || url.starts_with("rediss://") => Arc::new(steppe_shared::store_redis::RedisStore::connect(url, "steppe")?),
+            Some(other) => anyhow::bail!("--store {other}: only redis:// stores are supported so far"),
+            None => Arc::new(steppe_shared::store::SqliteStore::open(&state.join("steppe.db"))?),
+        };
+        let svc = start_services_with(state, runs, workers, false, Some(listen), token, queue).await?;
         tokio::signal::ctrl_c().await.ok();
         svc.out.note("steppe coordinator: stopping");
         svc.out.flush().await;

@@ -330,26 +330,30 @@ fn submit_through_a_coordinator_and_two_workers() {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    let queue = format!("redis://127.0.0.1:{port}/");
-    let mut coord = Command::new(env!("CARGO_BIN_EXE_steppe"))
-        .args(["coordinator", "--listen", "127.0.0.1:0", "--token-file", "token", "--state", "state", "--queue", &queue])
-        .current_dir(&work)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn coordinator");
-    let mut lines = BufReader::new(coord.stdout.take().expect("stdout")).lines();
-    let first = lines.next().expect("line").expect("utf8");
-    let url = format!("http://{}", first.strip_prefix("serving workers on ").expect("address line"));
-    std::thread::spawn(move || for _ in lines.by_ref() {});
-    let worker = |token: bool| {
-        let mut args = vec!["worker", "--coordinator", url.as_str(), "--slots", "2"];
+    let redis_url = format!("redis://127.0.0.1:{port}/");
+    let start_coordinator = || {
+        let mut coord = Command::new(env!("CARGO_BIN_EXE_steppe"))
+            .args(["coordinator", "--listen", "127.0.0.1:0", "--token-file", "token", "--state", "state", "--queue", &redis_url, "--store", &redis_url])
+            .current_dir(&work)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn coordinator");
+        let mut lines = BufReader::new(coord.stdout.take().expect("stdout")).lines();
+        let first = lines.next().expect("line").expect("utf8");
+        let url = format!("http://{}", first.strip_prefix("serving workers on ").expect("address line"));
+        std::thread::spawn(move || for _ in lines.by_ref() {});
+        (coord, url)
+    };
+    let (mut coord, url) = start_coordinator();
+    let worker = |url: &str, token: bool| {
+        let mut args = vec!["worker", "--coordinator", url, "--slots", "2"];
         if token {
             args.extend(["--token-file", "token"]);
         }
         Command::new(env!("CARGO_BIN_EXE_steppe")).args(&args).current_dir(&work).stderr(std::process::Stdio::piped()).spawn().expect("spawn worker")
     };
-    let mut workers = vec![worker(true), worker(true)];
-    let intruder = worker(false).wait_with_output().expect("intruder");
+    let mut workers = vec![worker(&url, true), worker(&url, true)];
+    let intruder = worker(&url, false).wait_with_output().expect("intruder");
     assert_ne!(intruder.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&intruder.stderr).contains("valid token is required"));
     for name in ["blocks.yml", "workspace.yml", "resources.yml", "modifiers.yml", "passed.yml", "expr-resources.yml"] {
@@ -369,11 +373,22 @@ fn submit_through_a_coordinator_and_two_workers() {
     let out = steppe(&["submit", "fail.yml", "--coordinator", &url], &work);
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out).contains("refused the submission"), "{}", text(&out));
+    // The store is Redis: a restarted coordinator still knows what passed.
+    std::fs::copy(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/run/passed.yml"), work.join("again.yml")).expect("copy");
+    let out = steppe(&["submit", "again.yml", "--job", "build", "--coordinator", &url, "--token-file", "token"], &work);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let _ = coord.kill();
     let _ = coord.wait();
     for w in &mut workers {
         let _ = w.wait();
     }
+    let (mut coord, url) = start_coordinator();
+    let mut w = worker(&url, true);
+    let out = steppe(&["submit", "again.yml", "--job", "deploy", "--coordinator", &url, "--token-file", "token"], &work);
+    assert_eq!(out.status.code(), Some(0), "after a restart, deploy's passed: [build] finds what build recorded:\n{}", text(&out));
+    let _ = coord.kill();
+    let _ = coord.wait();
+    let _ = w.wait();
     let _ = redis.kill();
     let _ = redis.wait();
 }

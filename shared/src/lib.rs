@@ -13,6 +13,7 @@ pub mod outcome;
 pub mod queue;
 pub mod source;
 pub mod store;
+pub mod store_redis;
 pub mod suggest;
 pub mod template;
 pub mod yaml;

@@ -10,11 +10,13 @@ use rusqlite::{params, Connection, OptionalExtension};
 pub enum StoreError {
     #[error("store {path}: {source}")]
     Sqlite { path: String, source: rusqlite::Error },
+    #[error("store {url}: {message}")]
+    Redis { url: String, message: String },
     #[error("store {path}: {source}")]
     Io { path: String, source: std::io::Error },
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RunRecord {
     pub id: String,
     pub job: String,
@@ -25,7 +27,7 @@ pub struct RunRecord {
     pub message: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct StepRecord {
     pub run_id: String,
     pub seq: i64,
@@ -41,7 +43,7 @@ pub struct StepRecord {
 }
 
 /// A parked `approval:` step.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ApprovalRecord {
     pub id: i64,
     pub run_id: String,
@@ -55,7 +57,7 @@ pub struct ApprovalRecord {
     pub approver: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LogLine {
     pub step: String,
     pub stderr: bool,
@@ -183,7 +185,7 @@ impl SqliteStore {
 }
 
 /// A version as stored: JSON with sorted keys, so equal versions compare equal.
-fn canonical(v: &serde_json::Value) -> String {
+pub(crate) fn canonical(v: &serde_json::Value) -> String {
     fn sort(v: &serde_json::Value) -> serde_json::Value {
         match v {
             serde_json::Value::Object(m) => {
@@ -381,7 +383,7 @@ impl Store for SqliteStore {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -392,36 +394,53 @@ mod tests {
         assert!(path.ends_with(".steppe/ci.yml.db"));
         assert!(SqliteStore::open_existing(&path).unwrap().is_none());
         let s = SqliteStore::open(&path).unwrap();
-        s.start_run("r1", "build", 10).unwrap();
-        s.start_run("r2", "test", 20).unwrap();
-        s.record_step(&StepRecord { run_id: "r1".into(), seq: 0, name: "compile".into(), outcome: "succeeded".into(), message: String::new(), duration_ms: 5, exit_code: Some(0), tokens: None, detail: None }).unwrap();
-        s.append_logs("r1", &[LogLine { step: "compile".into(), stderr: false, line: "ok".into() }]).unwrap();
-        s.finish_run("r1", 30, "succeeded", "").unwrap();
-        let runs = s.runs(None, 10).unwrap();
-        assert_eq!(runs.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["r2", "r1"]);
-        assert_eq!(s.runs(Some("build"), 10).unwrap().len(), 1);
-        assert_eq!(s.run("r1").unwrap().unwrap().outcome.as_deref(), Some("succeeded"));
-        assert_eq!(s.steps("r1").unwrap()[0].name, "compile");
-        assert_eq!(s.logs("r1").unwrap()[0].line, "ok");
-        s.record_event("r1", "started", "compile", "").unwrap();
-        s.record_event("r1", "ended", "compile", "succeeded").unwrap();
-        assert_eq!(s.events("r1").unwrap().iter().map(|e| e.0.as_str()).collect::<Vec<_>>(), ["started", "ended"]);
-        let a = s.request_approval("r1", "build", "Ship it?", 40, 50).unwrap();
-        assert_eq!(s.pending_approvals().unwrap().len(), 1);
-        assert!(s.decide_approval(a, false, "not today", "ana").unwrap());
-        assert!(!s.decide_approval(a, true, "", "bo").unwrap(), "re-deciding is refused");
-        let rec = s.approval(a).unwrap().unwrap();
-        assert_eq!((rec.decision.as_deref(), rec.reason.as_str(), rec.approver.as_str()), (Some("rejected"), "not today", "ana"));
-        assert!(s.pending_approvals().unwrap().is_empty());
-        let v = |n: &str| serde_json::json!({"ref": n});
-        s.record_versions("repo", &[v("a"), v("b")]).unwrap();
-        s.record_versions("repo", &[v("b"), v("c")]).unwrap();
-        assert_eq!(s.history("repo").unwrap(), vec![v("a"), v("b"), v("c")]);
-        s.record_green("build", "repo", &v("b")).unwrap();
-        assert_eq!(s.green("build", "repo").unwrap(), vec![v("b")]);
+        conformance(&s);
         drop(s);
         // History survives reopening.
         let s = SqliteStore::open_existing(&path).unwrap().unwrap();
         assert_eq!(s.runs(None, 10).unwrap().len(), 2);
+    }
+
+    /// What every Store backend must do alike.
+    pub(crate) fn conformance(s: &dyn Store) {
+        s.start_run("r1", "build", 10).unwrap();
+        s.start_run("r2", "test", 20).unwrap();
+        s.record_step(&StepRecord { run_id: "r1".into(), seq: 0, name: "compile".into(), outcome: "succeeded".into(), message: String::new(), duration_ms: 5, exit_code: Some(0), tokens: None, detail: None }).unwrap();
+        s.record_step(&StepRecord { run_id: "r1".into(), seq: 1, name: "agent".into(), outcome: "failed".into(), message: "no".into(), duration_ms: 7, exit_code: None, tokens: Some(12), detail: Some("{}".into()) }).unwrap();
+        s.append_logs("r1", &[LogLine { step: "compile".into(), stderr: false, line: "ok".into() }, LogLine { step: "compile".into(), stderr: true, line: "warn".into() }]).unwrap();
+        s.finish_run("r1", 30, "succeeded", "").unwrap();
+        let runs = s.runs(None, 10).unwrap();
+        assert_eq!(runs.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["r2", "r1"], "newest first");
+        assert_eq!(s.runs(None, 1).unwrap().len(), 1);
+        assert_eq!(s.runs(Some("build"), 10).unwrap().len(), 1);
+        let r1 = s.run("r1").unwrap().unwrap();
+        assert_eq!((r1.outcome.as_deref(), r1.finished_ms, r1.job.as_str()), (Some("succeeded"), Some(30), "build"));
+        assert_eq!(s.run("r2").unwrap().unwrap().outcome, None);
+        assert!(s.run("nope").unwrap().is_none());
+        let steps = s.steps("r1").unwrap();
+        assert_eq!(steps.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), ["compile", "agent"]);
+        assert_eq!(steps[1].tokens, Some(12));
+        assert_eq!(s.logs("r1").unwrap().iter().map(|l| (l.line.as_str(), l.stderr)).collect::<Vec<_>>(), [("ok", false), ("warn", true)]);
+        s.record_event("r1", "started", "compile", "").unwrap();
+        s.record_event("r1", "ended", "compile", "succeeded").unwrap();
+        assert_eq!(s.events("r1").unwrap().iter().map(|e| e.0.as_str()).collect::<Vec<_>>(), ["started", "ended"]);
+        let a = s.request_approval("r1", "build", "Ship it?", 40, 50).unwrap();
+        let b = s.request_approval("r2", "test", "Again?", 41, 51).unwrap();
+        assert_ne!(a, b);
+        assert_eq!(s.pending_approvals().unwrap().iter().map(|p| p.id).collect::<Vec<_>>(), [a, b]);
+        assert!(s.decide_approval(a, false, "not today", "ana").unwrap());
+        assert!(!s.decide_approval(a, true, "", "bo").unwrap(), "re-deciding is refused");
+        assert!(!s.decide_approval(9999, true, "", "bo").unwrap(), "deciding nothing is refused");
+        let rec = s.approval(a).unwrap().unwrap();
+        assert_eq!((rec.decision.as_deref(), rec.reason.as_str(), rec.approver.as_str(), rec.message.as_str()), (Some("rejected"), "not today", "ana", "Ship it?"));
+        assert_eq!(s.pending_approvals().unwrap().len(), 1);
+        let v = |n: &str| serde_json::json!({"ref": n, "n": 1});
+        s.record_versions("repo", &[v("a"), v("b")]).unwrap();
+        s.record_versions("repo", &[serde_json::json!({"n": 1, "ref": "b"}), v("c")]).unwrap();
+        assert_eq!(s.history("repo").unwrap(), vec![v("a"), v("b"), v("c")], "first-seen order; key order does not matter");
+        s.record_green("build", "repo", &v("b")).unwrap();
+        s.record_green("build", "repo", &v("b")).unwrap();
+        assert_eq!(s.green("build", "repo").unwrap(), vec![v("b")]);
+        assert!(s.green("test", "repo").unwrap().is_empty());
     }
 }

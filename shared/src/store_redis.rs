@@ -1,0 +1,237 @@
+//! The Store on Redis, for a cluster: every coordinator (and restart) sees the
+//! same history. Keys live under one prefix; versions keep first-seen order.
+
+use std::sync::Mutex;
+
+use redis::Commands;
+
+use crate::store::{canonical, ApprovalRecord, LogLine, RunRecord, StepRecord, Store, StoreError};
+
+pub struct RedisStore {
+    url: String,
+    conn: Mutex<redis::Connection>,
+    prefix: String,
+}
+
+impl RedisStore {
+    pub fn connect(url: &str, prefix: &str) -> Result<Self, StoreError> {
+        let err = |e: redis::RedisError| StoreError::Redis { url: url.to_string(), message: e.to_string() };
+        let client = redis::Client::open(url).map_err(err)?;
+        let conn = client.get_connection().map_err(err)?;
+        Ok(RedisStore { url: url.to_string(), conn: Mutex::new(conn), prefix: prefix.to_string() })
+    }
+
+    fn k(&self, parts: &[&str]) -> String {
+        format!("{}:{}", self.prefix, parts.join(":"))
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>) -> Result<T, StoreError> {
+        let mut c = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut c).map_err(|e| StoreError::Redis { url: self.url.clone(), message: e.to_string() })
+    }
+
+    fn decode<T: serde::de::DeserializeOwned>(&self, raw: &str) -> Result<T, StoreError> {
+        serde_json::from_str(raw).map_err(|e| StoreError::Redis { url: self.url.clone(), message: format!("a record that does not decode: {e}") })
+    }
+
+    fn encode<T: serde::Serialize>(v: &T) -> String {
+        serde_json::to_string(v).unwrap_or_default()
+    }
+}
+
+impl Store for RedisStore {
+    fn start_run(&self, id: &str, job: &str, started_ms: i64) -> Result<(), StoreError> {
+        let rec = RunRecord { id: id.into(), job: job.into(), started_ms, finished_ms: None, outcome: None, message: String::new() };
+        let (run, runs, by_job) = (self.k(&["run", id]), self.k(&["runs"]), self.k(&["runs", "job", job]));
+        self.with(|c| {
+            redis::pipe()
+                .set(&run, Self::encode(&rec)).ignore()
+                .zadd(&runs, id, started_ms).ignore()
+                .zadd(&by_job, id, started_ms).ignore()
+                .query(c)
+        })
+    }
+
+    fn finish_run(&self, id: &str, finished_ms: i64, outcome: &str, message: &str) -> Result<(), StoreError> {
+        let Some(mut rec) = self.run(id)? else { return Ok(()) };
+        rec.finished_ms = Some(finished_ms);
+        rec.outcome = Some(outcome.to_string());
+        rec.message = message.to_string();
+        let key = self.k(&["run", id]);
+        self.with(|c| c.set(&key, Self::encode(&rec)))
+    }
+
+    fn record_step(&self, s: &StepRecord) -> Result<(), StoreError> {
+        let key = self.k(&["steps", &s.run_id]);
+        self.with(|c| c.hset(&key, s.seq, Self::encode(s)))
+    }
+
+    fn append_logs(&self, run_id: &str, lines: &[LogLine]) -> Result<(), StoreError> {
+        if lines.is_empty() {
+            return Ok(());
+        }
+        let key = self.k(&["logs", run_id]);
+        let encoded: Vec<String> = lines.iter().map(Self::encode).collect();
+        self.with(|c| c.rpush(&key, encoded))
+    }
+
+    fn runs(&self, job: Option<&str>, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
+        let index = match job {
+            Some(j) => self.k(&["runs", "job", j]),
+            None => self.k(&["runs"]),
+        };
+        let ids: Vec<String> = self.with(|c| c.zrevrange(&index, 0, limit.saturating_sub(1) as isize))?;
+        let mut out = Vec::new();
+        for id in ids {
+            if let Some(r) = self.run(&id)? {
+                out.push(r);
+            }
+        }
+        Ok(out)
+    }
+
+    fn run(&self, id: &str) -> Result<Option<RunRecord>, StoreError> {
+        let key = self.k(&["run", id]);
+        let raw: Option<String> = self.with(|c| c.get(&key))?;
+        raw.map(|r| self.decode(&r)).transpose()
+    }
+
+    fn steps(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError> {
+        let key = self.k(&["steps", run_id]);
+        let all: Vec<(i64, String)> = self.with(|c| c.hgetall(&key))?;
+        let mut steps: Vec<StepRecord> = all.iter().map(|(_, r)| self.decode(r)).collect::<Result<_, _>>()?;
+        steps.sort_by_key(|s| s.seq);
+        Ok(steps)
+    }
+
+    fn logs(&self, run_id: &str) -> Result<Vec<LogLine>, StoreError> {
+        let key = self.k(&["logs", run_id]);
+        let raw: Vec<String> = self.with(|c| c.lrange(&key, 0, -1))?;
+        raw.iter().map(|r| self.decode(r)).collect()
+    }
+
+    fn record_event(&self, run_id: &str, kind: &str, step: &str, message: &str) -> Result<(), StoreError> {
+        let key = self.k(&["events", run_id]);
+        self.with(|c| c.rpush(&key, Self::encode(&(kind, step, message))))
+    }
+
+    fn events(&self, run_id: &str) -> Result<Vec<(String, String, String)>, StoreError> {
+        let key = self.k(&["events", run_id]);
+        let raw: Vec<String> = self.with(|c| c.lrange(&key, 0, -1))?;
+        raw.iter().map(|r| self.decode(r)).collect()
+    }
+
+    fn request_approval(&self, run_id: &str, job: &str, message: &str, requested_ms: i64, deadline_ms: i64) -> Result<i64, StoreError> {
+        let seq = self.k(&["approvals", "seq"]);
+        let id: i64 = self.with(|c| c.incr(&seq, 1))?;
+        let rec = ApprovalRecord { id, run_id: run_id.into(), job: job.into(), message: message.into(), requested_ms, deadline_ms, decision: None, reason: String::new(), approver: String::new() };
+        let (key, pending) = (self.k(&["approval", &id.to_string()]), self.k(&["approvals", "pending"]));
+        self.with(|c| redis::pipe().set(&key, Self::encode(&rec)).ignore().zadd(&pending, id, id).ignore().query::<()>(c))?;
+        Ok(id)
+    }
+
+    fn approval(&self, id: i64) -> Result<Option<ApprovalRecord>, StoreError> {
+        let key = self.k(&["approval", &id.to_string()]);
+        let raw: Option<String> = self.with(|c| c.get(&key))?;
+        raw.map(|r| self.decode(&r)).transpose()
+    }
+
+    fn pending_approvals(&self) -> Result<Vec<ApprovalRecord>, StoreError> {
+        let pending = self.k(&["approvals", "pending"]);
+        let ids: Vec<i64> = self.with(|c| c.zrange(&pending, 0, -1))?;
+        let mut out = Vec::new();
+        for id in ids {
+            if let Some(a) = self.approval(id)? {
+                out.push(a);
+            }
+        }
+        Ok(out)
+    }
+
+    fn decide_approval(&self, id: i64, approved: bool, reason: &str, approver: &str) -> Result<bool, StoreError> {
+        // Removing the id from the pending set is the atomic claim: only one decider wins.
+        let pending = self.k(&["approvals", "pending"]);
+        let won: i64 = self.with(|c| c.zrem(&pending, id))?;
+        if won != 1 {
+            return Ok(false);
+        }
+        let Some(mut rec) = self.approval(id)? else { return Ok(false) };
+        rec.decision = Some(if approved { "approved" } else { "rejected" }.to_string());
+        rec.reason = reason.to_string();
+        rec.approver = approver.to_string();
+        let key = self.k(&["approval", &id.to_string()]);
+        self.with(|c| c.set::<_, _, ()>(&key, Self::encode(&rec)))?;
+        Ok(true)
+    }
+
+    fn record_versions(&self, resource: &str, versions: &[serde_json::Value]) -> Result<(), StoreError> {
+        let key = self.k(&["versions", resource]);
+        // First-seen order: a new version's score is one more than the highest.
+        let script = redis::Script::new(
+            "for i, v in ipairs(ARGV) do
+               if not redis.call('ZSCORE', KEYS[1], v) then
+                 local top = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+                 local next = 0
+                 if top[2] then next = tonumber(top[2]) + 1 end
+                 redis.call('ZADD', KEYS[1], next, v)
+               end
+             end
+             return 1",
+        );
+        let args: Vec<String> = versions.iter().map(canonical).collect();
+        self.with(|c| {
+            let mut inv = script.key(&key);
+            for a in &args {
+                inv.arg(a);
+            }
+            inv.invoke::<i64>(c).map(|_| ())
+        })
+    }
+
+    fn history(&self, resource: &str) -> Result<Vec<serde_json::Value>, StoreError> {
+        let key = self.k(&["versions", resource]);
+        let raw: Vec<String> = self.with(|c| c.zrange(&key, 0, -1))?;
+        raw.iter().map(|r| self.decode(r)).collect()
+    }
+
+    fn record_green(&self, job: &str, resource: &str, version: &serde_json::Value) -> Result<(), StoreError> {
+        let key = self.k(&["green", job, resource]);
+        self.with(|c| c.sadd(&key, canonical(version)))
+    }
+
+    fn green(&self, job: &str, resource: &str) -> Result<Vec<serde_json::Value>, StoreError> {
+        let key = self.k(&["green", job, resource]);
+        let raw: Vec<String> = self.with(|c| c.smembers(&key))?;
+        raw.iter().map(|r| self.decode(r)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redis_store_conforms() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("port");
+        let mut child = std::process::Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server on PATH (scripts/test installs it)");
+        for _ in 0..100 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let url = format!("redis://127.0.0.1:{port}/");
+        let s = RedisStore::connect(&url, "steppe-test").expect("connect");
+        crate::store::tests::conformance(&s);
+        drop(s);
+        // A new connection (a restarted coordinator) sees the same history.
+        let s = RedisStore::connect(&url, "steppe-test").expect("connect");
+        assert_eq!(s.runs(None, 10).unwrap().len(), 2);
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
