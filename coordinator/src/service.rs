@@ -88,6 +88,15 @@ impl Coordinator for WorkerService {
                             d.complete(result_from_wire(r));
                         }
                         worker_message::Msg::Heartbeat(_) => registry.heartbeat(&name),
+                        worker_message::Msg::Drain(_) => {
+                            // Nothing more for this worker; what it runs still reports here.
+                            puller.abort();
+                        }
+                        worker_message::Msg::Release(r) => {
+                            if let Some((a, _)) = inflight.lock().ok().and_then(|mut m| m.remove(&r.assignment_id)) {
+                                d.requeue(a);
+                            }
+                        }
                         worker_message::Msg::Hello(_) => {}
                     },
                     Ok(Some(WorkerMessage { msg: None })) => {}

@@ -392,3 +392,47 @@ fn submit_through_a_coordinator_and_two_workers() {
     let _ = redis.kill();
     let _ = redis.wait();
 }
+
+/// SIGTERM drains a worker: it takes nothing new, finishes what it runs and
+/// reports it, then exits 0; the next step goes to another worker.
+#[test]
+fn sigterm_drains_a_worker() {
+    use std::io::{BufRead, BufReader};
+    let work = scratch("drain");
+    std::fs::write(
+        work.join("p.yml"),
+        "jobs:\n- name: j\n  plan:\n  - task: long\n    outputs: [o]\n    run: echo begun; sleep 2; echo finished > o/x\n  - task: next\n    inputs: [o]\n    run: cat o/x\n    assert:\n      stdout: finished\n  assert:\n    execution: [long, next]\n",
+    )
+    .expect("write");
+    let mut coord = Command::new(env!("CARGO_BIN_EXE_steppe"))
+        .args(["run", "p.yml", "--workers", "0", "--listen", "127.0.0.1:0"])
+        .current_dir(&work)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut lines = BufReader::new(coord.stdout.take().expect("stdout")).lines();
+    let first = lines.next().expect("line").expect("utf8");
+    let url = format!("http://{}", first.strip_prefix("serving workers on ").expect("address"));
+    let spawn = || Command::new(env!("CARGO_BIN_EXE_steppe")).args(["worker", "--coordinator", &url, "--slots", "1"]).stderr(std::process::Stdio::null()).spawn().expect("worker");
+    let mut first_worker = spawn();
+    let mut seen = Vec::new();
+    for l in lines.by_ref() {
+        let l = l.expect("utf8");
+        seen.push(l.clone());
+        if l.contains("[long] begun") {
+            break;
+        }
+    }
+    let t0 = Instant::now();
+    assert!(Command::new("kill").args(["-TERM", &first_worker.id().to_string()]).status().expect("kill").success());
+    let drained = first_worker.wait().expect("wait");
+    assert_eq!(drained.code(), Some(0), "a drained worker exits cleanly");
+    assert!(t0.elapsed() >= Duration::from_millis(1000), "it finished the running step before exiting");
+    let mut second = spawn();
+    seen.extend(lines.map_while(Result::ok));
+    let all = seen.join("\n");
+    assert_eq!(coord.wait().expect("wait").code(), Some(0), "{all}");
+    assert_eq!(all.matches("[long] begun").count(), 1, "the drained step was not run twice: {all}");
+    assert!(all.contains("✔ long") && all.contains("✔ next"), "{all}");
+    let _ = second.wait();
+}

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use steppe_proto::v1::coordinator_client::CoordinatorClient;
-use steppe_proto::v1::{coordinator_message, worker_message, Heartbeat, Hello, OutputLine, WorkerMessage};
+use steppe_proto::v1::{coordinator_message, worker_message, Drain, Heartbeat, Hello, OutputLine, Release, WorkerMessage};
 use steppe_shared::artifacts::{ArtifactStore, LocalArtifactStore};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -95,24 +95,57 @@ pub async fn run(url: &str, slots: u32, name: &str, work_root: PathBuf, token: O
         }
     });
     let cancels = Cancels::default();
-    // A session that ends, cleanly or not, means the coordinator is gone.
-    while let Ok(Some(m)) = inbound.message().await {
-        match m.msg {
-            Some(coordinator_message::Msg::Assignment(wa)) => {
-                let a = assignment_from_wire(wa);
-                let (tx, store, work_root, cancels) = (tx.clone(), store.clone(), work_root.clone(), cancels.clone());
-                tokio::spawn(async move {
-                    let cancel = cancels.register(&a.id);
-                    let sink = Arc::new(Lines { tx: tx.clone(), id: a.id.clone() });
-                    let r = execute(&a, store, &work_root, sink, cancel).await;
-                    cancels.done(&a.id);
-                    let _ = tx.send(WorkerMessage { msg: Some(worker_message::Msg::Result(result_to_wire(&r))) }).await;
-                });
+    let mut running = tokio::task::JoinSet::new();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    let mut draining = false;
+    loop {
+        let sigterm = async {
+            match term.as_mut() {
+                Some(t) if !draining => {
+                    t.recv().await;
+                }
+                _ => std::future::pending::<()>().await,
             }
-            Some(coordinator_message::Msg::Cancel(c)) => {
-                cancels.cancel(&c.assignment_id);
+        };
+        tokio::select! {
+            _ = sigterm => {
+                // SIGTERM drains: nothing new is taken, what runs finishes and reports.
+                draining = true;
+                eprintln!("steppe worker {name}: draining ({} running)", running.len());
+                let _ = tx.send(WorkerMessage { msg: Some(worker_message::Msg::Drain(Drain {})) }).await;
+                if running.is_empty() {
+                    break;
+                }
             }
-            Some(coordinator_message::Msg::Welcome(_)) | None => {}
+            Some(_) = running.join_next(), if !running.is_empty() => {
+                if draining && running.is_empty() {
+                    break;
+                }
+            }
+            m = inbound.message() => {
+                // A session that ends, cleanly or not, means the coordinator is gone.
+                let Ok(Some(m)) = m else { break };
+                match m.msg {
+                    Some(coordinator_message::Msg::Assignment(wa)) if draining => {
+                        let _ = tx.send(WorkerMessage { msg: Some(worker_message::Msg::Release(Release { assignment_id: wa.id })) }).await;
+                    }
+                    Some(coordinator_message::Msg::Assignment(wa)) => {
+                        let a = assignment_from_wire(wa);
+                        let (tx, store, work_root, cancels) = (tx.clone(), store.clone(), work_root.clone(), cancels.clone());
+                        running.spawn(async move {
+                            let cancel = cancels.register(&a.id);
+                            let sink = Arc::new(Lines { tx: tx.clone(), id: a.id.clone() });
+                            let r = execute(&a, store, &work_root, sink, cancel).await;
+                            cancels.done(&a.id);
+                            let _ = tx.send(WorkerMessage { msg: Some(worker_message::Msg::Result(result_to_wire(&r))) }).await;
+                        });
+                    }
+                    Some(coordinator_message::Msg::Cancel(c)) => {
+                        cancels.cancel(&c.assignment_id);
+                    }
+                    Some(coordinator_message::Msg::Welcome(_)) | None => {}
+                }
+            }
         }
     }
     heartbeat.abort();
