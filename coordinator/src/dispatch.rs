@@ -25,6 +25,8 @@ pub enum DispatchMsg {
     Cancel(String),
     /// Ctrl-C: stop everything in flight.
     CancelAll,
+    /// Stop what one run has in flight (its assignment ids start with `<run id>-`).
+    CancelRun(String),
     /// A remote session took this assignment (so a cancel can reach it).
     RunningRemotely(String, SessionTx),
     /// A lost worker held this assignment: back on the queue (at least once).
@@ -107,6 +109,13 @@ impl Actor for DispatcherActor {
                     st.cancel(&id).await;
                 }
             }
+            DispatchMsg::CancelRun(run) => {
+                let prefix = format!("{run}-");
+                let ids: Vec<String> = st.pending.keys().filter(|k| k.starts_with(&prefix)).cloned().collect();
+                for id in ids {
+                    st.cancel(&id).await;
+                }
+            }
             DispatchMsg::RunningRemotely(id, tx) => {
                 if st.pending.contains_key(&id) {
                     st.remote.insert(id, tx);
@@ -171,6 +180,10 @@ impl Dispatcher {
 
     pub fn cancel_all(&self) {
         let _ = self.actor.cast(DispatchMsg::CancelAll);
+    }
+
+    pub fn cancel_run(&self, run_id: &str) {
+        let _ = self.actor.cast(DispatchMsg::CancelRun(run_id.to_string()));
     }
 }
 

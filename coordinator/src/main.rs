@@ -282,6 +282,23 @@ struct ExecArgs {
     /// SUBSTRING (case-insensitive) gets ANSWER. Repeatable.
     #[arg(long = "answer", value_name = "SUBSTRING=ANSWER")]
     answer: Vec<String>,
+    /// Run on this coordinator instead of in this process (as `steppe submit`).
+    #[arg(long, value_name = "URL")]
+    coordinator: Option<String>,
+    /// With --coordinator: a file holding the coordinator's token.
+    #[arg(long, value_name = "FILE", requires = "coordinator")]
+    token_file: Option<PathBuf>,
+}
+
+impl ExecArgs {
+    /// `--coordinator`: hand the run to a coordinator and follow it.
+    fn remote(&self, path: &Path, job: Option<&str>, test: bool, vars: &VarArgs) -> Result<Option<ExitCode>> {
+        let Some(url) = &self.coordinator else { return Ok(None) };
+        let token = submit::read_token(self.token_file.as_deref())?;
+        let vars = vars.resolve()?.into_iter().collect();
+        let code = runtime()?.block_on(submit::submit(url, token.as_deref(), path, job, test, vars, self.answer.clone()))?;
+        Ok(Some(ExitCode::from(u8::try_from(code).unwrap_or(2))))
+    }
 }
 
 #[derive(Args, Debug, Default)]
@@ -509,8 +526,21 @@ async fn start_services_with(
     Ok(svc)
 }
 
-/// An engine for one loaded pipeline on the shared services.
+/// An engine for one loaded pipeline on the shared services (sharing their
+/// Ctrl-C switch).
 fn make_engine(svc: &Services, loaded: &steppe_shared::Loaded, answers: Vec<(String, String)>, scripted: Option<(String, Option<String>)>) -> Arc<engine::Engine> {
+    make_engine_with(svc, loaded, answers, scripted, svc.cancel_tx.clone(), svc.cancel_rx.clone())
+}
+
+/// As [`make_engine`], with an abort switch of its own (a submission).
+fn make_engine_with(
+    svc: &Services,
+    loaded: &steppe_shared::Loaded,
+    answers: Vec<(String, String)>,
+    scripted: Option<(String, Option<String>)>,
+    cancel_tx: Arc<tokio::sync::watch::Sender<bool>>,
+    cancel_rx: tokio::sync::watch::Receiver<bool>,
+) -> Arc<engine::Engine> {
     let dir = if loaded.dir.as_os_str().is_empty() { PathBuf::from(".") } else { loaded.dir.clone() };
     Arc::new(engine::Engine {
         pipeline: Arc::new(loaded.pipeline.clone()),
@@ -519,8 +549,8 @@ fn make_engine(svc: &Services, loaded: &steppe_shared::Loaded, answers: Vec<(Str
         store: svc.store.clone(),
         dispatcher: svc.dispatcher.clone(),
         out: svc.out.clone(),
-        cancel: svc.cancel_rx.clone(),
-        cancel_tx: svc.cancel_tx.clone(),
+        cancel: cancel_rx,
+        cancel_tx,
         env_model: LoadOptions::from_env(Default::default()).env_model,
         scripted: scripted.as_ref().map(|(p, _)| p.clone()),
         scripted_fallback: scripted.and_then(|(_, f)| f),
@@ -585,6 +615,9 @@ fn run_id() -> String {
 }
 
 fn run_job(path: &Path, job: Option<&str>, exec: &ExecArgs, vars: &VarArgs) -> Result<ExitCode> {
+    if let Some(code) = exec.remote(path, job, false, vars)? {
+        return Ok(code);
+    }
     let loaded = match load_or_report(path, vars)? {
         Ok(l) => l,
         Err(code) => return Ok(code),
@@ -628,6 +661,12 @@ fn run_job(path: &Path, job: Option<&str>, exec: &ExecArgs, vars: &VarArgs) -> R
 }
 
 fn test(path: &Path, script: Option<&Path>, dump: Option<&Path>, exec: &ExecArgs, vars: &VarArgs) -> Result<ExitCode> {
+    if script.is_some() && exec.coordinator.is_some() {
+        anyhow::bail!("--script runs the scripted model in this process; it cannot be combined with --coordinator");
+    }
+    if let Some(code) = exec.remote(path, None, true, vars)? {
+        return Ok(code);
+    }
     let scenario = match script {
         Some(p) => Some(scripted::load(p)?),
         None => None,

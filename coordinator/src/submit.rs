@@ -149,15 +149,27 @@ impl RunService {
                 return 2;
             }
         };
-        let engine = crate::make_engine(&self.svc, &loaded, answers, None);
+        let (cancel_tx, cancel_rx) = tokio::sync::watch::channel(false);
+        let engine = crate::make_engine_with(&self.svc, &loaded, answers, None, Arc::new(cancel_tx), cancel_rx);
         let jobs = loaded.pipeline.jobs.clone();
         let run = |job: steppe_shared::model::Job| {
             let engine = engine.clone();
             let lines = lines.clone();
             async move {
                 let run_id = crate::run_id();
-                engine.out.watch(&run_id, lines);
-                let r = crate::run_one_as(&engine, &job, run_id.clone()).await;
+                engine.out.watch(&run_id, lines.clone());
+                let r = {
+                    let fut = crate::run_one_as(&engine, &job, run_id.clone());
+                    tokio::pin!(fut);
+                    tokio::select! {
+                        r = &mut fut => r,
+                        // The submitter went away (Ctrl-C): abort this run, hooks keep their grace.
+                        _ = lines.closed() => {
+                            engine.abort_run(&run_id);
+                            fut.await
+                        }
+                    }
+                };
                 engine.out.flush().await;
                 engine.out.unwatch(&run_id);
                 r
@@ -231,9 +243,16 @@ impl Runs for RunService {
         let (ltx, mut lrx) = mpsc::unbounded_channel::<String>();
         let forward_tx = tx.clone();
         let forward = tokio::spawn(async move {
-            while let Some(l) = lrx.recv().await {
-                if forward_tx.send(Ok(RunEvent { event: Some(run_event::Event::Line(l)) })).await.is_err() {
-                    return;
+            loop {
+                tokio::select! {
+                    l = lrx.recv() => {
+                        let Some(l) = l else { return };
+                        if forward_tx.send(Ok(RunEvent { event: Some(run_event::Event::Line(l)) })).await.is_err() {
+                            // Dropping the receiver tells the run its submitter is gone.
+                            return;
+                        }
+                    }
+                    _ = forward_tx.closed() => return,
                 }
             }
         });

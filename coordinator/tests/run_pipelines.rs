@@ -365,9 +365,12 @@ fn submit_through_a_coordinator_and_two_workers() {
         assert_eq!(out.status.code(), Some(0), "{name} through the coordinator:\n{t}");
         assert!(t.lines().any(|l| l.ends_with(" passed")), "{t}");
     }
+    // `steppe test --coordinator` is the same as `steppe submit --test`.
+    let out = steppe(&["test", "blocks.yml", "--coordinator", &url, "--token-file", "token"], &work);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     // Exit codes carry over: a failing job is 1, a missing token is refused.
     std::fs::write(work.join("fail.yml"), "jobs:\n- name: j\n  plan:\n  - task: t\n    run: exit 3\n").expect("write");
-    let out = steppe(&["submit", "fail.yml", "--coordinator", &url, "--token-file", "token"], &work);
+    let out = steppe(&["run", "fail.yml", "--coordinator", &url, "--token-file", "token"], &work);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(text(&out).contains("exit status 3"), "{}", text(&out));
     let out = steppe(&["submit", "fail.yml", "--coordinator", &url], &work);
@@ -435,4 +438,57 @@ fn sigterm_drains_a_worker() {
     assert_eq!(all.matches("[long] begun").count(), 1, "the drained step was not run twice: {all}");
     assert!(all.contains("✔ long") && all.contains("✔ next"), "{all}");
     let _ = second.wait();
+}
+
+/// A submitter that goes away (Ctrl-C, killed) aborts its run on the
+/// coordinator: the cancel reaches the worker running the step within a
+/// second, and the step's on_abort hook still runs.
+#[test]
+fn a_vanished_submitter_aborts_its_run_on_the_worker() {
+    use std::io::{BufRead, BufReader};
+    let work = scratch("vanish");
+    let marker = work.join("aborted");
+    let started = work.join("started");
+    std::fs::write(
+        work.join("p.yml"),
+        format!(
+            "jobs:\n- name: j\n  plan:\n  - task: long\n    run: touch {}; sleep 30\n    on_abort:\n      task: note\n      run: echo aborted > {}\n",
+            started.display(),
+            marker.display()
+        ),
+    )
+    .expect("write");
+    let mut coord = Command::new(env!("CARGO_BIN_EXE_steppe"))
+        .args(["coordinator", "--listen", "127.0.0.1:0", "--state", "state"])
+        .current_dir(&work)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn coordinator");
+    let mut lines = BufReader::new(coord.stdout.take().expect("stdout")).lines();
+    let first = lines.next().expect("line").expect("utf8");
+    let url = format!("http://{}", first.strip_prefix("serving workers on ").expect("address"));
+    std::thread::spawn(move || for _ in lines.by_ref() {});
+    let mut worker = Command::new(env!("CARGO_BIN_EXE_steppe")).args(["worker", "--coordinator", &url, "--slots", "2"]).stderr(std::process::Stdio::null()).spawn().expect("worker");
+    let mut submitter = Command::new(env!("CARGO_BIN_EXE_steppe"))
+        .args(["submit", "p.yml", "--coordinator", &url])
+        .current_dir(&work)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("submit");
+    let t0 = Instant::now();
+    while !started.exists() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "the step never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    submitter.kill().expect("kill the submitter");
+    let _ = submitter.wait();
+    let t1 = Instant::now();
+    while !marker.exists() {
+        assert!(t1.elapsed() < Duration::from_secs(10), "the run was not aborted on the coordinator");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(t1.elapsed() < Duration::from_secs(3), "abort took {:?}", t1.elapsed());
+    let _ = coord.kill();
+    let _ = coord.wait();
+    let _ = worker.wait();
 }

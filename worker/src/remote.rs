@@ -149,5 +149,12 @@ pub async fn run(url: &str, slots: u32, name: &str, work_root: PathBuf, token: O
         }
     }
     heartbeat.abort();
+    if draining {
+        // Close our side only now, and wait for the coordinator to close its
+        // side: that is when it has read every result we sent (an exit right
+        // away could lose the last one, and the step would run again).
+        drop(tx);
+        let _ = tokio::time::timeout(Duration::from_secs(10), async { while let Ok(Some(_)) = inbound.message().await {} }).await;
+    }
     Ok(())
 }

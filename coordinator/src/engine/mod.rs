@@ -55,6 +55,13 @@ impl Engine {
         let _ = self.cancel_tx.send(true);
         self.dispatcher.cancel_all();
     }
+
+    /// Stops one run only (its client went away): this engine's runs see the
+    /// abort flag, and only their own assignments are cancelled.
+    pub fn abort_run(&self, run_id: &str) {
+        let _ = self.cancel_tx.send(true);
+        self.dispatcher.cancel_run(run_id);
+    }
 }
 
 /// What running one step produced.
