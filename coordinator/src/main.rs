@@ -2,6 +2,7 @@
 
 mod dispatch;
 mod engine;
+mod history;
 mod registry;
 mod run_actor;
 mod scripted;
@@ -208,8 +209,10 @@ enum Command {
     ///   steppe runs ci.yml --run r-18c2… --logs
     #[command(verbatim_doc_comment)]
     Runs {
-        /// The pipeline file (its store is .steppe/<file>.db beside it).
-        pipeline: PathBuf,
+        /// The pipeline file (its store is .steppe/<file>.db beside it);
+        /// not needed with --coordinator.
+        #[arg(required_unless_present = "coordinator")]
+        pipeline: Option<PathBuf>,
         /// Only runs of this job.
         #[arg(long)]
         job: Option<String>,
@@ -234,27 +237,40 @@ enum Command {
         /// Show the run's events (steps started and ended, notes) in order.
         #[arg(long)]
         events: bool,
+        #[command(flatten)]
+        remote: RemoteArgs,
     },
     /// List approvals waiting for a decision (ID JOB REQUESTED MESSAGE).
     Approvals {
-        /// The pipeline file.
-        pipeline: PathBuf,
+        /// The pipeline file (not needed with --coordinator).
+        #[arg(required_unless_present = "coordinator")]
+        pipeline: Option<PathBuf>,
+        #[command(flatten)]
+        remote: RemoteArgs,
     },
     /// Approve a parked approval: the run continues.
     Approve {
-        pipeline: PathBuf,
-        id: i64,
+        /// The pipeline file (left out with --coordinator), then the
+        /// approval's id from `steppe approvals`.
+        #[arg(value_name = "PIPELINE> <ID", num_args = 1..=2, required = true)]
+        target: Vec<String>,
         /// Why (kept in the record).
         #[arg(long, default_value = "")]
         reason: String,
+        #[command(flatten)]
+        remote: RemoteArgs,
     },
     /// Reject a parked approval: the approval step fails.
     Reject {
-        pipeline: PathBuf,
-        id: i64,
+        /// The pipeline file (left out with --coordinator), then the
+        /// approval's id from `steppe approvals`.
+        #[arg(value_name = "PIPELINE> <ID", num_args = 1..=2, required = true)]
+        target: Vec<String>,
         /// Why (kept in the record and shown in the failure).
         #[arg(long, default_value = "")]
         reason: String,
+        #[command(flatten)]
+        remote: RemoteArgs,
     },
     /// Print the JSON Schema of the pipeline format.
     ///
@@ -263,6 +279,18 @@ enum Command {
     ///   # yaml-language-server: $schema=./steppe.schema.json
     #[command(verbatim_doc_comment)]
     Schema,
+}
+
+/// `--coordinator`: read (and decide) on a coordinator's store instead of the pipeline's own.
+#[derive(Args, Debug, Default)]
+struct RemoteArgs {
+    /// Use this coordinator's history (e.g. http://10.0.0.5:7070) instead of
+    /// the pipeline's .steppe/ store.
+    #[arg(long, value_name = "URL")]
+    coordinator: Option<String>,
+    /// With --coordinator: a file holding the coordinator's token.
+    #[arg(long, value_name = "FILE", requires = "coordinator")]
+    token_file: Option<PathBuf>,
 }
 
 #[derive(Args, Debug, Default)]
@@ -363,18 +391,25 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Run { pipeline, job, exec, vars } => run_job(&pipeline, job.as_deref(), &exec, &vars),
         Command::Test { pipeline, script, dump_requests, exec, vars } => test(&pipeline, script.as_deref(), dump_requests.as_deref(), &exec, &vars),
         Command::ScriptedModel { script, listen } => scripted_model(&script, listen),
-        Command::Runs { pipeline, job, limit, steps, run, logs, cost, transcript, events } => {
+        Command::Runs { pipeline, job, limit, steps, run, logs, cost, transcript, events, remote } => {
+            let h = History::open(pipeline.as_deref(), &remote)?;
             if events {
-                runs_events(&pipeline, job.as_deref(), run.as_deref())
+                runs_events(&h, job.as_deref(), run.as_deref())
             } else if cost {
-                runs_cost(&pipeline, job.as_deref(), limit, run.as_deref())
+                runs_cost(&h, job.as_deref(), limit, run.as_deref())
             } else {
-                runs(&pipeline, job.as_deref(), limit, steps || transcript, run.as_deref(), logs, transcript)
+                runs(&h, job.as_deref(), limit, steps || transcript, run.as_deref(), logs, transcript)
             }
         }
-        Command::Approvals { pipeline } => approvals(&pipeline),
-        Command::Approve { pipeline, id, reason } => decide(&pipeline, id, true, &reason),
-        Command::Reject { pipeline, id, reason } => decide(&pipeline, id, false, &reason),
+        Command::Approvals { pipeline, remote } => approvals(&History::open(pipeline.as_deref(), &remote)?),
+        Command::Approve { target, reason, remote } => {
+            let (pipeline, id) = approval_target(&target, &remote)?;
+            decide(&History::open(pipeline.as_deref(), &remote)?, id, true, &reason)
+        }
+        Command::Reject { target, reason, remote } => {
+            let (pipeline, id) = approval_target(&target, &remote)?;
+            decide(&History::open(pipeline.as_deref(), &remote)?, id, false, &reason)
+        }
         Command::Worker { coordinator, slots, token_file } => worker(&coordinator, slots, token_file.as_deref()),
         Command::Coordinator { listen, workers, state, token_file, queue, store } => {
             coordinator(listen, workers, &state, token_file.as_deref(), queue.as_deref(), store.as_deref())
@@ -482,6 +517,7 @@ async fn start_services_with(
     if slots == 0 && listen.is_none() {
         anyhow::bail!("--workers 0 leaves nobody to run steps; add --listen ADDR and start `steppe worker`s");
     }
+    let history_store = runs.clone();
     let out = Arc::new(engine::Output::start(quiet, Some(runs)).await.context("starting the event hub")?);
     let (cancel_tx, cancel_rx) = tokio::sync::watch::channel(false);
     let queue = queue.unwrap_or_else(|| Arc::new(InProcessQueue::new()));
@@ -509,13 +545,15 @@ async fn start_services_with(
         }
         let workers = service::WorkerService { dispatcher: svc.dispatcher.clone(), sink: svc.out.clone(), artifact_dir, registry: svc.registry.clone() };
         let runs = submit::RunService { svc: svc.clone() };
+        let history = history::HistoryService { store: history_store };
         let auth = submit::TokenCheck::new(token, svc.out.clone());
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
         tokio::spawn(async move {
             let r = tonic::transport::Server::builder()
                 .tcp_nodelay(true)
                 .add_service(steppe_proto::v1::coordinator_server::CoordinatorServer::with_interceptor(workers, auth.clone()))
-                .add_service(steppe_proto::v1::runs_server::RunsServer::with_interceptor(runs, auth))
+                .add_service(steppe_proto::v1::runs_server::RunsServer::with_interceptor(runs, auth.clone()))
+                .add_service(steppe_proto::v1::history_server::HistoryServer::with_interceptor(history, auth))
                 .serve_with_incoming(incoming)
                 .await;
             if let Err(e) = r {
@@ -529,7 +567,7 @@ async fn start_services_with(
 /// An engine for one loaded pipeline on the shared services (sharing their
 /// Ctrl-C switch).
 fn make_engine(svc: &Services, loaded: &steppe_shared::Loaded, answers: Vec<(String, String)>, scripted: Option<(String, Option<String>)>) -> Arc<engine::Engine> {
-    make_engine_with(svc, loaded, answers, scripted, svc.cancel_tx.clone(), svc.cancel_rx.clone())
+    Arc::new(make_engine_with(svc, loaded, answers, scripted, svc.cancel_tx.clone(), svc.cancel_rx.clone()))
 }
 
 /// As [`make_engine`], with an abort switch of its own (a submission).
@@ -540,12 +578,13 @@ fn make_engine_with(
     scripted: Option<(String, Option<String>)>,
     cancel_tx: Arc<tokio::sync::watch::Sender<bool>>,
     cancel_rx: tokio::sync::watch::Receiver<bool>,
-) -> Arc<engine::Engine> {
+) -> engine::Engine {
     let dir = if loaded.dir.as_os_str().is_empty() { PathBuf::from(".") } else { loaded.dir.clone() };
-    Arc::new(engine::Engine {
+    engine::Engine {
         pipeline: Arc::new(loaded.pipeline.clone()),
         dir,
         pipeline_path: loaded.path.clone(),
+        decide_with: loaded.path.display().to_string(),
         store: svc.store.clone(),
         dispatcher: svc.dispatcher.clone(),
         out: svc.out.clone(),
@@ -555,7 +594,7 @@ fn make_engine_with(
         scripted: scripted.as_ref().map(|(p, _)| p.clone()),
         scripted_fallback: scripted.and_then(|(_, f)| f),
         answers,
-    })
+    }
 }
 
 fn parse_answers(answers: &[String]) -> Result<Vec<(String, String)>> {
@@ -825,17 +864,36 @@ fn fmt_time(ms: i64) -> String {
     format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}Z", rem / 3600, (rem % 3600) / 60, rem % 60)
 }
 
-fn runs(path: &Path, job: Option<&str>, limit: usize, steps: bool, run: Option<&str>, logs: bool, transcript: bool) -> Result<ExitCode> {
-    use steppe_shared::store::{db_path, SqliteStore, Store};
-    let db = db_path(path);
-    let Some(store) = SqliteStore::open_existing(&db)? else {
-        println!("no runs recorded for {} (no store at {})", path.display(), db.display());
+/// Where `runs`, `approvals`, `approve` and `reject` look: the pipeline's
+/// own store (None when nothing has run yet) or a coordinator's.
+struct History {
+    store: Option<Box<dyn steppe_shared::store::Store>>,
+    /// Names the history in messages: the pipeline file or the coordinator.
+    label: String,
+}
+
+impl History {
+    fn open(pipeline: Option<&Path>, remote: &RemoteArgs) -> Result<History> {
+        if let Some(url) = &remote.coordinator {
+            let token = submit::read_token(remote.token_file.as_deref())?;
+            let store = history::RemoteStore::connect(url, token.as_deref())?;
+            return Ok(History { store: Some(Box::new(store)), label: format!("the coordinator at {url}") });
+        }
+        let path = pipeline.context("name the pipeline file (or --coordinator URL)")?;
+        let store = steppe_shared::store::SqliteStore::open_existing(&steppe_shared::store::db_path(path))?;
+        Ok(History { store: store.map(|s| Box::new(s) as Box<dyn steppe_shared::store::Store>), label: path.display().to_string() })
+    }
+}
+
+fn runs(h: &History, job: Option<&str>, limit: usize, steps: bool, run: Option<&str>, logs: bool, transcript: bool) -> Result<ExitCode> {
+    let Some(store) = &h.store else {
+        println!("no runs recorded for {}", h.label);
         return Ok(ExitCode::SUCCESS);
     };
     if !steps && !logs && run.is_none() {
         let rows = store.runs(job, limit)?;
         if rows.is_empty() {
-            println!("no runs recorded for {}", path.display());
+            println!("no runs recorded for {}", h.label);
             return Ok(ExitCode::SUCCESS);
         }
         println!("{:<26} {:<20} {:<21} {:>9}  OUTCOME", "RUN", "JOB", "STARTED", "DURATION");
@@ -848,8 +906,8 @@ fn runs(path: &Path, job: Option<&str>, limit: usize, steps: bool, run: Option<&
         return Ok(ExitCode::SUCCESS);
     }
     let record = match run {
-        Some(id) => store.run(id)?.with_context(|| format!("no run {id} in {}", db.display()))?,
-        None => store.runs(job, 1)?.into_iter().next().with_context(|| format!("no runs recorded for {}", path.display()))?,
+        Some(id) => store.run(id)?.with_context(|| format!("no run {id} in the history of {}", h.label))?,
+        None => store.runs(job, 1)?.into_iter().next().with_context(|| format!("no runs recorded for {}", h.label))?,
     };
     println!("run {} of job {} ({})", record.id, record.job, record.outcome.as_deref().unwrap_or("running"));
     if steps || !logs {
@@ -889,15 +947,14 @@ fn runs(path: &Path, job: Option<&str>, limit: usize, steps: bool, run: Option<&
     Ok(ExitCode::SUCCESS)
 }
 
-fn approvals(path: &Path) -> Result<ExitCode> {
-    use steppe_shared::store::{db_path, SqliteStore, Store};
-    let Some(store) = SqliteStore::open_existing(&db_path(path))? else {
-        println!("no approvals pending for {}", path.display());
+fn approvals(h: &History) -> Result<ExitCode> {
+    let Some(store) = &h.store else {
+        println!("no approvals pending for {}", h.label);
         return Ok(ExitCode::SUCCESS);
     };
     let pending = store.pending_approvals()?;
     if pending.is_empty() {
-        println!("no approvals pending for {}", path.display());
+        println!("no approvals pending for {}", h.label);
         return Ok(ExitCode::SUCCESS);
     }
     println!("{:<4} {:<20} {:<21} MESSAGE", "ID", "JOB", "REQUESTED");
@@ -907,13 +964,25 @@ fn approvals(path: &Path) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn decide(path: &Path, id: i64, approve: bool, reason: &str) -> Result<ExitCode> {
-    use steppe_shared::store::{db_path, SqliteStore, Store};
-    let db = db_path(path);
-    let store = SqliteStore::open_existing(&db)?.with_context(|| format!("no store at {}: nothing has run yet", db.display()))?;
+/// `approve|reject [PIPELINE] ID`: the pipeline is needed unless --coordinator.
+fn approval_target(target: &[String], remote: &RemoteArgs) -> Result<(Option<PathBuf>, i64)> {
+    let (pipeline, id) = match target {
+        [id] => (None, id),
+        [pipeline, id] => (Some(PathBuf::from(pipeline)), id),
+        _ => anyhow::bail!("give the pipeline file and the approval id, e.g. `steppe approve ci.yml 3`"),
+    };
+    if pipeline.is_none() && remote.coordinator.is_none() {
+        anyhow::bail!("give the pipeline file before the id (`steppe approve ci.yml {id}`), or --coordinator URL");
+    }
+    let id = id.parse().with_context(|| format!("{id:?} is not an approval id: `steppe approvals` lists them"))?;
+    Ok((pipeline, id))
+}
+
+fn decide(h: &History, id: i64, approve: bool, reason: &str) -> Result<ExitCode> {
+    let store = h.store.as_ref().with_context(|| format!("nothing has run yet for {}", h.label))?;
     let approver = ["STEPPE_APPROVER", "USER", "LOGNAME"].iter().find_map(|v| std::env::var(v).ok().filter(|s| !s.is_empty())).unwrap_or_else(|| "unknown".into());
     let Some(rec) = store.approval(id)? else {
-        anyhow::bail!("no approval {id} in {}", db.display());
+        anyhow::bail!("no approval {id} for {}", h.label);
     };
     if let Some(d) = &rec.decision {
         anyhow::bail!("approval {id} was already {d} by {}", rec.approver);
@@ -952,10 +1021,9 @@ fn thousands(n: i64) -> String {
     if n < 0 { format!("-{out}") } else { out }
 }
 
-fn runs_cost(path: &Path, job: Option<&str>, limit: usize, run: Option<&str>) -> Result<ExitCode> {
-    use steppe_shared::store::{db_path, SqliteStore, Store};
-    let Some(store) = SqliteStore::open_existing(&db_path(path))? else {
-        println!("no runs recorded for {}", path.display());
+fn runs_cost(h: &History, job: Option<&str>, limit: usize, run: Option<&str>) -> Result<ExitCode> {
+    let Some(store) = &h.store else {
+        println!("no runs recorded for {}", h.label);
         return Ok(ExitCode::SUCCESS);
     };
     match run {
@@ -979,15 +1047,14 @@ fn runs_cost(path: &Path, job: Option<&str>, limit: usize, run: Option<&str>) ->
     Ok(ExitCode::SUCCESS)
 }
 
-fn runs_events(path: &Path, job: Option<&str>, run: Option<&str>) -> Result<ExitCode> {
-    use steppe_shared::store::{db_path, SqliteStore, Store};
-    let Some(store) = SqliteStore::open_existing(&db_path(path))? else {
-        println!("no runs recorded for {}", path.display());
+fn runs_events(h: &History, job: Option<&str>, run: Option<&str>) -> Result<ExitCode> {
+    let Some(store) = &h.store else {
+        println!("no runs recorded for {}", h.label);
         return Ok(ExitCode::SUCCESS);
     };
     let id = match run {
         Some(id) => id.to_string(),
-        None => store.runs(job, 1)?.into_iter().next().map(|r| r.id).with_context(|| format!("no runs recorded for {}", path.display()))?,
+        None => store.runs(job, 1)?.into_iter().next().map(|r| r.id).with_context(|| format!("no runs recorded for {}", h.label))?,
     };
     for (kind, step, message) in store.events(&id)? {
         println!("{kind:<8} {step:<30} {message}");

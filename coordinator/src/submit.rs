@@ -150,7 +150,9 @@ impl RunService {
             }
         };
         let (cancel_tx, cancel_rx) = tokio::sync::watch::channel(false);
-        let engine = crate::make_engine_with(&self.svc, &loaded, answers, None, Arc::new(cancel_tx), cancel_rx);
+        let mut engine = crate::make_engine_with(&self.svc, &loaded, answers, None, Arc::new(cancel_tx), cancel_rx);
+        engine.decide_with = "--coordinator URL".into();
+        let engine = Arc::new(engine);
         let jobs = loaded.pipeline.jobs.clone();
         let run = |job: steppe_shared::model::Job| {
             let engine = engine.clone();

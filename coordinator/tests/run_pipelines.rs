@@ -389,6 +389,36 @@ fn submit_through_a_coordinator_and_two_workers() {
     let mut w = worker(&url, true);
     let out = steppe(&["submit", "again.yml", "--job", "deploy", "--coordinator", &url, "--token-file", "token"], &work);
     assert_eq!(out.status.code(), Some(0), "after a restart, deploy's passed: [build] finds what build recorded:\n{}", text(&out));
+    // The history and approvals, read and decided through the coordinator.
+    let runs = |extra: &[&str]| text(&steppe(&[&["runs", "--coordinator", &url, "--token-file", "token"][..], extra].concat(), &work));
+    let t = runs(&[]);
+    assert!(t.lines().any(|l| l.contains(" deploy ") && l.ends_with("succeeded")) && t.contains(" build "), "{t}");
+    let t = runs(&["--steps"]);
+    assert!(t.starts_with("run ") && t.contains("of job deploy (succeeded)"), "{t}");
+    let out = steppe(&["runs", "--coordinator", &url], &work);
+    assert_ne!(out.status.code(), Some(0), "no token, no history: {}", text(&out));
+    std::fs::write(work.join("ship.yml"), "jobs:\n- name: ship\n  plan:\n  - approval:\n      message: Ship it?\n      timeout: 1m\n  - task: deploy\n    run: echo deployed\n").expect("write");
+    let child = Command::new(env!("CARGO_BIN_EXE_steppe"))
+        .args(["submit", "ship.yml", "--coordinator", &url, "--token-file", "token"])
+        .current_dir(&work)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn submit");
+    let t0 = Instant::now();
+    let id = loop {
+        let t = text(&steppe(&["approvals", "--coordinator", &url, "--token-file", "token"], &work));
+        if let Some(line) = t.lines().find(|l| l.contains("Ship it?")) {
+            break line.split_whitespace().next().expect("id").to_string();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "no pending approval on the coordinator: {t}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let t = text(&steppe(&["approve", &id, "--coordinator", &url, "--token-file", "token"], &work));
+    assert!(t.contains(&format!("approved approval {id}")), "{t}");
+    let out = child.wait_with_output().expect("wait");
+    let t = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    assert!(t.contains("[deploy] deployed") && t.contains("steppe approve --coordinator URL"), "{t}");
     let _ = coord.kill();
     let _ = coord.wait();
     let _ = w.wait();

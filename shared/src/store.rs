@@ -12,6 +12,8 @@ pub enum StoreError {
     Sqlite { path: String, source: rusqlite::Error },
     #[error("store {url}: {message}")]
     Redis { url: String, message: String },
+    #[error("coordinator {url}: {message}")]
+    Remote { url: String, message: String },
     #[error("store {path}: {source}")]
     Io { path: String, source: std::io::Error },
 }

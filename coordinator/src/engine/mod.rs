@@ -34,6 +34,9 @@ pub struct Engine {
     pub dir: PathBuf,
     /// The pipeline file, as the user named it (for the commands we print).
     pub pipeline_path: PathBuf,
+    /// What names this run's history in `steppe approve …` hints: the
+    /// pipeline file, or `--coordinator URL` for a submitted run.
+    pub decide_with: String,
     pub store: Arc<dyn ArtifactStore>,
     pub dispatcher: Arc<Dispatcher>,
     pub out: Arc<Output>,
@@ -837,7 +840,7 @@ impl JobRun {
             Ok(id) => id,
             Err(e) => return Done::err(StepError::errored(format!("approval: {e}")), Vec::new()),
         };
-        let p = self.engine.pipeline_path.display();
+        let p = &self.engine.decide_with;
         let wait = steppe_worker::exec::fmt_duration(timeout);
         self.engine.out.run_note(&self.run_id, &format!("approval {id}: {message}"));
         self.engine.out.run_note(&self.run_id, &format!("approval {id}: waiting up to {wait} — steppe approve {p} {id}   (or: steppe reject {p} {id} --reason …)"));

@@ -1,0 +1,156 @@
+//! The History service (the coordinator's store, read over gRPC) and
+//! `RemoteStore`, its client behind the `Store` trait, so `steppe runs`,
+//! `approvals`, `approve` and `reject` print the same views with or without
+//! `--coordinator`.
+
+use std::sync::Arc;
+
+use steppe_proto::v1::history_client::HistoryClient;
+use steppe_proto::v1::history_query::What;
+use steppe_proto::v1::history_server::History;
+use steppe_proto::v1::{DecideReply, DecideRequest, HistoryQuery, HistoryReply, RunsQuery};
+use steppe_shared::store::{ApprovalRecord, LogLine, RunRecord, StepRecord, Store, StoreError};
+use tonic::codegen::InterceptedService;
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status};
+
+use crate::submit::{bearer, WithToken};
+
+pub struct HistoryService {
+    pub store: Arc<dyn Store>,
+}
+
+fn json<T: serde::Serialize>(v: &T) -> Result<Response<HistoryReply>, Status> {
+    serde_json::to_string(v).map(|json| Response::new(HistoryReply { json })).map_err(|e| Status::internal(e.to_string()))
+}
+
+#[tonic::async_trait]
+impl History for HistoryService {
+    async fn query(&self, req: Request<HistoryQuery>) -> Result<Response<HistoryReply>, Status> {
+        let store = self.store.clone();
+        let what = req.into_inner().what.ok_or_else(|| Status::invalid_argument("an empty query"))?;
+        let reply = tokio::task::spawn_blocking(move || -> Result<Result<Response<HistoryReply>, Status>, StoreError> {
+            Ok(match what {
+                What::Runs(q) => {
+                    let job = Some(q.job.as_str()).filter(|j| !j.is_empty());
+                    json(&store.runs(job, q.limit as usize)?)
+                }
+                What::Run(id) => json(&store.run(&id)?),
+                What::Steps(id) => json(&store.steps(&id)?),
+                What::Logs(id) => json(&store.logs(&id)?),
+                What::Events(id) => json(&store.events(&id)?),
+                What::Approval(id) => json(&store.approval(id)?),
+                What::PendingApprovals(_) => json(&store.pending_approvals()?),
+            })
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?;
+        reply.map_err(|e| Status::unavailable(e.to_string()))?
+    }
+
+    async fn decide(&self, req: Request<DecideRequest>) -> Result<Response<DecideReply>, Status> {
+        let store = self.store.clone();
+        let d = req.into_inner();
+        let decided = tokio::task::spawn_blocking(move || store.decide_approval(d.id, d.approve, &d.reason, &d.approver))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(|e| Status::unavailable(e.to_string()))?;
+        Ok(Response::new(DecideReply { decided }))
+    }
+}
+
+/// A coordinator's store seen from the command line. Only reads and
+/// approval decisions go over the wire; recording is the coordinator's job.
+pub struct RemoteStore {
+    url: String,
+    rt: tokio::runtime::Runtime,
+    client: HistoryClient<InterceptedService<Channel, WithToken>>,
+}
+
+impl RemoteStore {
+    pub fn connect(url: &str, token: Option<&str>) -> anyhow::Result<RemoteStore> {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let channel = rt.block_on(async {
+            tonic::transport::Endpoint::from_shared(url.to_string())
+                .map_err(|e| anyhow::anyhow!("--coordinator {url}: {e}"))?
+                .connect()
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot reach the coordinator at {url}: {e}"))
+        })?;
+        Ok(RemoteStore { url: url.to_string(), client: HistoryClient::with_interceptor(channel, bearer(token)?), rt })
+    }
+
+    fn err(&self, message: impl ToString) -> StoreError {
+        StoreError::Remote { url: self.url.clone(), message: message.to_string() }
+    }
+
+    fn ask<T: serde::de::DeserializeOwned>(&self, what: What) -> Result<T, StoreError> {
+        let mut client = self.client.clone();
+        let reply = self.rt.block_on(client.query(HistoryQuery { what: Some(what) })).map_err(|s| self.err(s.message()))?;
+        serde_json::from_str(&reply.into_inner().json).map_err(|e| self.err(format!("an unreadable reply: {e}")))
+    }
+
+    fn read_only(&self) -> StoreError {
+        self.err("the coordinator records runs itself; this client only reads")
+    }
+}
+
+impl Store for RemoteStore {
+    fn start_run(&self, _: &str, _: &str, _: i64) -> Result<(), StoreError> {
+        Err(self.read_only())
+    }
+    fn finish_run(&self, _: &str, _: i64, _: &str, _: &str) -> Result<(), StoreError> {
+        Err(self.read_only())
+    }
+    fn record_step(&self, _: &StepRecord) -> Result<(), StoreError> {
+        Err(self.read_only())
+    }
+    fn append_logs(&self, _: &str, _: &[LogLine]) -> Result<(), StoreError> {
+        Err(self.read_only())
+    }
+    fn runs(&self, job: Option<&str>, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
+        self.ask(What::Runs(RunsQuery { job: job.unwrap_or_default().to_string(), limit: u32::try_from(limit).unwrap_or(u32::MAX) }))
+    }
+    fn run(&self, id: &str) -> Result<Option<RunRecord>, StoreError> {
+        self.ask(What::Run(id.to_string()))
+    }
+    fn steps(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError> {
+        self.ask(What::Steps(run_id.to_string()))
+    }
+    fn logs(&self, run_id: &str) -> Result<Vec<LogLine>, StoreError> {
+        self.ask(What::Logs(run_id.to_string()))
+    }
+    fn record_event(&self, _: &str, _: &str, _: &str, _: &str) -> Result<(), StoreError> {
+        Err(self.read_only())
+    }
+    fn events(&self, run_id: &str) -> Result<Vec<(String, String, String)>, StoreError> {
+        self.ask(What::Events(run_id.to_string()))
+    }
+    fn request_approval(&self, _: &str, _: &str, _: &str, _: i64, _: i64) -> Result<i64, StoreError> {
+        Err(self.read_only())
+    }
+    fn approval(&self, id: i64) -> Result<Option<ApprovalRecord>, StoreError> {
+        self.ask(What::Approval(id))
+    }
+    fn pending_approvals(&self) -> Result<Vec<ApprovalRecord>, StoreError> {
+        self.ask(What::PendingApprovals(true))
+    }
+    fn decide_approval(&self, id: i64, approve: bool, reason: &str, approver: &str) -> Result<bool, StoreError> {
+        let mut client = self.client.clone();
+        let req = DecideRequest { id, approve, reason: reason.to_string(), approver: approver.to_string() };
+        let reply = self.rt.block_on(client.decide(req)).map_err(|s| self.err(s.message()))?;
+        Ok(reply.into_inner().decided)
+    }
+    fn record_versions(&self, _: &str, _: &[serde_json::Value]) -> Result<(), StoreError> {
+        Err(self.read_only())
+    }
+    fn history(&self, _: &str) -> Result<Vec<serde_json::Value>, StoreError> {
+        Err(self.read_only())
+    }
+    fn record_green(&self, _: &str, _: &str, _: &serde_json::Value) -> Result<(), StoreError> {
+        Err(self.read_only())
+    }
+    fn green(&self, _: &str, _: &str) -> Result<Vec<serde_json::Value>, StoreError> {
+        Err(self.read_only())
+    }
+}
