@@ -188,6 +188,10 @@ enum Command {
         /// Run every job and check the asserts, like `steppe test`.
         #[arg(long)]
         test: bool,
+        /// Print the run's id as soon as it begins and return; the run goes
+        /// on (follow it with `steppe runs --coordinator URL --run ID`).
+        #[arg(long, conflicts_with = "test")]
+        detach: bool,
         #[arg(long, value_name = "URL")]
         coordinator: String,
         #[arg(long, value_name = "FILE")]
@@ -324,7 +328,7 @@ impl ExecArgs {
         let Some(url) = &self.coordinator else { return Ok(None) };
         let token = submit::read_token(self.token_file.as_deref())?;
         let vars = vars.resolve()?.into_iter().collect();
-        let code = runtime()?.block_on(submit::submit(url, token.as_deref(), path, job, test, vars, self.answer.clone()))?;
+        let code = runtime()?.block_on(submit::submit(url, token.as_deref(), path, job, test, false, vars, self.answer.clone()))?;
         Ok(Some(ExitCode::from(u8::try_from(code).unwrap_or(2))))
     }
 }
@@ -414,11 +418,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Coordinator { listen, workers, state, token_file, queue, store } => {
             coordinator(listen, workers, &state, token_file.as_deref(), queue.as_deref(), store.as_deref())
         }
-        Command::Submit { pipeline, job, test, coordinator, token_file, answer, vars } => {
+        Command::Submit { pipeline, job, test, detach, coordinator, token_file, answer, vars } => {
             let token = submit::read_token(token_file.as_deref())?;
             let vars = vars.resolve()?.into_iter().collect();
             let rt = runtime()?;
-            let code = rt.block_on(submit::submit(&coordinator, token.as_deref(), &pipeline, job.as_deref(), test, vars, answer))?;
+            let code = rt.block_on(submit::submit(&coordinator, token.as_deref(), &pipeline, job.as_deref(), test, detach, vars, answer))?;
             Ok(ExitCode::from(u8::try_from(code).unwrap_or(2)))
         }
         Command::Schema => {

@@ -121,7 +121,7 @@ fn unpack(root: &Path, pipeline: &str, files: &[BundleFile]) -> Result<PathBuf, 
 }
 
 impl RunService {
-    async fn handle(&self, req: SubmitRequest, lines: &Lines) -> i32 {
+    async fn handle(&self, req: SubmitRequest, lines: &Lines, started: &Lines) -> i32 {
         let id = crate::run_id();
         let root = self.svc.state.join("submissions").join(&id);
         let path = match unpack(&root, &req.pipeline, &req.files) {
@@ -157,16 +157,18 @@ impl RunService {
         let run = |job: steppe_shared::model::Job| {
             let engine = engine.clone();
             let lines = lines.clone();
+            let detach = req.detach;
             async move {
                 let run_id = crate::run_id();
                 engine.out.watch(&run_id, lines.clone());
+                let _ = started.send(run_id.clone());
                 let r = {
                     let fut = crate::run_one_as(&engine, &job, run_id.clone());
                     tokio::pin!(fut);
                     tokio::select! {
                         r = &mut fut => r,
                         // The submitter went away (Ctrl-C): abort this run, hooks keep their grace.
-                        _ = lines.closed() => {
+                        _ = lines.closed(), if !detach => {
                             engine.abort_run(&run_id);
                             fut.await
                         }
@@ -243,10 +245,18 @@ impl Runs for RunService {
         let req = req.into_inner();
         let (tx, rx) = mpsc::channel(1024);
         let (ltx, mut lrx) = mpsc::unbounded_channel::<String>();
+        let (stx, mut srx) = mpsc::unbounded_channel::<String>();
         let forward_tx = tx.clone();
         let forward = tokio::spawn(async move {
             loop {
                 tokio::select! {
+                    // Biased: a run's id goes out before its first line.
+                    biased;
+                    Some(id) = srx.recv() => {
+                        if forward_tx.send(Ok(RunEvent { event: Some(run_event::Event::Started(id)) })).await.is_err() {
+                            return;
+                        }
+                    }
                     l = lrx.recv() => {
                         let Some(l) = l else { return };
                         if forward_tx.send(Ok(RunEvent { event: Some(run_event::Event::Line(l)) })).await.is_err() {
@@ -260,8 +270,8 @@ impl Runs for RunService {
         });
         let me = RunService { svc: self.svc.clone() };
         tokio::spawn(async move {
-            let code = me.handle(req, &ltx).await;
-            drop(ltx);
+            let code = me.handle(req, &ltx, &stx).await;
+            drop((ltx, stx));
             let _ = forward.await;
             let fin = RunFinished { exit_code: code, message: String::new() };
             let _ = tx.send(Ok(RunEvent { event: Some(run_event::Event::Finished(fin)) })).await;
@@ -272,7 +282,9 @@ impl Runs for RunService {
 
 /// `steppe submit`: loads the pipeline here (so problems show before anything
 /// is sent), sends it with every file it reads, prints what comes back.
-pub async fn submit(url: &str, token: Option<&str>, path: &Path, job: Option<&str>, test: bool, vars: HashMap<String, String>, answers: Vec<String>) -> anyhow::Result<i32> {
+/// With `detach`, returns as soon as the run has begun, printing its id.
+#[allow(clippy::too_many_arguments)]
+pub async fn submit(url: &str, token: Option<&str>, path: &Path, job: Option<&str>, test: bool, detach: bool, vars: HashMap<String, String>, answers: Vec<String>) -> anyhow::Result<i32> {
     let opts = LoadOptions::from_env(vars.clone().into_iter().collect());
     let loaded = match load_file(path, &opts) {
         Ok(l) => l,
@@ -296,7 +308,7 @@ pub async fn submit(url: &str, token: Option<&str>, path: &Path, job: Option<&st
         .await
         .map_err(|e| anyhow::anyhow!("cannot reach the coordinator at {url}: {e}"))?;
     let mut client = RunsClient::with_interceptor(channel, bearer(token)?);
-    let req = SubmitRequest { pipeline: name, files, job: job.unwrap_or_default().to_string(), vars, test, answers };
+    let req = SubmitRequest { pipeline: name, files, job: job.unwrap_or_default().to_string(), vars, test, answers, detach };
     let mut stream = client.submit(req).await.map_err(|s| anyhow::anyhow!("the coordinator refused the submission: {}", s.message()))?.into_inner();
     while let Some(ev) = stream.message().await.map_err(|s| anyhow::anyhow!("the coordinator went away: {}", s.message()))? {
         match ev.event {
@@ -308,7 +320,11 @@ pub async fn submit(url: &str, token: Option<&str>, path: &Path, job: Option<&st
                 }
             }
             Some(run_event::Event::Finished(f)) => return Ok(f.exit_code),
-            None => {}
+            Some(run_event::Event::Started(id)) if detach => {
+                println!("{id}");
+                return Ok(0);
+            }
+            Some(run_event::Event::Started(_)) | None => {}
         }
     }
     anyhow::bail!("the coordinator ended the run's stream without saying how it finished")

@@ -389,11 +389,24 @@ fn submit_through_a_coordinator_and_two_workers() {
     let mut w = worker(&url, true);
     let out = steppe(&["submit", "again.yml", "--job", "deploy", "--coordinator", &url, "--token-file", "token"], &work);
     assert_eq!(out.status.code(), Some(0), "after a restart, deploy's passed: [build] finds what build recorded:\n{}", text(&out));
+    // --detach prints the run id and returns; the run goes on without its submitter.
+    std::fs::write(work.join("slow.yml"), "jobs:\n- name: slow\n  plan:\n  - task: nap\n    run: sleep 3; echo rested\n").expect("write");
+    let out = steppe(&["submit", "slow.yml", "--detach", "--coordinator", &url, "--token-file", "token"], &work);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(id.starts_with("r-") && !id.contains('\n'), "only the run id: {id:?}");
+    let shown = |id: &str| text(&steppe(&["runs", "--run", id, "--coordinator", &url, "--token-file", "token"], &work));
+    assert!(shown(&id).contains("of job slow (running)"), "{}", shown(&id));
+    let t0 = Instant::now();
+    while !shown(&id).contains("of job slow (succeeded)") {
+        assert!(t0.elapsed() < Duration::from_secs(30), "the detached run never finished: {}", shown(&id));
+        std::thread::sleep(Duration::from_millis(200));
+    }
     // The history and approvals, read and decided through the coordinator.
     let runs = |extra: &[&str]| text(&steppe(&[&["runs", "--coordinator", &url, "--token-file", "token"][..], extra].concat(), &work));
     let t = runs(&[]);
     assert!(t.lines().any(|l| l.contains(" deploy ") && l.ends_with("succeeded")) && t.contains(" build "), "{t}");
-    let t = runs(&["--steps"]);
+    let t = runs(&["--steps", "--job", "deploy"]);
     assert!(t.starts_with("run ") && t.contains("of job deploy (succeeded)"), "{t}");
     let out = steppe(&["runs", "--coordinator", &url], &work);
     assert_ne!(out.status.code(), Some(0), "no token, no history: {}", text(&out));
