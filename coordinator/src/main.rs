@@ -174,6 +174,10 @@ enum Command {
         /// a restarted (or another) coordinator sees the same runs and versions.
         #[arg(long, value_name = "URL")]
         store: Option<String>,
+        /// A worker silent this long (no heartbeat; they come every 5s) is
+        /// fenced: its steps run elsewhere and its late results are refused.
+        #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = parse_lease)]
+        worker_lease: std::time::Duration,
     },
     /// Run a pipeline on a coordinator and follow it like `steppe run`.
     ///
@@ -415,8 +419,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
             decide(&History::open(pipeline.as_deref(), &remote)?, id, false, &reason)
         }
         Command::Worker { coordinator, slots, token_file } => worker(&coordinator, slots, token_file.as_deref()),
-        Command::Coordinator { listen, workers, state, token_file, queue, store } => {
-            coordinator(listen, workers, &state, token_file.as_deref(), queue.as_deref(), store.as_deref())
+        Command::Coordinator { listen, workers, state, token_file, queue, store, worker_lease } => {
+            coordinator(listen, workers, &state, token_file.as_deref(), queue.as_deref(), store.as_deref(), worker_lease)
         }
         Command::Submit { pipeline, job, test, detach, coordinator, token_file, answer, vars } => {
             let token = submit::read_token(token_file.as_deref())?;
@@ -493,10 +497,13 @@ pub struct Services {
     pub state: PathBuf,
 }
 
+/// How long a remote worker may stay silent before it is fenced (three heartbeats).
+const DEFAULT_WORKER_LEASE: std::time::Duration = std::time::Duration::from_secs(15);
+
 /// Starts the shared parts; `state` holds artifacts (and submissions), `db` the run store.
 async fn start_services(state: &Path, db: &Path, slots: usize, quiet: bool, listen: Option<std::net::SocketAddr>, token: Option<String>) -> Result<Arc<Services>> {
     let runs: Arc<dyn steppe_shared::store::Store> = Arc::new(steppe_shared::store::SqliteStore::open(db)?);
-    start_services_with(state, runs, slots, quiet, listen, token, None).await
+    start_services_with(state, runs, slots, quiet, listen, token, None, DEFAULT_WORKER_LEASE).await
 }
 
 /// As [`start_services`], on `queue` (the in-process queue when `None`).
@@ -508,6 +515,7 @@ async fn start_services_with(
     listen: Option<std::net::SocketAddr>,
     token: Option<String>,
     queue: Option<Arc<dyn steppe_shared::queue::Queue>>,
+    worker_lease: std::time::Duration,
 ) -> Result<Arc<Services>> {
     use steppe_shared::artifacts::LocalArtifactStore;
     use steppe_shared::queue::InProcessQueue;
@@ -547,7 +555,7 @@ async fn start_services_with(
                 }
             });
         }
-        let workers = service::WorkerService { dispatcher: svc.dispatcher.clone(), sink: svc.out.clone(), artifact_dir, registry: svc.registry.clone() };
+        let workers = service::WorkerService { dispatcher: svc.dispatcher.clone(), sink: svc.out.clone(), artifact_dir, registry: svc.registry.clone(), lease: worker_lease };
         let runs = submit::RunService { svc: svc.clone() };
         let history = history::HistoryService { store: history_store };
         let auth = submit::TokenCheck::new(token, svc.out.clone());
@@ -587,7 +595,6 @@ fn make_engine_with(
     engine::Engine {
         pipeline: Arc::new(loaded.pipeline.clone()),
         dir,
-        pipeline_path: loaded.path.clone(),
         decide_with: loaded.path.display().to_string(),
         store: svc.store.clone(),
         dispatcher: svc.dispatcher.clone(),
@@ -801,7 +808,14 @@ fn test(path: &Path, script: Option<&Path>, dump: Option<&Path>, exec: &ExecArgs
     Ok(ExitCode::SUCCESS)
 }
 
-fn coordinator(listen: std::net::SocketAddr, workers: usize, state: &Path, token_file: Option<&Path>, queue: Option<&str>, store: Option<&str>) -> Result<ExitCode> {
+#[allow(clippy::too_many_arguments)]
+fn parse_lease(text: &str) -> Result<std::time::Duration, String> {
+    let d = steppe_shared::duration::Duration::parse(text)?;
+    d.to_std().filter(|d| *d >= std::time::Duration::from_secs(1)).ok_or_else(|| format!("{text}: a lease is at least 1s"))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn coordinator(listen: std::net::SocketAddr, workers: usize, state: &Path, token_file: Option<&Path>, queue: Option<&str>, store: Option<&str>, worker_lease: std::time::Duration) -> Result<ExitCode> {
     let token = submit::read_token(token_file)?;
     let rt = runtime()?;
     rt.block_on(async {
@@ -819,7 +833,7 @@ fn coordinator(listen: std::net::SocketAddr, workers: usize, state: &Path, token
             Some(other) => anyhow::bail!("--store {other}: only redis:// stores are supported so far"),
             None => Arc::new(steppe_shared::store::SqliteStore::open(&state.join("steppe.db"))?),
         };
-        let svc = start_services_with(state, runs, workers, false, Some(listen), token, queue).await?;
+        let svc = start_services_with(state, runs, workers, false, Some(listen), token, queue, worker_lease).await?;
         tokio::signal::ctrl_c().await.ok();
         svc.out.note("steppe coordinator: stopping");
         svc.out.flush().await;

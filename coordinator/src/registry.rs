@@ -21,6 +21,10 @@ pub enum RegistryMsg {
     Joined { name: String, slots: u32, remote: bool },
     Heartbeat { name: String },
     Left { name: String, requeued: usize },
+    /// Silent past its lease: fenced off, what it held requeued.
+    LeaseEnded { name: String, requeued: usize, lease: Duration },
+    /// A fenced worker reported a result: not recorded.
+    Refused { name: String, assignment: String },
     List(RpcReplyPort<Vec<WorkerInfo>>),
 }
 
@@ -58,6 +62,13 @@ impl Actor for RegistryActor {
                 let extra = if requeued > 0 { format!("; {requeued} assignment(s) requeued") } else { String::new() };
                 st.hub.note(&format!("worker {name} left{extra}"));
             }
+            RegistryMsg::LeaseEnded { name, requeued, lease } => {
+                st.workers.remove(&name);
+                st.hub.note(&format!("worker {name} silent for {}s: its lease ended; {requeued} assignment(s) requeued", lease.as_secs()));
+            }
+            RegistryMsg::Refused { name, assignment } => {
+                st.hub.note(&format!("refused a late result for {assignment} from worker {name}: its lease had ended"));
+            }
             RegistryMsg::List(reply) => {
                 let list = st
                     .workers
@@ -93,6 +104,14 @@ impl WorkerRegistry {
 
     pub fn left(&self, name: &str, requeued: usize) {
         let _ = self.actor.cast(RegistryMsg::Left { name: name.to_string(), requeued });
+    }
+
+    pub fn lease_ended(&self, name: &str, requeued: usize, lease: Duration) {
+        let _ = self.actor.cast(RegistryMsg::LeaseEnded { name: name.to_string(), requeued, lease });
+    }
+
+    pub fn refused(&self, name: &str, assignment: &str) {
+        let _ = self.actor.cast(RegistryMsg::Refused { name: name.to_string(), assignment: assignment.to_string() });
     }
 
     pub async fn list(&self) -> Vec<WorkerInfo> {

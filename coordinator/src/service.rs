@@ -23,6 +23,10 @@ pub struct WorkerService {
     pub sink: Arc<dyn LineSink>,
     pub artifact_dir: PathBuf,
     pub registry: WorkerRegistry,
+    /// A session silent this long (no heartbeat, no line, no result) is
+    /// fenced: its assignments are requeued and whatever it says later is
+    /// refused. Workers are told to heartbeat three times per lease.
+    pub lease: std::time::Duration,
 }
 
 type InFlight = Arc<Mutex<HashMap<String, (Assignment, OwnedSemaphorePermit)>>>;
@@ -43,7 +47,10 @@ impl Coordinator for WorkerService {
         self.registry.joined(&name, slots as u32, true);
         let (tx, rx) = mpsc::channel(256);
         let welcome = CoordinatorMessage {
-            msg: Some(coordinator_message::Msg::Welcome(Welcome { artifact_dir: self.artifact_dir.to_string_lossy().into_owned() })),
+            msg: Some(coordinator_message::Msg::Welcome(Welcome {
+                artifact_dir: self.artifact_dir.to_string_lossy().into_owned(),
+                heartbeat_ms: u64::try_from(self.lease.as_millis() / 3).unwrap_or(5000),
+            })),
         };
         tx.send(Ok(welcome)).await.map_err(|_| Status::aborted("session closed"))?;
 
@@ -75,17 +82,70 @@ impl Coordinator for WorkerService {
                 }
             }
         });
-        let (d, sink, registry) = (self.dispatcher.clone(), self.sink.clone(), self.registry.clone());
+        let (d, sink, registry, lease) = (self.dispatcher.clone(), self.sink.clone(), self.registry.clone(), self.lease);
+        // The reader owns the session's sender: the worker's stream stays open
+        // exactly as long as the coordinator reads it (a fenced worker must
+        // still be able to report, and be refused).
+        let session_tx = tx;
         tokio::spawn(async move {
+            let requeue_all = || {
+                let lost: Vec<Assignment> = inflight.lock().map(|mut m| m.drain().map(|(_, (a, _))| a).collect()).unwrap_or_default();
+                let n = lost.len();
+                for a in lost {
+                    d.requeue(a);
+                }
+                n
+            };
+            // Once fenced: the assignments it held, which it may still report on.
+            let mut fenced: Option<std::collections::HashSet<String>> = None;
+            let mut silent_leases = 0u32;
             loop {
-                match inbound.message().await {
+                let m = match tokio::time::timeout(lease, inbound.message()).await {
+                    Err(_silent) if fenced.is_some() => {
+                        silent_leases += 1;
+                        if silent_leases >= 10 {
+                            break;
+                        }
+                        continue;
+                    }
+                    Err(_silent) => {
+                        // Cut off or frozen: its work goes to others, and the
+                        // session is fenced so a late result cannot count twice.
+                        puller.abort();
+                        let held: Vec<Assignment> = inflight.lock().map(|mut m| m.drain().map(|(_, (a, _))| a).collect()).unwrap_or_default();
+                        registry.lease_ended(&name, held.len(), lease);
+                        fenced = Some(held.iter().map(|a| a.id.clone()).collect());
+                        for a in held {
+                            d.requeue(a);
+                        }
+                        continue;
+                    }
+                    Ok(m) => m,
+                };
+                match m {
+                    Ok(Some(WorkerMessage { msg: Some(m) })) if fenced.is_some() => {
+                        // Heard from again: nothing it says counts; the session
+                        // closes once it has reported on what it held.
+                        silent_leases = 0;
+                        if let (worker_message::Msg::Result(r), Some(held)) = (m, fenced.as_mut()) {
+                            registry.refused(&name, &r.assignment_id);
+                            held.remove(&r.assignment_id);
+                            if held.is_empty() {
+                                break;
+                            }
+                        }
+                    }
                     Ok(Some(WorkerMessage { msg: Some(m) })) => match m {
                         worker_message::Msg::Line(l) => {
                             sink.line(&l.run_id, &l.step, if l.stderr { Stream::Stderr } else { Stream::Stdout }, &l.line);
                         }
                         worker_message::Msg::Result(r) => {
-                            let _freed = inflight.lock().ok().and_then(|mut m| m.remove(&r.assignment_id));
-                            d.complete(result_from_wire(r));
+                            // Fencing by assignment id: only what this session holds counts.
+                            if inflight.lock().ok().and_then(|mut m| m.remove(&r.assignment_id)).is_some() {
+                                d.complete(result_from_wire(r));
+                            } else {
+                                registry.refused(&name, &r.assignment_id);
+                            }
                         }
                         worker_message::Msg::Heartbeat(_) => registry.heartbeat(&name),
                         worker_message::Msg::Drain(_) => {
@@ -103,14 +163,12 @@ impl Coordinator for WorkerService {
                     Ok(None) | Err(_) => break,
                 }
             }
-            // The worker is gone: what it held goes back on the queue.
+            // The worker is gone (or fenced and heard from again, and now
+            // told to go): what it held goes back on the queue.
             puller.abort();
-            let lost: Vec<Assignment> = inflight.lock().map(|mut m| m.drain().map(|(_, (a, _))| a).collect()).unwrap_or_default();
-            let n = lost.len();
-            for a in lost {
-                d.requeue(a);
-            }
+            let n = requeue_all();
             registry.left(&name, n);
+            drop(session_tx);
         });
         Ok(Response::new(ReceiverStream::new(rx)))
     }

@@ -535,3 +535,73 @@ fn a_vanished_submitter_aborts_its_run_on_the_worker() {
     let _ = coord.wait();
     let _ = worker.wait();
 }
+
+/// A worker cut off mid-step (frozen with SIGSTOP: its connection stays open
+/// and it says nothing) loses its lease: its step runs on another worker, and
+/// when it wakes, its late result is refused. The step is recorded once.
+#[test]
+fn a_silent_worker_is_fenced_and_its_late_result_refused() {
+    use std::io::{BufRead, BufReader};
+    use std::sync::{Arc, Mutex};
+    let work = scratch("fence");
+    let attempts = work.join("attempts");
+    std::fs::write(
+        work.join("p.yml"),
+        format!("jobs:\n- name: j\n  plan:\n  - task: nap\n    run: echo try >> {}; sleep 3; echo rested\n", attempts.display()),
+    )
+    .expect("write");
+    let mut coord = Command::new(env!("CARGO_BIN_EXE_steppe"))
+        .args(["coordinator", "--listen", "127.0.0.1:0", "--state", "state", "--worker-lease", "2s"])
+        .current_dir(&work)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn coordinator");
+    let mut lines = BufReader::new(coord.stdout.take().expect("stdout")).lines();
+    let first = lines.next().expect("line").expect("utf8");
+    let url = format!("http://{}", first.strip_prefix("serving workers on ").expect("address"));
+    let log = Arc::new(Mutex::new(Vec::<String>::new()));
+    let sink = log.clone();
+    std::thread::spawn(move || {
+        for l in lines.map_while(Result::ok) {
+            sink.lock().expect("log").push(l);
+        }
+    });
+    let worker = || Command::new(env!("CARGO_BIN_EXE_steppe")).args(["worker", "--coordinator", &url, "--slots", "1"]).stderr(std::process::Stdio::null()).spawn().expect("worker");
+    let mut frozen = worker();
+    let submitter = Command::new(env!("CARGO_BIN_EXE_steppe"))
+        .args(["submit", "p.yml", "--coordinator", &url])
+        .current_dir(&work)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("submit");
+    let t0 = Instant::now();
+    while !attempts.exists() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "the step never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let signal = |sig: &str, pid: u32| assert!(Command::new("kill").args([sig, &pid.to_string()]).status().expect("kill").success());
+    signal("-STOP", frozen.id());
+    let mut second = worker();
+    let out = submitter.wait_with_output().expect("wait submit");
+    let t = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    assert_eq!(t.matches("✔ nap").count(), 1, "recorded once: {t}");
+    // Wake it: it finishes its copy of the step and reports; that is refused.
+    signal("-CONT", frozen.id());
+    let t1 = Instant::now();
+    let joined = || log.lock().expect("log").join("\n");
+    while !joined().contains("refused a late result") {
+        assert!(t1.elapsed() < Duration::from_secs(20), "no refusal logged:\n{}", joined());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let all = joined();
+    assert!(all.contains("its lease ended; 1 assignment(s) requeued"), "{all}");
+    assert_eq!(std::fs::read_to_string(&attempts).expect("attempts").lines().count(), 2, "ran on both workers");
+    let runs = text(&steppe(&["runs", "--coordinator", &url, "--steps"], &work));
+    assert_eq!(runs.matches("\nnap ").count(), 1, "one step record: {runs}");
+    let _ = frozen.kill();
+    let _ = frozen.wait();
+    let _ = coord.kill();
+    let _ = coord.wait();
+    let _ = second.wait();
+}

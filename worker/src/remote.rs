@@ -75,11 +75,14 @@ pub async fn run(url: &str, slots: u32, name: &str, work_root: PathBuf, token: O
         .send(WorkerMessage { msg: Some(worker_message::Msg::Hello(Hello { worker: name.to_string(), slots })) })
         .await;
     let mut inbound = client.session(ReceiverStream::new(rx)).await?.into_inner();
-    let store: Arc<dyn ArtifactStore> = match inbound.message().await? {
+    let (store, every): (Arc<dyn ArtifactStore>, Duration) = match inbound.message().await? {
         Some(m) => match m.msg {
-            Some(coordinator_message::Msg::Welcome(w)) => Arc::new(
-                LocalArtifactStore::new(std::path::Path::new(&w.artifact_dir))
-                    .map_err(|source| WorkerError::Artifacts { dir: w.artifact_dir.clone(), source })?,
+            Some(coordinator_message::Msg::Welcome(w)) => (
+                Arc::new(
+                    LocalArtifactStore::new(std::path::Path::new(&w.artifact_dir))
+                        .map_err(|source| WorkerError::Artifacts { dir: w.artifact_dir.clone(), source })?,
+                ),
+                if w.heartbeat_ms == 0 { Duration::from_secs(5) } else { Duration::from_millis(w.heartbeat_ms.max(100)) },
             ),
             _ => return Err(WorkerError::NoWelcome),
         },
@@ -88,7 +91,7 @@ pub async fn run(url: &str, slots: u32, name: &str, work_root: PathBuf, token: O
     let heartbeat_tx = tx.clone();
     let heartbeat = tokio::spawn(async move {
         loop {
-            tokio::time::sleep(Duration::from_secs(5)).await;
+            tokio::time::sleep(every).await;
             if heartbeat_tx.send(WorkerMessage { msg: Some(worker_message::Msg::Heartbeat(Heartbeat {})) }).await.is_err() {
                 return;
             }

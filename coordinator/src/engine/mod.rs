@@ -33,7 +33,6 @@ pub struct Engine {
     /// The pipeline's directory: resource checks run here.
     pub dir: PathBuf,
     /// The pipeline file, as the user named it (for the commands we print).
-    pub pipeline_path: PathBuf,
     /// What names this run's history in `steppe approve …` hints: the
     /// pipeline file, or `--coordinator URL` for a submitted run.
     pub decide_with: String,
