@@ -178,6 +178,10 @@ enum Command {
         /// fenced: its steps run elsewhere and its late results are refused.
         #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = parse_lease)]
         worker_lease: std::time::Duration,
+        /// The artifact directory workers share (default: DIR/artifacts);
+        /// on several hosts, a shared mount every worker sees at this path.
+        #[arg(long, value_name = "DIR")]
+        artifacts: Option<PathBuf>,
     },
     /// Run a pipeline on a coordinator and follow it like `steppe run`.
     ///
@@ -419,8 +423,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
             decide(&History::open(pipeline.as_deref(), &remote)?, id, false, &reason)
         }
         Command::Worker { coordinator, slots, token_file } => worker(&coordinator, slots, token_file.as_deref()),
-        Command::Coordinator { listen, workers, state, token_file, queue, store, worker_lease } => {
-            coordinator(listen, workers, &state, token_file.as_deref(), queue.as_deref(), store.as_deref(), worker_lease)
+        Command::Coordinator { listen, workers, state, token_file, queue, store, worker_lease, artifacts } => {
+            coordinator(listen, workers, &state, token_file.as_deref(), queue.as_deref(), store.as_deref(), worker_lease, artifacts.as_deref())
         }
         Command::Submit { pipeline, job, test, detach, coordinator, token_file, answer, vars } => {
             let token = submit::read_token(token_file.as_deref())?;
@@ -500,10 +504,25 @@ pub struct Services {
 /// How long a remote worker may stay silent before it is fenced (three heartbeats).
 const DEFAULT_WORKER_LEASE: std::time::Duration = std::time::Duration::from_secs(15);
 
+/// What `steppe coordinator` sets beyond embedded mode.
+struct ClusterOptions {
+    /// Where assignments wait (default: in process).
+    queue: Option<Arc<dyn steppe_shared::queue::Queue>>,
+    worker_lease: std::time::Duration,
+    /// The shared artifact directory (default: `<state>/artifacts`).
+    artifacts: Option<PathBuf>,
+}
+
+impl Default for ClusterOptions {
+    fn default() -> Self {
+        ClusterOptions { queue: None, worker_lease: DEFAULT_WORKER_LEASE, artifacts: None }
+    }
+}
+
 /// Starts the shared parts; `state` holds artifacts (and submissions), `db` the run store.
 async fn start_services(state: &Path, db: &Path, slots: usize, quiet: bool, listen: Option<std::net::SocketAddr>, token: Option<String>) -> Result<Arc<Services>> {
     let runs: Arc<dyn steppe_shared::store::Store> = Arc::new(steppe_shared::store::SqliteStore::open(db)?);
-    start_services_with(state, runs, slots, quiet, listen, token, None, DEFAULT_WORKER_LEASE).await
+    start_services_with(state, runs, slots, quiet, listen, token, ClusterOptions::default()).await
 }
 
 /// As [`start_services`], on `queue` (the in-process queue when `None`).
@@ -514,12 +533,12 @@ async fn start_services_with(
     quiet: bool,
     listen: Option<std::net::SocketAddr>,
     token: Option<String>,
-    queue: Option<Arc<dyn steppe_shared::queue::Queue>>,
-    worker_lease: std::time::Duration,
+    cluster: ClusterOptions,
 ) -> Result<Arc<Services>> {
     use steppe_shared::artifacts::LocalArtifactStore;
     use steppe_shared::queue::InProcessQueue;
-    let artifact_dir = state.join("artifacts");
+    let ClusterOptions { queue, worker_lease, artifacts } = cluster;
+    let artifact_dir = artifacts.unwrap_or_else(|| state.join("artifacts"));
     let store: Arc<dyn steppe_shared::artifacts::ArtifactStore> = Arc::new(
         LocalArtifactStore::new(&artifact_dir).with_context(|| format!("creating {}", artifact_dir.display()))?,
     );
@@ -815,7 +834,16 @@ fn parse_lease(text: &str) -> Result<std::time::Duration, String> {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn coordinator(listen: std::net::SocketAddr, workers: usize, state: &Path, token_file: Option<&Path>, queue: Option<&str>, store: Option<&str>, worker_lease: std::time::Duration) -> Result<ExitCode> {
+fn coordinator(
+    listen: std::net::SocketAddr,
+    workers: usize,
+    state: &Path,
+    token_file: Option<&Path>,
+    queue: Option<&str>,
+    store: Option<&str>,
+    worker_lease: std::time::Duration,
+    artifacts: Option<&Path>,
+) -> Result<ExitCode> {
     let token = submit::read_token(token_file)?;
     let rt = runtime()?;
     rt.block_on(async {
@@ -833,7 +861,8 @@ fn coordinator(listen: std::net::SocketAddr, workers: usize, state: &Path, token
             Some(other) => anyhow::bail!("--store {other}: only redis:// stores are supported so far"),
             None => Arc::new(steppe_shared::store::SqliteStore::open(&state.join("steppe.db"))?),
         };
-        let svc = start_services_with(state, runs, workers, false, Some(listen), token, queue, worker_lease).await?;
+        let cluster = ClusterOptions { queue, worker_lease, artifacts: artifacts.map(Path::to_path_buf) };
+        let svc = start_services_with(state, runs, workers, false, Some(listen), token, cluster).await?;
         tokio::signal::ctrl_c().await.ok();
         svc.out.note("steppe coordinator: stopping");
         svc.out.flush().await;

@@ -333,7 +333,7 @@ fn submit_through_a_coordinator_and_two_workers() {
     let redis_url = format!("redis://127.0.0.1:{port}/");
     let start_coordinator = || {
         let mut coord = Command::new(env!("CARGO_BIN_EXE_steppe"))
-            .args(["coordinator", "--listen", "127.0.0.1:0", "--token-file", "token", "--state", "state", "--queue", &redis_url, "--store", &redis_url])
+            .args(["coordinator", "--listen", "127.0.0.1:0", "--token-file", "token", "--state", "state", "--queue", &redis_url, "--store", &redis_url, "--artifacts", "shared"])
             .current_dir(&work)
             .stdout(std::process::Stdio::piped())
             .spawn()
@@ -365,6 +365,9 @@ fn submit_through_a_coordinator_and_two_workers() {
         assert_eq!(out.status.code(), Some(0), "{name} through the coordinator:\n{t}");
         assert!(t.lines().any(|l| l.ends_with(" passed")), "{t}");
     }
+    // Outputs went to the --artifacts directory the workers share.
+    let blobs = std::fs::read_dir(work.join("shared")).map(|d| d.count()).unwrap_or(0);
+    assert!(blobs > 0, "no artifacts under --artifacts shared");
     // `steppe test --coordinator` is the same as `steppe submit --test`.
     let out = steppe(&["test", "blocks.yml", "--coordinator", &url, "--token-file", "token"], &work);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
