@@ -608,3 +608,85 @@ fn a_silent_worker_is_fenced_and_its_late_result_refused() {
     let _ = coord.wait();
     let _ = second.wait();
 }
+
+/// A throwaway redis-server on a free loopback port (scripts/test installs it).
+fn redis_server() -> (std::process::Child, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("port");
+    let child = Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("redis-server on PATH");
+    let t0 = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "redis-server did not come up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (child, format!("redis://127.0.0.1:{port}/"))
+}
+
+/// The cluster version of kill -9: Redis queue and store, a coordinator, two
+/// workers, `steppe submit`; the worker running the step is killed with
+/// SIGKILL mid-step. The run succeeds, the step ran again on the other
+/// worker, and it is recorded once.
+#[test]
+fn kill_9_a_cluster_worker_mid_step() {
+    use std::io::{BufRead, BufReader};
+    let work = scratch("cluster-kill9");
+    let pids = work.join("pids");
+    std::fs::write(
+        work.join("p.yml"),
+        format!(
+            "jobs:\n- name: j\n  plan:\n  - task: slow\n    outputs: [out]\n    run: echo $PPID >> {}; sleep 2; echo done > out/x\n  - task: after\n    inputs: [out]\n    run: cat out/x\n    assert:\n      stdout: done\n",
+            pids.display()
+        ),
+    )
+    .expect("write");
+    let (mut redis, redis_url) = redis_server();
+    let mut coord = Command::new(env!("CARGO_BIN_EXE_steppe"))
+        .args(["coordinator", "--listen", "127.0.0.1:0", "--state", "state", "--queue", &redis_url, "--store", &redis_url])
+        .current_dir(&work)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn coordinator");
+    let mut lines = BufReader::new(coord.stdout.take().expect("stdout")).lines();
+    let first = lines.next().expect("line").expect("utf8");
+    let url = format!("http://{}", first.strip_prefix("serving workers on ").expect("address"));
+    std::thread::spawn(move || for _ in lines.by_ref() {});
+    let worker = || Command::new(env!("CARGO_BIN_EXE_steppe")).args(["worker", "--coordinator", &url, "--slots", "1"]).stderr(std::process::Stdio::null()).spawn().expect("worker");
+    let mut workers = vec![worker(), worker()];
+    let submitter = Command::new(env!("CARGO_BIN_EXE_steppe"))
+        .args(["submit", "p.yml", "--coordinator", &url])
+        .current_dir(&work)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("submit");
+    let t0 = Instant::now();
+    let first_pid = loop {
+        if let Some(pid) = std::fs::read_to_string(&pids).ok().and_then(|t| t.lines().next().map(str::to_string)) {
+            break pid;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "the step never started");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let victim = workers.iter_mut().find(|w| w.id().to_string() == first_pid).expect("the step runs under one of our workers");
+    victim.kill().expect("kill -9");
+    let out = submitter.wait_with_output().expect("wait submit");
+    let t = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    let ran: Vec<String> = std::fs::read_to_string(&pids).expect("pids").lines().map(str::to_string).collect();
+    assert_eq!(ran.len(), 2, "ran again after the kill: {ran:?}");
+    assert_ne!(ran[0], ran[1], "on the other worker: {ran:?}");
+    assert_eq!(t.matches("✔ slow").count(), 1, "recorded once: {t}");
+    assert!(t.contains("[after] done"), "{t}");
+    let runs = text(&steppe(&["runs", "--coordinator", &url, "--steps"], &work));
+    assert_eq!(runs.matches("\nslow ").count(), 1, "one step record: {runs}");
+    let _ = coord.kill();
+    let _ = coord.wait();
+    for w in &mut workers {
+        let _ = w.kill();
+        let _ = w.wait();
+    }
+    let _ = redis.kill();
+    let _ = redis.wait();
+}
