@@ -81,7 +81,11 @@ impl JobRun {
             stream: false,
             ..Assignment::command(&self.run_id, &format!("{name} (check)"), command)
         };
-        let res = self.dispatch(a).await;
+        // A check runs in the pipeline's directory, so it runs where that
+        // directory is: in this process. (In cluster mode that is the
+        // coordinator's unpacked submission, which workers need not see.)
+        let sink: Arc<dyn steppe_worker::exec::LineSink> = self.engine.out.clone();
+        let res = steppe_worker::exec::execute(&a, self.engine.store.clone(), &self.engine.dir, sink, self.engine.cancel.clone()).await;
         if let Err(e) = res.result {
             let detail = res.stderr.trim();
             let msg = if detail.is_empty() { e.message } else { format!("{}: {detail}", e.message) };
