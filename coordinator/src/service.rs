@@ -29,6 +29,22 @@ pub struct WorkerService {
     pub lease: std::time::Duration,
 }
 
+/// Tells a session's puller to take nothing more (also when the session's
+/// reader ends and drops it).
+struct StopOnDrop(Arc<std::sync::atomic::AtomicBool>);
+
+impl StopOnDrop {
+    fn stop(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
 type InFlight = Arc<Mutex<HashMap<String, (Assignment, OwnedSemaphorePermit)>>>;
 
 #[tonic::async_trait]
@@ -58,11 +74,26 @@ impl Coordinator for WorkerService {
         let slots_sem = Arc::new(Semaphore::new(slots));
         let d = self.dispatcher.clone();
         let (ptx, pflight) = (tx.clone(), inflight.clone());
-        let puller = tokio::spawn(async move {
+        // The puller is stopped by this flag, never aborted: a pop cut short
+        // could leave a Redis entry delivered to nobody until its lease ends.
+        let stopping = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop_seen = stopping.clone();
+        let puller = StopOnDrop(stopping.clone());
+        tokio::spawn(async move {
+            use std::sync::atomic::Ordering;
             loop {
                 let Ok(permit) = slots_sem.clone().acquire_owned().await else { return };
-                let a = match d.queue.pop().await {
-                    Ok(a) => a,
+                if stop_seen.load(Ordering::SeqCst) {
+                    return;
+                }
+                let a = match d.queue.pop_within(std::time::Duration::from_secs(1)).await {
+                    Ok(Some(a)) if stop_seen.load(Ordering::SeqCst) => {
+                        // Taken just as the session stopped taking work: back it goes.
+                        let _ = d.queue.push(a).await;
+                        return;
+                    }
+                    Ok(Some(a)) => a,
+                    Ok(None) => continue,
                     Err(e) => {
                         eprintln!("steppe: worker service: {e}");
                         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
@@ -111,7 +142,7 @@ impl Coordinator for WorkerService {
                     Err(_silent) => {
                         // Cut off or frozen: its work goes to others, and the
                         // session is fenced so a late result cannot count twice.
-                        puller.abort();
+                        puller.stop();
                         let held: Vec<Assignment> = inflight.lock().map(|mut m| m.drain().map(|(_, (a, _))| a).collect()).unwrap_or_default();
                         registry.lease_ended(&name, held.len(), lease);
                         fenced = Some(held.iter().map(|a| a.id.clone()).collect());
@@ -150,7 +181,7 @@ impl Coordinator for WorkerService {
                         worker_message::Msg::Heartbeat(_) => registry.heartbeat(&name),
                         worker_message::Msg::Drain(_) => {
                             // Nothing more for this worker; what it runs still reports here.
-                            puller.abort();
+                            puller.stop();
                         }
                         worker_message::Msg::Release(r) => {
                             if let Some((a, _)) = inflight.lock().ok().and_then(|mut m| m.remove(&r.assignment_id)) {
@@ -165,7 +196,7 @@ impl Coordinator for WorkerService {
             }
             // The worker is gone (or fenced and heard from again, and now
             // told to go): what it held goes back on the queue.
-            puller.abort();
+            puller.stop();
             let n = requeue_all();
             registry.left(&name, n);
             drop(session_tx);

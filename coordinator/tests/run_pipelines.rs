@@ -553,8 +553,12 @@ fn a_silent_worker_is_fenced_and_its_late_result_refused() {
         format!("jobs:\n- name: j\n  plan:\n  - task: nap\n    run: echo try >> {}; sleep 3; echo rested\n", attempts.display()),
     )
     .expect("write");
+    // On Redis, with a free slot on the frozen worker: its session is waiting
+    // on the queue when it is fenced, and that wait must not swallow the
+    // requeued step.
+    let (mut redis, redis_url) = redis_server();
     let mut coord = Command::new(env!("CARGO_BIN_EXE_steppe"))
-        .args(["coordinator", "--listen", "127.0.0.1:0", "--state", "state", "--worker-lease", "2s"])
+        .args(["coordinator", "--listen", "127.0.0.1:0", "--state", "state", "--worker-lease", "2s", "--queue", &redis_url, "--store", &redis_url])
         .current_dir(&work)
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -569,7 +573,7 @@ fn a_silent_worker_is_fenced_and_its_late_result_refused() {
             sink.lock().expect("log").push(l);
         }
     });
-    let worker = || Command::new(env!("CARGO_BIN_EXE_steppe")).args(["worker", "--coordinator", &url, "--slots", "1"]).stderr(std::process::Stdio::null()).spawn().expect("worker");
+    let worker = || Command::new(env!("CARGO_BIN_EXE_steppe")).args(["worker", "--coordinator", &url, "--slots", "2"]).stderr(std::process::Stdio::null()).spawn().expect("worker");
     let mut frozen = worker();
     let submitter = Command::new(env!("CARGO_BIN_EXE_steppe"))
         .args(["submit", "p.yml", "--coordinator", &url])
@@ -607,6 +611,8 @@ fn a_silent_worker_is_fenced_and_its_late_result_refused() {
     let _ = coord.kill();
     let _ = coord.wait();
     let _ = second.wait();
+    let _ = redis.kill();
+    let _ = redis.wait();
 }
 
 /// A throwaway redis-server on a free loopback port (scripts/test installs it).

@@ -29,6 +29,11 @@ pub trait Queue: Send + Sync {
     /// Takes the oldest assignment (or one whose taker's lease ran out),
     /// waiting until there is one.
     fn pop(&self) -> BoxFuture<'_, Result<Assignment, QueueError>>;
+    /// Like `pop`, but gives up after `wait` with None. Unlike a `pop`
+    /// dropped half-way (which on Redis may leave a delivered entry with no
+    /// taker until its lease runs out), this always runs to completion, so a
+    /// consumer that wants to stop polls it and stops between calls.
+    fn pop_within(&self, wait: std::time::Duration) -> BoxFuture<'_, Result<Option<Assignment>, QueueError>>;
     /// The assignment is done with: it will not come back.
     fn ack(&self, id: &str) -> BoxFuture<'_, Result<(), QueueError>>;
     /// Removes an assignment nobody took yet; true if it was waiting.
@@ -78,6 +83,12 @@ impl Queue for InProcessQueue {
                 notified.await;
             }
         })
+    }
+
+    fn pop_within(&self, wait: std::time::Duration) -> BoxFuture<'_, Result<Option<Assignment>, QueueError>> {
+        // The in-process pop takes an item and returns without awaiting in
+        // between, so cutting it short loses nothing.
+        Box::pin(async move { Ok(tokio::time::timeout(wait, self.pop()).await.ok().transpose()?) })
     }
 
     fn ack(&self, _id: &str) -> BoxFuture<'_, Result<(), QueueError>> {
@@ -190,49 +201,58 @@ impl Queue for RedisQueue {
 
     fn pop(&self) -> BoxFuture<'_, Result<Assignment, QueueError>> {
         Box::pin(async move {
-            let mut c = self.client.get_multiplexed_async_connection().await.map_err(|e| self.err(e))?;
             loop {
-                // An entry a consumer took and held past the lease comes back first.
-                let claimed: redis::Value = redis::cmd("XAUTOCLAIM")
-                    .arg(&self.key)
-                    .arg(&self.group)
-                    .arg(&self.consumer)
-                    .arg(self.lease.as_millis() as u64)
-                    .arg("0-0")
-                    .arg("COUNT")
-                    .arg(1)
-                    .query_async(&mut c)
-                    .await
-                    .map_err(|e| self.err(e))?;
-                if let redis::Value::Array(parts) = &claimed {
-                    if let Some((entry, fields)) = parts.get(1).map(parse_entries).and_then(|v| v.into_iter().next()) {
-                        return self.take(entry, fields);
-                    }
+                if let Some(a) = self.pop_within(std::time::Duration::from_secs(1)).await? {
+                    return Ok(a);
                 }
-                let read: redis::Value = redis::cmd("XREADGROUP")
-                    .arg("GROUP")
-                    .arg(&self.group)
-                    .arg(&self.consumer)
-                    .arg("COUNT")
-                    .arg(1)
-                    .arg("BLOCK")
-                    .arg(1000)
-                    .arg("STREAMS")
-                    .arg(&self.key)
-                    .arg(">")
-                    .query_async(&mut c)
-                    .await
-                    .map_err(|e| self.err(e))?;
-                if let redis::Value::Array(streams) = &read {
-                    for s in streams {
-                        if let redis::Value::Array(kv) = s {
-                            if let Some((entry, fields)) = kv.get(1).map(parse_entries).and_then(|v| v.into_iter().next()) {
-                                return self.take(entry, fields);
-                            }
+            }
+        })
+    }
+
+    fn pop_within(&self, wait: std::time::Duration) -> BoxFuture<'_, Result<Option<Assignment>, QueueError>> {
+        Box::pin(async move {
+            let mut c = self.client.get_multiplexed_async_connection().await.map_err(|e| self.err(e))?;
+            // An entry a consumer took and held past the lease comes back first.
+            let claimed: redis::Value = redis::cmd("XAUTOCLAIM")
+                .arg(&self.key)
+                .arg(&self.group)
+                .arg(&self.consumer)
+                .arg(self.lease.as_millis() as u64)
+                .arg("0-0")
+                .arg("COUNT")
+                .arg(1)
+                .query_async(&mut c)
+                .await
+                .map_err(|e| self.err(e))?;
+            if let redis::Value::Array(parts) = &claimed {
+                if let Some((entry, fields)) = parts.get(1).map(parse_entries).and_then(|v| v.into_iter().next()) {
+                    return self.take(entry, fields).map(Some);
+                }
+            }
+            let read: redis::Value = redis::cmd("XREADGROUP")
+                .arg("GROUP")
+                .arg(&self.group)
+                .arg(&self.consumer)
+                .arg("COUNT")
+                .arg(1)
+                .arg("BLOCK")
+                .arg(wait.as_millis().max(1) as u64)
+                .arg("STREAMS")
+                .arg(&self.key)
+                .arg(">")
+                .query_async(&mut c)
+                .await
+                .map_err(|e| self.err(e))?;
+            if let redis::Value::Array(streams) = &read {
+                for s in streams {
+                    if let redis::Value::Array(kv) = s {
+                        if let Some((entry, fields)) = kv.get(1).map(parse_entries).and_then(|v| v.into_iter().next()) {
+                            return self.take(entry, fields).map(Some);
                         }
                     }
                 }
             }
+            Ok(None)
         })
     }
 
