@@ -9,8 +9,23 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+/// A process that dies with the test's thread: a test that panics leaves no
+/// coordinator, worker or Redis running behind it.
+fn child_of_this_test(program: &str) -> Command {
+    use std::os::unix::process::CommandExt;
+    let mut c = Command::new(program);
+    // SAFETY: prctl is async-signal-safe and only sets the child's own death signal.
+    unsafe {
+        c.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    c
+}
+
 fn steppe(args: &[&str], dir: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_steppe"))
+    child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
         .args(args)
         .current_dir(dir)
         .env_remove("STEPPE_MODEL")
@@ -119,7 +134,7 @@ fn ctrl_c_aborts_with_130_and_hooks_get_their_grace() {
         ),
     )
     .expect("write");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_steppe"))
+    let mut child = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
         .args(["run", "p.yml"])
         .current_dir(&d)
         .stdout(std::process::Stdio::piped())
@@ -145,7 +160,7 @@ fn pipelines_run_on_a_separate_worker_process() {
     for name in ["blocks.yml", "workspace.yml", "resources.yml"] {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/run").join(name);
         std::fs::copy(&src, work.join(name)).expect("copy");
-        let mut coord = Command::new(env!("CARGO_BIN_EXE_steppe"))
+        let mut coord = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
             .args(["test", name, "--workers", "0", "--listen", "127.0.0.1:0"])
             .current_dir(&work)
             .stdout(std::process::Stdio::piped())
@@ -154,7 +169,7 @@ fn pipelines_run_on_a_separate_worker_process() {
         let mut lines = BufReader::new(coord.stdout.take().expect("stdout")).lines();
         let first = lines.next().expect("a first line").expect("utf8");
         let addr = first.strip_prefix("serving workers on ").unwrap_or_else(|| panic!("unexpected first line {first:?}")).to_string();
-        let mut worker = Command::new(env!("CARGO_BIN_EXE_steppe"))
+        let mut worker = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
             .args(["worker", "--coordinator", &format!("http://{addr}"), "--slots", "2"])
             .current_dir(std::env::temp_dir())
             .stderr(std::process::Stdio::piped())
@@ -218,7 +233,7 @@ fn approvals_park_until_decided() {
         }
     };
     // Approved: the run continues and succeeds.
-    let child = Command::new(env!("CARGO_BIN_EXE_steppe")).args(["run", "p.yml", "--job", "ship"]).current_dir(&d).stdout(std::process::Stdio::piped()).spawn().expect("spawn");
+    let child = child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(["run", "p.yml", "--job", "ship"]).current_dir(&d).stdout(std::process::Stdio::piped()).spawn().expect("spawn");
     let id = wait_pending("Ship it?");
     let t = text(&steppe(&["approve", "p.yml", &id], &d));
     assert!(t.contains(&format!("approved approval {id}")), "{t}");
@@ -229,7 +244,7 @@ fn approvals_park_until_decided() {
     let again = text(&steppe(&["reject", "p.yml", &id], &d));
     assert!(again.contains("already approved"), "re-deciding is an error: {again}");
     // Rejected: the approval step fails (exit 1).
-    let child = Command::new(env!("CARGO_BIN_EXE_steppe")).args(["run", "p.yml", "--job", "gate"]).current_dir(&d).stdout(std::process::Stdio::piped()).spawn().expect("spawn");
+    let child = child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(["run", "p.yml", "--job", "gate"]).current_dir(&d).stdout(std::process::Stdio::piped()).spawn().expect("spawn");
     let id = wait_pending("Again?");
     steppe(&["reject", "p.yml", &id, "--reason", "not today"], &d);
     let out = child.wait_with_output().expect("wait");
@@ -253,7 +268,7 @@ fn a_killed_worker_hands_its_step_to_another() {
         "jobs:\n- name: j\n  plan:\n  - task: slow\n    outputs: [out]\n    run: echo started; sleep 2; echo done > out/x\n  - task: after\n    inputs: [out]\n    run: cat out/x\n    assert:\n      stdout: done\n  assert:\n    execution: [slow, after]\n",
     )
     .expect("write");
-    let mut coord = Command::new(env!("CARGO_BIN_EXE_steppe"))
+    let mut coord = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
         .args(["run", "p.yml", "--workers", "0", "--listen", "127.0.0.1:0"])
         .current_dir(&work)
         .stdout(std::process::Stdio::piped())
@@ -263,7 +278,7 @@ fn a_killed_worker_hands_its_step_to_another() {
     let first = lines.next().expect("line").expect("utf8");
     let url = format!("http://{}", first.strip_prefix("serving workers on ").expect("address line"));
     let spawn_worker = || {
-        Command::new(env!("CARGO_BIN_EXE_steppe"))
+        child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
             .args(["worker", "--coordinator", &url, "--slots", "1"])
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -319,7 +334,7 @@ fn submit_through_a_coordinator_and_two_workers() {
     std::fs::write(work.join("token"), "t0ken\n").expect("token");
     // The queue is a real Redis (Streams, leased); scripts/test installs redis-server.
     let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("port");
-    let mut redis = Command::new("redis-server")
+    let mut redis = child_of_this_test("redis-server")
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
         .stdout(std::process::Stdio::null())
         .spawn()
@@ -332,7 +347,7 @@ fn submit_through_a_coordinator_and_two_workers() {
     }
     let redis_url = format!("redis://127.0.0.1:{port}/");
     let start_coordinator = || {
-        let mut coord = Command::new(env!("CARGO_BIN_EXE_steppe"))
+        let mut coord = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
             .args(["coordinator", "--listen", "127.0.0.1:0", "--token-file", "token", "--state", "state", "--queue", &redis_url, "--store", &redis_url, "--artifacts", "shared"])
             .current_dir(&work)
             .stdout(std::process::Stdio::piped())
@@ -350,7 +365,7 @@ fn submit_through_a_coordinator_and_two_workers() {
         if token {
             args.extend(["--token-file", "token"]);
         }
-        Command::new(env!("CARGO_BIN_EXE_steppe")).args(&args).current_dir(&work).stderr(std::process::Stdio::piped()).spawn().expect("spawn worker")
+        child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(&args).current_dir(&work).stderr(std::process::Stdio::piped()).spawn().expect("spawn worker")
     };
     let mut workers = vec![worker(&url, true), worker(&url, true)];
     let intruder = worker(&url, false).wait_with_output().expect("intruder");
@@ -414,7 +429,7 @@ fn submit_through_a_coordinator_and_two_workers() {
     let out = steppe(&["runs", "--coordinator", &url], &work);
     assert_ne!(out.status.code(), Some(0), "no token, no history: {}", text(&out));
     std::fs::write(work.join("ship.yml"), "jobs:\n- name: ship\n  plan:\n  - approval:\n      message: Ship it?\n      timeout: 1m\n  - task: deploy\n    run: echo deployed\n").expect("write");
-    let child = Command::new(env!("CARGO_BIN_EXE_steppe"))
+    let child = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
         .args(["submit", "ship.yml", "--coordinator", &url, "--token-file", "token"])
         .current_dir(&work)
         .stdout(std::process::Stdio::piped())
@@ -453,7 +468,7 @@ fn sigterm_drains_a_worker() {
         "jobs:\n- name: j\n  plan:\n  - task: long\n    outputs: [o]\n    run: echo begun; sleep 2; echo finished > o/x\n  - task: next\n    inputs: [o]\n    run: cat o/x\n    assert:\n      stdout: finished\n  assert:\n    execution: [long, next]\n",
     )
     .expect("write");
-    let mut coord = Command::new(env!("CARGO_BIN_EXE_steppe"))
+    let mut coord = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
         .args(["run", "p.yml", "--workers", "0", "--listen", "127.0.0.1:0"])
         .current_dir(&work)
         .stdout(std::process::Stdio::piped())
@@ -462,7 +477,7 @@ fn sigterm_drains_a_worker() {
     let mut lines = BufReader::new(coord.stdout.take().expect("stdout")).lines();
     let first = lines.next().expect("line").expect("utf8");
     let url = format!("http://{}", first.strip_prefix("serving workers on ").expect("address"));
-    let spawn = || Command::new(env!("CARGO_BIN_EXE_steppe")).args(["worker", "--coordinator", &url, "--slots", "1"]).stderr(std::process::Stdio::null()).spawn().expect("worker");
+    let spawn = || child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(["worker", "--coordinator", &url, "--slots", "1"]).stderr(std::process::Stdio::null()).spawn().expect("worker");
     let mut first_worker = spawn();
     let mut seen = Vec::new();
     for l in lines.by_ref() {
@@ -504,7 +519,7 @@ fn a_vanished_submitter_aborts_its_run_on_the_worker() {
         ),
     )
     .expect("write");
-    let mut coord = Command::new(env!("CARGO_BIN_EXE_steppe"))
+    let mut coord = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
         .args(["coordinator", "--listen", "127.0.0.1:0", "--state", "state"])
         .current_dir(&work)
         .stdout(std::process::Stdio::piped())
@@ -514,8 +529,8 @@ fn a_vanished_submitter_aborts_its_run_on_the_worker() {
     let first = lines.next().expect("line").expect("utf8");
     let url = format!("http://{}", first.strip_prefix("serving workers on ").expect("address"));
     std::thread::spawn(move || for _ in lines.by_ref() {});
-    let mut worker = Command::new(env!("CARGO_BIN_EXE_steppe")).args(["worker", "--coordinator", &url, "--slots", "2"]).stderr(std::process::Stdio::null()).spawn().expect("worker");
-    let mut submitter = Command::new(env!("CARGO_BIN_EXE_steppe"))
+    let mut worker = child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(["worker", "--coordinator", &url, "--slots", "2"]).stderr(std::process::Stdio::null()).spawn().expect("worker");
+    let mut submitter = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
         .args(["submit", "p.yml", "--coordinator", &url])
         .current_dir(&work)
         .stdout(std::process::Stdio::null())
@@ -557,7 +572,7 @@ fn a_silent_worker_is_fenced_and_its_late_result_refused() {
     // on the queue when it is fenced, and that wait must not swallow the
     // requeued step.
     let (mut redis, redis_url) = redis_server();
-    let mut coord = Command::new(env!("CARGO_BIN_EXE_steppe"))
+    let mut coord = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
         .args(["coordinator", "--listen", "127.0.0.1:0", "--state", "state", "--worker-lease", "2s", "--queue", &redis_url, "--store", &redis_url])
         .current_dir(&work)
         .stdout(std::process::Stdio::piped())
@@ -573,9 +588,9 @@ fn a_silent_worker_is_fenced_and_its_late_result_refused() {
             sink.lock().expect("log").push(l);
         }
     });
-    let worker = || Command::new(env!("CARGO_BIN_EXE_steppe")).args(["worker", "--coordinator", &url, "--slots", "2"]).stderr(std::process::Stdio::null()).spawn().expect("worker");
+    let worker = || child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(["worker", "--coordinator", &url, "--slots", "2"]).stderr(std::process::Stdio::null()).spawn().expect("worker");
     let mut frozen = worker();
-    let submitter = Command::new(env!("CARGO_BIN_EXE_steppe"))
+    let submitter = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
         .args(["submit", "p.yml", "--coordinator", &url])
         .current_dir(&work)
         .stdout(std::process::Stdio::piped())
@@ -618,7 +633,7 @@ fn a_silent_worker_is_fenced_and_its_late_result_refused() {
 /// A throwaway redis-server on a free loopback port (scripts/test installs it).
 fn redis_server() -> (std::process::Child, String) {
     let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("port");
-    let child = Command::new("redis-server")
+    let child = child_of_this_test("redis-server")
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
         .stdout(std::process::Stdio::null())
         .spawn()
@@ -649,7 +664,7 @@ fn kill_9_a_cluster_worker_mid_step() {
     )
     .expect("write");
     let (mut redis, redis_url) = redis_server();
-    let mut coord = Command::new(env!("CARGO_BIN_EXE_steppe"))
+    let mut coord = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
         .args(["coordinator", "--listen", "127.0.0.1:0", "--state", "state", "--queue", &redis_url, "--store", &redis_url])
         .current_dir(&work)
         .stdout(std::process::Stdio::piped())
@@ -659,9 +674,9 @@ fn kill_9_a_cluster_worker_mid_step() {
     let first = lines.next().expect("line").expect("utf8");
     let url = format!("http://{}", first.strip_prefix("serving workers on ").expect("address"));
     std::thread::spawn(move || for _ in lines.by_ref() {});
-    let worker = || Command::new(env!("CARGO_BIN_EXE_steppe")).args(["worker", "--coordinator", &url, "--slots", "1"]).stderr(std::process::Stdio::null()).spawn().expect("worker");
+    let worker = || child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(["worker", "--coordinator", &url, "--slots", "1"]).stderr(std::process::Stdio::null()).spawn().expect("worker");
     let mut workers = vec![worker(), worker()];
-    let submitter = Command::new(env!("CARGO_BIN_EXE_steppe"))
+    let submitter = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
         .args(["submit", "p.yml", "--coordinator", &url])
         .current_dir(&work)
         .stdout(std::process::Stdio::piped())
