@@ -155,22 +155,13 @@ fn ctrl_c_aborts_with_130_and_hooks_get_their_grace() {
 /// connected over loopback gRPC.
 #[test]
 fn pipelines_run_on_a_separate_worker_process() {
-    use std::io::{BufRead, BufReader};
     let work = scratch("split");
     for name in ["blocks.yml", "workspace.yml", "resources.yml"] {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/run").join(name);
         std::fs::copy(&src, work.join(name)).expect("copy");
-        let mut coord = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
-            .args(["test", name, "--workers", "0", "--listen", "127.0.0.1:0"])
-            .current_dir(&work)
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("spawn coordinator");
-        let mut lines = BufReader::new(coord.stdout.take().expect("stdout")).lines();
-        let first = lines.next().expect("a first line").expect("utf8");
-        let addr = first.strip_prefix("serving workers on ").unwrap_or_else(|| panic!("unexpected first line {first:?}")).to_string();
+        let (mut coord, url, lines) = serving(&["test", name, "--workers", "0", "--listen", "127.0.0.1:0"], &work);
         let mut worker = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
-            .args(["worker", "--coordinator", &format!("http://{addr}"), "--slots", "2"])
+            .args(["worker", "--coordinator", &url, "--slots", "2"])
             .current_dir(std::env::temp_dir())
             .stderr(std::process::Stdio::piped())
             .spawn()
@@ -261,22 +252,13 @@ fn approvals_park_until_decided() {
 /// assignment goes back on the queue, and another worker runs it.
 #[test]
 fn a_killed_worker_hands_its_step_to_another() {
-    use std::io::{BufRead, BufReader};
     let work = scratch("kill9");
     std::fs::write(
         work.join("p.yml"),
         "jobs:\n- name: j\n  plan:\n  - task: slow\n    outputs: [out]\n    run: echo started; sleep 2; echo done > out/x\n  - task: after\n    inputs: [out]\n    run: cat out/x\n    assert:\n      stdout: done\n  assert:\n    execution: [slow, after]\n",
     )
     .expect("write");
-    let mut coord = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
-        .args(["run", "p.yml", "--workers", "0", "--listen", "127.0.0.1:0"])
-        .current_dir(&work)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn coordinator");
-    let mut lines = BufReader::new(coord.stdout.take().expect("stdout")).lines();
-    let first = lines.next().expect("line").expect("utf8");
-    let url = format!("http://{}", first.strip_prefix("serving workers on ").expect("address line"));
+    let (mut coord, url, mut lines) = serving(&["run", "p.yml", "--workers", "0", "--listen", "127.0.0.1:0"], &work);
     let spawn_worker = || {
         child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
             .args(["worker", "--coordinator", &url, "--slots", "1"])
@@ -329,33 +311,13 @@ fn readme_examples_work() {
 /// `steppe test`, and every call must carry the coordinator's token.
 #[test]
 fn submit_through_a_coordinator_and_two_workers() {
-    use std::io::{BufRead, BufReader};
     let work = scratch("coordinator");
     std::fs::write(work.join("token"), "t0ken\n").expect("token");
     // The queue is a real Redis (Streams, leased); scripts/test installs redis-server.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("port");
-    let mut redis = child_of_this_test("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .expect("redis-server on PATH");
-    for _ in 0..100 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let redis_url = format!("redis://127.0.0.1:{port}/");
+    let (mut redis, redis_url) = redis_server();
     let start_coordinator = || {
-        let mut coord = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
-            .args(["coordinator", "--listen", "127.0.0.1:0", "--token-file", "token", "--state", "state", "--queue", &redis_url, "--store", &redis_url, "--artifacts", "shared"])
-            .current_dir(&work)
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("spawn coordinator");
-        let mut lines = BufReader::new(coord.stdout.take().expect("stdout")).lines();
-        let first = lines.next().expect("line").expect("utf8");
-        let url = format!("http://{}", first.strip_prefix("serving workers on ").expect("address line"));
+        let args = ["coordinator", "--listen", "127.0.0.1:0", "--token-file", "token", "--state", "state", "--queue", &redis_url, "--store", &redis_url, "--artifacts", "shared"];
+        let (coord, url, mut lines) = serving(&args, &work);
         std::thread::spawn(move || for _ in lines.by_ref() {});
         (coord, url)
     };
@@ -461,22 +423,13 @@ fn submit_through_a_coordinator_and_two_workers() {
 /// reports it, then exits 0; the next step goes to another worker.
 #[test]
 fn sigterm_drains_a_worker() {
-    use std::io::{BufRead, BufReader};
     let work = scratch("drain");
     std::fs::write(
         work.join("p.yml"),
         "jobs:\n- name: j\n  plan:\n  - task: long\n    outputs: [o]\n    run: echo begun; sleep 2; echo finished > o/x\n  - task: next\n    inputs: [o]\n    run: cat o/x\n    assert:\n      stdout: finished\n  assert:\n    execution: [long, next]\n",
     )
     .expect("write");
-    let mut coord = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
-        .args(["run", "p.yml", "--workers", "0", "--listen", "127.0.0.1:0"])
-        .current_dir(&work)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let mut lines = BufReader::new(coord.stdout.take().expect("stdout")).lines();
-    let first = lines.next().expect("line").expect("utf8");
-    let url = format!("http://{}", first.strip_prefix("serving workers on ").expect("address"));
+    let (mut coord, url, mut lines) = serving(&["run", "p.yml", "--workers", "0", "--listen", "127.0.0.1:0"], &work);
     let spawn = || child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(["worker", "--coordinator", &url, "--slots", "1"]).stderr(std::process::Stdio::null()).spawn().expect("worker");
     let mut first_worker = spawn();
     let mut seen = Vec::new();
@@ -506,7 +459,6 @@ fn sigterm_drains_a_worker() {
 /// second, and the step's on_abort hook still runs.
 #[test]
 fn a_vanished_submitter_aborts_its_run_on_the_worker() {
-    use std::io::{BufRead, BufReader};
     let work = scratch("vanish");
     let marker = work.join("aborted");
     let started = work.join("started");
@@ -519,15 +471,7 @@ fn a_vanished_submitter_aborts_its_run_on_the_worker() {
         ),
     )
     .expect("write");
-    let mut coord = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
-        .args(["coordinator", "--listen", "127.0.0.1:0", "--state", "state"])
-        .current_dir(&work)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn coordinator");
-    let mut lines = BufReader::new(coord.stdout.take().expect("stdout")).lines();
-    let first = lines.next().expect("line").expect("utf8");
-    let url = format!("http://{}", first.strip_prefix("serving workers on ").expect("address"));
+    let (mut coord, url, mut lines) = serving(&["coordinator", "--listen", "127.0.0.1:0", "--state", "state"], &work);
     std::thread::spawn(move || for _ in lines.by_ref() {});
     let mut worker = child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(["worker", "--coordinator", &url, "--slots", "2"]).stderr(std::process::Stdio::null()).spawn().expect("worker");
     let mut submitter = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
@@ -559,7 +503,6 @@ fn a_vanished_submitter_aborts_its_run_on_the_worker() {
 /// when it wakes, its late result is refused. The step is recorded once.
 #[test]
 fn a_silent_worker_is_fenced_and_its_late_result_refused() {
-    use std::io::{BufRead, BufReader};
     use std::sync::{Arc, Mutex};
     let work = scratch("fence");
     let attempts = work.join("attempts");
@@ -572,15 +515,7 @@ fn a_silent_worker_is_fenced_and_its_late_result_refused() {
     // on the queue when it is fenced, and that wait must not swallow the
     // requeued step.
     let (mut redis, redis_url) = redis_server();
-    let mut coord = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
-        .args(["coordinator", "--listen", "127.0.0.1:0", "--state", "state", "--worker-lease", "2s", "--queue", &redis_url, "--store", &redis_url])
-        .current_dir(&work)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn coordinator");
-    let mut lines = BufReader::new(coord.stdout.take().expect("stdout")).lines();
-    let first = lines.next().expect("line").expect("utf8");
-    let url = format!("http://{}", first.strip_prefix("serving workers on ").expect("address"));
+    let (mut coord, url, lines) = serving(&["coordinator", "--listen", "127.0.0.1:0", "--state", "state", "--worker-lease", "2s", "--queue", &redis_url, "--store", &redis_url], &work);
     let log = Arc::new(Mutex::new(Vec::<String>::new()));
     let sink = log.clone();
     std::thread::spawn(move || {
@@ -630,6 +565,23 @@ fn a_silent_worker_is_fenced_and_its_late_result_refused() {
     let _ = redis.wait();
 }
 
+/// Starts `steppe ARGS` in `dir` (a coordinator, or a run with `--listen`)
+/// and reads from its first line the URL it serves workers on; the rest of
+/// its output is the caller's.
+fn serving(args: &[&str], dir: &Path) -> (std::process::Child, String, std::io::Lines<std::io::BufReader<std::process::ChildStdout>>) {
+    use std::io::{BufRead, BufReader};
+    let mut child = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
+        .args(args)
+        .current_dir(dir)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn steppe");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let first = lines.next().expect("a first line").expect("utf8");
+    let addr = first.strip_prefix("serving workers on ").unwrap_or_else(|| panic!("unexpected first line {first:?}"));
+    (child, format!("http://{addr}"), lines)
+}
+
 /// A throwaway redis-server on a free loopback port (scripts/test installs it).
 fn redis_server() -> (std::process::Child, String) {
     let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("port");
@@ -652,7 +604,6 @@ fn redis_server() -> (std::process::Child, String) {
 /// worker, and it is recorded once.
 #[test]
 fn kill_9_a_cluster_worker_mid_step() {
-    use std::io::{BufRead, BufReader};
     let work = scratch("cluster-kill9");
     let pids = work.join("pids");
     std::fs::write(
@@ -664,15 +615,7 @@ fn kill_9_a_cluster_worker_mid_step() {
     )
     .expect("write");
     let (mut redis, redis_url) = redis_server();
-    let mut coord = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
-        .args(["coordinator", "--listen", "127.0.0.1:0", "--state", "state", "--queue", &redis_url, "--store", &redis_url])
-        .current_dir(&work)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn coordinator");
-    let mut lines = BufReader::new(coord.stdout.take().expect("stdout")).lines();
-    let first = lines.next().expect("line").expect("utf8");
-    let url = format!("http://{}", first.strip_prefix("serving workers on ").expect("address"));
+    let (mut coord, url, mut lines) = serving(&["coordinator", "--listen", "127.0.0.1:0", "--state", "state", "--queue", &redis_url, "--store", &redis_url], &work);
     std::thread::spawn(move || for _ in lines.by_ref() {});
     let worker = || child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(["worker", "--coordinator", &url, "--slots", "1"]).stderr(std::process::Stdio::null()).spawn().expect("worker");
     let mut workers = vec![worker(), worker()];
