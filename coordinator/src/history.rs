@@ -14,7 +14,7 @@ use tonic::codegen::InterceptedService;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
-use crate::submit::{bearer, WithToken};
+use crate::submit::{bearer, connect, WithToken};
 
 pub struct HistoryService {
     pub store: Arc<dyn Store>,
@@ -70,13 +70,7 @@ pub struct RemoteStore {
 impl RemoteStore {
     pub fn connect(url: &str, token: Option<&str>) -> anyhow::Result<RemoteStore> {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        let channel = rt.block_on(async {
-            tonic::transport::Endpoint::from_shared(url.to_string())
-                .map_err(|e| anyhow::anyhow!("--coordinator {url}: {e}"))?
-                .connect()
-                .await
-                .map_err(|e| anyhow::anyhow!("cannot reach the coordinator at {url}: {e}"))
-        })?;
+        let channel = rt.block_on(connect(url))?;
         Ok(RemoteStore { url: url.to_string(), client: HistoryClient::with_interceptor(channel, bearer(token)?), rt })
     }
 

@@ -261,29 +261,9 @@ enum Command {
         remote: RemoteArgs,
     },
     /// Approve a parked approval: the run continues.
-    Approve {
-        /// The pipeline file (left out with --coordinator), then the
-        /// approval's id from `steppe approvals`.
-        #[arg(value_name = "PIPELINE> <ID", num_args = 1..=2, required = true)]
-        target: Vec<String>,
-        /// Why (kept in the record).
-        #[arg(long, default_value = "")]
-        reason: String,
-        #[command(flatten)]
-        remote: RemoteArgs,
-    },
+    Approve(DecideArgs),
     /// Reject a parked approval: the approval step fails.
-    Reject {
-        /// The pipeline file (left out with --coordinator), then the
-        /// approval's id from `steppe approvals`.
-        #[arg(value_name = "PIPELINE> <ID", num_args = 1..=2, required = true)]
-        target: Vec<String>,
-        /// Why (kept in the record and shown in the failure).
-        #[arg(long, default_value = "")]
-        reason: String,
-        #[command(flatten)]
-        remote: RemoteArgs,
-    },
+    Reject(DecideArgs),
     /// Print the JSON Schema of the pipeline format.
     ///
     /// Generated from the same types the loader decodes into, so it cannot drift.
@@ -293,11 +273,26 @@ enum Command {
     Schema,
 }
 
-/// `--coordinator`: read (and decide) on a coordinator's store instead of the pipeline's own.
+/// `approve` and `reject`.
+#[derive(Args, Debug)]
+struct DecideArgs {
+    /// The pipeline file (left out with --coordinator), then the
+    /// approval's id from `steppe approvals`.
+    #[arg(value_name = "PIPELINE> <ID", num_args = 1..=2, required = true)]
+    target: Vec<String>,
+    /// Why (kept in the record; a rejection shows it in the failure).
+    #[arg(long, default_value = "")]
+    reason: String,
+    #[command(flatten)]
+    remote: RemoteArgs,
+}
+
+/// `--coordinator`: work through a coordinator instead of this machine.
 #[derive(Args, Debug, Default)]
 struct RemoteArgs {
-    /// Use this coordinator's history (e.g. http://10.0.0.5:7070) instead of
-    /// the pipeline's .steppe/ store.
+    /// Work through this coordinator (e.g. http://10.0.0.5:7070): runs go to
+    /// it (as `steppe submit`), history comes from it instead of the
+    /// pipeline's .steppe/ store.
     #[arg(long, value_name = "URL")]
     coordinator: Option<String>,
     /// With --coordinator: a file holding the coordinator's token.
@@ -322,19 +317,15 @@ struct ExecArgs {
     /// SUBSTRING (case-insensitive) gets ANSWER. Repeatable.
     #[arg(long = "answer", value_name = "SUBSTRING=ANSWER")]
     answer: Vec<String>,
-    /// Run on this coordinator instead of in this process (as `steppe submit`).
-    #[arg(long, value_name = "URL")]
-    coordinator: Option<String>,
-    /// With --coordinator: a file holding the coordinator's token.
-    #[arg(long, value_name = "FILE", requires = "coordinator")]
-    token_file: Option<PathBuf>,
+    #[command(flatten)]
+    remote: RemoteArgs,
 }
 
 impl ExecArgs {
     /// `--coordinator`: hand the run to a coordinator and follow it.
-    fn remote(&self, path: &Path, job: Option<&str>, test: bool, vars: &VarArgs) -> Result<Option<ExitCode>> {
-        let Some(url) = &self.coordinator else { return Ok(None) };
-        let token = submit::read_token(self.token_file.as_deref())?;
+    fn submit(&self, path: &Path, job: Option<&str>, test: bool, vars: &VarArgs) -> Result<Option<ExitCode>> {
+        let Some(url) = &self.remote.coordinator else { return Ok(None) };
+        let token = submit::read_token(self.remote.token_file.as_deref())?;
         let vars = vars.resolve()?.into_iter().collect();
         let code = runtime()?.block_on(submit::submit(url, token.as_deref(), path, job, test, false, vars, self.answer.clone()))?;
         Ok(Some(ExitCode::from(u8::try_from(code).unwrap_or(2))))
@@ -414,14 +405,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
         }
         Command::Approvals { pipeline, remote } => approvals(&History::open(pipeline.as_deref(), &remote)?),
-        Command::Approve { target, reason, remote } => {
-            let (pipeline, id) = approval_target(&target, &remote)?;
-            decide(&History::open(pipeline.as_deref(), &remote)?, id, true, &reason)
-        }
-        Command::Reject { target, reason, remote } => {
-            let (pipeline, id) = approval_target(&target, &remote)?;
-            decide(&History::open(pipeline.as_deref(), &remote)?, id, false, &reason)
-        }
+        Command::Approve(args) => decide(&args, true),
+        Command::Reject(args) => decide(&args, false),
         Command::Worker { coordinator, slots, token_file } => worker(&coordinator, slots, token_file.as_deref()),
         Command::Coordinator { listen, workers, state, token_file, queue, store, worker_lease, artifacts } => {
             coordinator(listen, workers, &state, token_file.as_deref(), queue.as_deref(), store.as_deref(), worker_lease, artifacts.as_deref())
@@ -684,7 +669,7 @@ fn run_id() -> String {
 }
 
 fn run_job(path: &Path, job: Option<&str>, exec: &ExecArgs, vars: &VarArgs) -> Result<ExitCode> {
-    if let Some(code) = exec.remote(path, job, false, vars)? {
+    if let Some(code) = exec.submit(path, job, false, vars)? {
         return Ok(code);
     }
     let loaded = match load_or_report(path, vars)? {
@@ -730,10 +715,10 @@ fn run_job(path: &Path, job: Option<&str>, exec: &ExecArgs, vars: &VarArgs) -> R
 }
 
 fn test(path: &Path, script: Option<&Path>, dump: Option<&Path>, exec: &ExecArgs, vars: &VarArgs) -> Result<ExitCode> {
-    if script.is_some() && exec.coordinator.is_some() {
+    if script.is_some() && exec.remote.coordinator.is_some() {
         anyhow::bail!("--script runs the scripted model in this process; it cannot be combined with --coordinator");
     }
-    if let Some(code) = exec.remote(path, None, true, vars)? {
+    if let Some(code) = exec.submit(path, None, true, vars)? {
         return Ok(code);
     }
     let scenario = match script {
@@ -1025,7 +1010,10 @@ fn approval_target(target: &[String], remote: &RemoteArgs) -> Result<(Option<Pat
     Ok((pipeline, id))
 }
 
-fn decide(h: &History, id: i64, approve: bool, reason: &str) -> Result<ExitCode> {
+fn decide(args: &DecideArgs, approve: bool) -> Result<ExitCode> {
+    let (pipeline, id) = approval_target(&args.target, &args.remote)?;
+    let h = History::open(pipeline.as_deref(), &args.remote)?;
+    let reason = args.reason.as_str();
     let store = h.store.as_ref().with_context(|| format!("nothing has run yet for {}", h.label))?;
     let approver = ["STEPPE_APPROVER", "USER", "LOGNAME"].iter().find_map(|v| std::env::var(v).ok().filter(|s| !s.is_empty())).unwrap_or_else(|| "unknown".into());
     let Some(rec) = store.approval(id)? else {

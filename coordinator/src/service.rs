@@ -89,7 +89,7 @@ impl Coordinator for WorkerService {
                 let a = match d.queue.pop_within(std::time::Duration::from_secs(1)).await {
                     Ok(Some(a)) if stop_seen.load(Ordering::SeqCst) => {
                         // Taken just as the session stopped taking work: back it goes.
-                        let _ = d.queue.push(a).await;
+                        d.requeue(a);
                         return;
                     }
                     Ok(Some(a)) => a,
@@ -119,13 +119,14 @@ impl Coordinator for WorkerService {
         // still be able to report, and be refused).
         let session_tx = tx;
         tokio::spawn(async move {
-            let requeue_all = || {
+            // Everything this session holds goes back on the queue; the ids it held.
+            let requeue_all = || -> std::collections::HashSet<String> {
                 let lost: Vec<Assignment> = inflight.lock().map(|mut m| m.drain().map(|(_, (a, _))| a).collect()).unwrap_or_default();
-                let n = lost.len();
+                let ids = lost.iter().map(|a| a.id.clone()).collect();
                 for a in lost {
                     d.requeue(a);
                 }
-                n
+                ids
             };
             // Once fenced: the assignments it held, which it may still report on.
             let mut fenced: Option<std::collections::HashSet<String>> = None;
@@ -143,12 +144,9 @@ impl Coordinator for WorkerService {
                         // Cut off or frozen: its work goes to others, and the
                         // session is fenced so a late result cannot count twice.
                         puller.stop();
-                        let held: Vec<Assignment> = inflight.lock().map(|mut m| m.drain().map(|(_, (a, _))| a).collect()).unwrap_or_default();
+                        let held = requeue_all();
                         registry.lease_ended(&name, held.len(), lease);
-                        fenced = Some(held.iter().map(|a| a.id.clone()).collect());
-                        for a in held {
-                            d.requeue(a);
-                        }
+                        fenced = Some(held);
                         continue;
                     }
                     Ok(m) => m,
@@ -197,8 +195,7 @@ impl Coordinator for WorkerService {
             // The worker is gone (or fenced and heard from again, and now
             // told to go): what it held goes back on the queue.
             puller.stop();
-            let n = requeue_all();
-            registry.left(&name, n);
+            registry.left(&name, requeue_all().len());
             drop(session_tx);
         });
         Ok(Response::new(ReceiverStream::new(rx)))

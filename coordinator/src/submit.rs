@@ -75,6 +75,15 @@ pub fn bearer(token: Option<&str>) -> anyhow::Result<WithToken> {
     }))
 }
 
+/// A channel to the coordinator at `url` (`--coordinator`), for the client commands.
+pub async fn connect(url: &str) -> anyhow::Result<tonic::transport::Channel> {
+    tonic::transport::Endpoint::from_shared(url.to_string())
+        .map_err(|e| anyhow::anyhow!("--coordinator {url}: {e}"))?
+        .connect()
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot reach the coordinator at {url}: {e}"))
+}
+
 pub struct RunService {
     pub svc: Arc<Services>,
 }
@@ -302,12 +311,7 @@ pub async fn submit(url: &str, token: Option<&str>, path: &Path, job: Option<&st
         let full = loaded.dir.join(rel);
         files.push(BundleFile { path: rel.clone(), content: std::fs::read(&full).map_err(|e| anyhow::anyhow!("{}: {e}", full.display()))? });
     }
-    let channel = tonic::transport::Endpoint::from_shared(url.to_string())
-        .map_err(|e| anyhow::anyhow!("--coordinator {url}: {e}"))?
-        .connect()
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot reach the coordinator at {url}: {e}"))?;
-    let mut client = RunsClient::with_interceptor(channel, bearer(token)?);
+    let mut client = RunsClient::with_interceptor(connect(url).await?, bearer(token)?);
     let req = SubmitRequest { pipeline: name, files, job: job.unwrap_or_default().to_string(), vars, test, answers, detach };
     let mut stream = client.submit(req).await.map_err(|s| anyhow::anyhow!("the coordinator refused the submission: {}", s.message()))?.into_inner();
     while let Some(ev) = stream.message().await.map_err(|s| anyhow::anyhow!("the coordinator went away: {}", s.message()))? {

@@ -327,15 +327,15 @@ mod tests {
 }
 
 #[cfg(test)]
-mod redis_tests {
+pub(crate) mod redis_tests {
     use super::tests::{a, conformance};
     use super::*;
     use std::process::{Child, Command, Stdio};
 
     /// A throwaway redis-server on a free loopback port (scripts/test installs it).
-    struct Server {
+    pub(crate) struct Server {
         child: Child,
-        url: String,
+        pub(crate) url: String,
     }
 
     impl Drop for Server {
@@ -345,7 +345,7 @@ mod redis_tests {
         }
     }
 
-    fn redis() -> Server {
+    pub(crate) fn redis() -> Server {
         let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port");
         let child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])

@@ -212,26 +212,13 @@ mod tests {
 
     #[test]
     fn redis_store_conforms() {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("port");
-        let mut child = std::process::Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .expect("redis-server on PATH (scripts/test installs it)");
-        for _ in 0..100 {
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        let url = format!("redis://127.0.0.1:{port}/");
+        let server = crate::queue::redis_tests::redis();
+        let url = server.url.clone();
         let s = RedisStore::connect(&url, "steppe-test").expect("connect");
         crate::store::tests::conformance(&s);
         drop(s);
         // A new connection (a restarted coordinator) sees the same history.
         let s = RedisStore::connect(&url, "steppe-test").expect("connect");
         assert_eq!(s.runs(None, 10).unwrap().len(), 2);
-        let _ = child.kill();
-        let _ = child.wait();
     }
 }
