@@ -188,10 +188,27 @@ fn parse_entries(v: &redis::Value) -> Vec<Entry> {
 
 impl Queue for RedisQueue {
     fn push(&self, a: Assignment) -> BoxFuture<'_, Result<(), QueueError>> {
+        let taken = self.entry_of(&a.id);
         Box::pin(async move {
             let body = serde_json::to_string(&a).map_err(|e| QueueError::Corrupt(e.to_string()))?;
             let mut c = self.conn.clone();
-            let entry: String = redis::cmd("XADD").arg(&self.key).arg("*").arg("a").arg(body).query_async(&mut c).await.map_err(|e| self.err(e))?;
+            let entry: String = match taken {
+                // Pushing back what this consumer took (a requeue): the old
+                // entry goes in the same transaction, or its lease would
+                // later deliver the assignment a second time.
+                Some(old) => {
+                    let (entry,): (String,) = redis::pipe()
+                        .atomic()
+                        .cmd("XACK").arg(&self.key).arg(&self.group).arg(&old).ignore()
+                        .cmd("XDEL").arg(&self.key).arg(&old).ignore()
+                        .cmd("XADD").arg(&self.key).arg("*").arg("a").arg(body)
+                        .query_async(&mut c)
+                        .await
+                        .map_err(|e| self.err(e))?;
+                    entry
+                }
+                None => redis::cmd("XADD").arg(&self.key).arg("*").arg("a").arg(body).query_async(&mut c).await.map_err(|e| self.err(e))?,
+            };
             if let Ok(mut m) = self.entries.lock() {
                 m.insert(a.id.clone(), entry);
             }
@@ -386,5 +403,22 @@ pub(crate) mod redis_tests {
         tokio::time::sleep(lease + Duration::from_millis(100)).await;
         let none = tokio::time::timeout(Duration::from_millis(1500), second.pop()).await;
         assert!(none.is_err(), "an acknowledged entry must not be delivered again");
+    }
+
+    #[tokio::test]
+    async fn a_requeued_entry_is_delivered_once() {
+        let s = redis();
+        let lease = Duration::from_millis(300);
+        let q = RedisQueue::connect(&s.url, "steppe:requeue", "c1", lease).await.expect("connect");
+        q.push(a("job-1")).await.unwrap();
+        let taken = q.pop().await.unwrap();
+        // Its worker was lost: back on the queue, taken again, done.
+        q.push(taken).await.unwrap();
+        assert_eq!(q.pop().await.unwrap().id, "job-1");
+        q.ack("job-1").await.unwrap();
+        // The first taking does not come back when its lease runs out.
+        tokio::time::sleep(lease + Duration::from_millis(100)).await;
+        let ghost = q.pop_within(Duration::from_millis(500)).await.unwrap();
+        assert!(ghost.is_none(), "a requeued assignment was delivered again: {ghost:?}");
     }
 }
