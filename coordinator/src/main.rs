@@ -170,6 +170,12 @@ enum Command {
         /// leased) instead of this process's memory.
         #[arg(long, value_name = "URL")]
         queue: Option<String>,
+        /// How long a queue entry stays with whoever took it unless renewed.
+        /// The coordinator renews what it holds every third of this, so a
+        /// step may run longer; a coordinator that dies stops renewing, and
+        /// its entries go to the next coordinator after this long.
+        #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_lease)]
+        queue_lease: std::time::Duration,
         /// Where history lives: redis://HOST:PORT/ instead of DIR/steppe.db, so
         /// a restarted (or another) coordinator sees the same runs and versions.
         #[arg(long, value_name = "URL")]
@@ -408,8 +414,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Approve(args) => decide(&args, true),
         Command::Reject(args) => decide(&args, false),
         Command::Worker { coordinator, slots, token_file } => worker(&coordinator, slots, token_file.as_deref()),
-        Command::Coordinator { listen, workers, state, token_file, queue, store, worker_lease, artifacts } => {
-            coordinator(listen, workers, &state, token_file.as_deref(), queue.as_deref(), store.as_deref(), worker_lease, artifacts.as_deref())
+        Command::Coordinator { listen, workers, state, token_file, queue, queue_lease, store, worker_lease, artifacts } => {
+            coordinator(listen, workers, &state, token_file.as_deref(), queue.as_deref().map(|q| (q, queue_lease)), store.as_deref(), worker_lease, artifacts.as_deref())
         }
         Command::Submit { pipeline, job, test, detach, coordinator, token_file, answer, vars } => {
             let token = submit::read_token(token_file.as_deref())?;
@@ -537,6 +543,19 @@ async fn start_services_with(
     let out = Arc::new(engine::Output::start(quiet, Some(runs)).await.context("starting the event hub")?);
     let (cancel_tx, cancel_rx) = tokio::sync::watch::channel(false);
     let queue = queue.unwrap_or_else(|| Arc::new(InProcessQueue::new()));
+    if let Some(lease) = queue.lease() {
+        // Lease extension: what this process took stays its own while it
+        // lives, however long the step runs.
+        let (q, out) = (queue.clone(), out.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(lease / 3).await;
+                if let Err(e) = q.extend_held().await {
+                    out.note(&format!("could not renew queue leases: {e}"));
+                }
+            }
+        });
+    }
     let dispatcher = dispatch::Dispatcher::start(queue).await.context("starting the dispatcher")?;
     let registry = registry::WorkerRegistry::start(out.clone()).await.context("starting the worker registry")?;
     steppe_worker::local::spawn_local_workers(slots, dispatcher.queue.clone(), store.clone(), work, out.clone(), dispatcher.clone(), dispatcher.local.clone());
@@ -824,7 +843,7 @@ fn coordinator(
     workers: usize,
     state: &Path,
     token_file: Option<&Path>,
-    queue: Option<&str>,
+    queue: Option<(&str, std::time::Duration)>,
     store: Option<&str>,
     worker_lease: std::time::Duration,
     artifacts: Option<&Path>,
@@ -834,11 +853,11 @@ fn coordinator(
     rt.block_on(async {
         std::fs::create_dir_all(state).with_context(|| format!("creating {}", state.display()))?;
         let queue: Option<Arc<dyn steppe_shared::queue::Queue>> = match queue {
-            Some(url) if url.starts_with("redis://") || url.starts_with("rediss://") => {
+            Some((url, lease)) if url.starts_with("redis://") || url.starts_with("rediss://") => {
                 let name = format!("coordinator-{}", std::process::id());
-                Some(Arc::new(steppe_shared::queue::RedisQueue::connect(url, "steppe:assignments", &name, std::time::Duration::from_secs(60)).await?))
+                Some(Arc::new(steppe_shared::queue::RedisQueue::connect(url, "steppe:assignments", &name, lease).await?))
             }
-            Some(other) => anyhow::bail!("--queue {other}: only redis:// queues are supported so far"),
+            Some((other, _)) => anyhow::bail!("--queue {other}: only redis:// queues are supported so far"),
             None => None,
         };
         let runs: Arc<dyn steppe_shared::store::Store> = match store {

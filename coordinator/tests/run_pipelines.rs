@@ -654,3 +654,33 @@ fn kill_9_a_cluster_worker_mid_step() {
     let _ = redis.kill();
     let _ = redis.wait();
 }
+
+#[test]
+fn a_step_longer_than_the_queue_lease_runs_once() {
+    let work = scratch("cluster-long-step");
+    let ran = work.join("ran");
+    std::fs::write(
+        work.join("p.yml"),
+        format!("jobs:\n- name: j\n  plan:\n  - task: long\n    run: echo $PPID >> {}; sleep 4\n", ran.display()),
+    )
+    .expect("write");
+    let (mut redis, redis_url) = redis_server();
+    // A 1s queue lease under a 4s step: only the coordinator's renewals keep
+    // the entry from going to the second worker.
+    let (mut coord, url, mut lines) = serving(&["coordinator", "--listen", "127.0.0.1:0", "--state", "state", "--queue", &redis_url, "--queue-lease", "1s"], &work);
+    std::thread::spawn(move || for _ in lines.by_ref() {});
+    let worker = || child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(["worker", "--coordinator", &url, "--slots", "1"]).stderr(std::process::Stdio::null()).spawn().expect("worker");
+    let mut workers = vec![worker(), worker()];
+    let out = steppe(&["submit", "p.yml", "--coordinator", &url], &work);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let runs: Vec<String> = std::fs::read_to_string(&ran).expect("ran").lines().map(str::to_string).collect();
+    assert_eq!(runs.len(), 1, "the step ran once, not again when its lease would have run out: {runs:?}");
+    let _ = coord.kill();
+    let _ = coord.wait();
+    for w in &mut workers {
+        let _ = w.kill();
+        let _ = w.wait();
+    }
+    let _ = redis.kill();
+    let _ = redis.wait();
+}

@@ -38,6 +38,16 @@ pub trait Queue: Send + Sync {
     fn ack(&self, id: &str) -> BoxFuture<'_, Result<(), QueueError>>;
     /// Removes an assignment nobody took yet; true if it was waiting.
     fn remove(&self, id: &str) -> BoxFuture<'_, Result<bool, QueueError>>;
+    /// Renews the lease on everything this consumer took and has not
+    /// acknowledged, so a step that runs longer than the lease is not handed
+    /// to a second taker. Called by its holder well within every lease.
+    fn extend_held(&self) -> BoxFuture<'_, Result<(), QueueError>> {
+        Box::pin(async { Ok(()) })
+    }
+    /// How long a taken entry stays with its taker without an extension.
+    fn lease(&self) -> Option<Duration> {
+        None
+    }
 }
 
 /// A FIFO in this process's memory (no leases: if the process dies, so does everything it held).
@@ -294,6 +304,7 @@ impl Queue for RedisQueue {
 
     fn remove(&self, id: &str) -> BoxFuture<'_, Result<bool, QueueError>> {
         let entry = self.entry_of(id);
+        let id = id.to_string();
         Box::pin(async move {
             let Some(entry) = entry else { return Ok(false) };
             let mut c = self.conn.clone();
@@ -303,8 +314,40 @@ impl Queue for RedisQueue {
                 return Ok(false);
             }
             let n: i64 = redis::cmd("XDEL").arg(&self.key).arg(&entry).query_async(&mut c).await.map_err(|e| self.err(e))?;
+            if let Ok(mut m) = self.entries.lock() {
+                m.remove(&id);
+            }
             Ok(n == 1)
         })
+    }
+
+    fn extend_held(&self) -> BoxFuture<'_, Result<(), QueueError>> {
+        let held: Vec<String> = self.entries.lock().map(|m| m.values().cloned().collect()).unwrap_or_default();
+        Box::pin(async move {
+            if held.is_empty() {
+                return Ok(());
+            }
+            let mut c = self.conn.clone();
+            // XCLAIM with no minimum idle time resets an entry's idle clock;
+            // entries not pending (pushed, not yet taken) are skipped by Redis.
+            for ids in held.chunks(512) {
+                let _: redis::Value = redis::cmd("XCLAIM")
+                    .arg(&self.key)
+                    .arg(&self.group)
+                    .arg(&self.consumer)
+                    .arg(0)
+                    .arg(ids)
+                    .arg("JUSTID")
+                    .query_async(&mut c)
+                    .await
+                    .map_err(|e| self.err(e))?;
+            }
+            Ok(())
+        })
+    }
+
+    fn lease(&self) -> Option<Duration> {
+        Some(self.lease)
     }
 }
 
@@ -403,6 +446,25 @@ pub(crate) mod redis_tests {
         tokio::time::sleep(lease + Duration::from_millis(100)).await;
         let none = tokio::time::timeout(Duration::from_millis(1500), second.pop()).await;
         assert!(none.is_err(), "an acknowledged entry must not be delivered again");
+    }
+
+    #[tokio::test]
+    async fn an_extended_lease_keeps_an_entry_with_its_taker() {
+        let s = redis();
+        let lease = Duration::from_millis(300);
+        let holder = RedisQueue::connect(&s.url, "steppe:extend", "holder", lease).await.expect("connect");
+        let other = RedisQueue::connect(&s.url, "steppe:extend", "other", lease).await.expect("connect");
+        holder.push(a("long")).await.unwrap();
+        assert_eq!(holder.pop().await.unwrap().id, "long");
+        // Held three leases long, extended every third of one: nobody else gets it.
+        for _ in 0..9 {
+            tokio::time::sleep(lease / 3).await;
+            holder.extend_held().await.unwrap();
+        }
+        assert!(other.pop_within(Duration::from_millis(50)).await.unwrap().is_none(), "an extended entry must stay with its taker");
+        // No more extensions: the lease runs out and it comes back.
+        tokio::time::sleep(lease + Duration::from_millis(100)).await;
+        assert_eq!(other.pop_within(Duration::from_millis(50)).await.unwrap().map(|a| a.id).as_deref(), Some("long"));
     }
 
     #[tokio::test]
