@@ -38,6 +38,8 @@ struct DispatcherActor;
 pub struct DispatcherState {
     queue: Arc<dyn Queue>,
     pending: HashMap<String, RpcReplyPort<AssignmentResult>>,
+    /// The epoch each pending assignment was last handed out with.
+    epochs: HashMap<String, u32>,
     local: Cancels,
     remote: HashMap<String, SessionTx>,
 }
@@ -45,6 +47,7 @@ pub struct DispatcherState {
 fn aborted(id: &str, why: &str) -> AssignmentResult {
     AssignmentResult {
         assignment_id: id.to_string(),
+        epoch: 0,
         exit_code: None,
         stdout: String::new(),
         stderr: String::new(),
@@ -78,7 +81,7 @@ impl Actor for DispatcherActor {
     type Arguments = (Arc<dyn Queue>, Cancels);
 
     async fn pre_start(&self, _me: ActorRef<Self::Msg>, (queue, local): Self::Arguments) -> Result<Self::State, ActorProcessingErr> {
-        Ok(DispatcherState { queue, pending: HashMap::new(), local, remote: HashMap::new() })
+        Ok(DispatcherState { queue, pending: HashMap::new(), epochs: HashMap::new(), local, remote: HashMap::new() })
     }
 
     async fn handle(&self, _me: ActorRef<Self::Msg>, msg: Self::Msg, st: &mut Self::State) -> Result<(), ActorProcessingErr> {
@@ -86,6 +89,7 @@ impl Actor for DispatcherActor {
             DispatchMsg::Submit(a, reply) => {
                 let id = a.id.clone();
                 st.pending.insert(id.clone(), reply);
+                st.epochs.insert(id.clone(), a.epoch);
                 if let Err(e) = st.queue.push(a).await {
                     if let Some(p) = st.pending.remove(&id) {
                         let mut r = aborted(&id, "");
@@ -95,6 +99,12 @@ impl Actor for DispatcherActor {
                 }
             }
             DispatchMsg::Complete(r) => {
+                if st.epochs.get(&r.assignment_id).is_some_and(|e| *e != r.epoch) {
+                    // Fencing: an earlier handing-out of a requeued assignment
+                    // answered late; the current one still runs and counts.
+                    return Ok(());
+                }
+                st.epochs.remove(&r.assignment_id);
                 st.remote.remove(&r.assignment_id);
                 let _ = st.queue.ack(&r.assignment_id).await;
                 // A result nobody waits for (a cancelled race loser, a duplicate) is dropped.
@@ -121,9 +131,12 @@ impl Actor for DispatcherActor {
                     st.remote.insert(id, tx);
                 }
             }
-            DispatchMsg::Requeue(a) => {
+            DispatchMsg::Requeue(mut a) => {
                 st.remote.remove(&a.id);
                 if st.pending.contains_key(&a.id) {
+                    let epoch = st.epochs.get(&a.id).copied().unwrap_or(a.epoch) + 1;
+                    a.epoch = epoch;
+                    st.epochs.insert(a.id.clone(), epoch);
                     let _ = st.queue.push(a).await;
                 }
             }
@@ -160,6 +173,7 @@ impl Dispatcher {
             Ok(ractor::rpc::CallResult::Success(r)) => r,
             _ => AssignmentResult {
                 assignment_id: id,
+                epoch: 0,
                 exit_code: None,
                 stdout: String::new(),
                 stderr: String::new(),
@@ -204,5 +218,33 @@ impl Drop for InFlight {
         if !self.done {
             let _ = self.actor.cast(DispatchMsg::Cancel(self.id.clone()));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use steppe_shared::queue::InProcessQueue;
+
+    fn result(id: &str, epoch: u32, stdout: &str) -> AssignmentResult {
+        AssignmentResult { assignment_id: id.into(), epoch, exit_code: Some(0), stdout: stdout.into(), stderr: String::new(), outputs: Vec::new(), result: Ok(()), agent: None }
+    }
+
+    #[tokio::test]
+    async fn a_result_from_an_earlier_epoch_is_refused() {
+        let d = Dispatcher::start(Arc::new(InProcessQueue::new())).await.expect("dispatcher");
+        let d2 = d.clone();
+        let waiter = tokio::spawn(async move { d2.dispatch(Assignment::command("r", "s", "true".into())).await });
+        let first = d.queue.pop().await.expect("handed out");
+        assert_eq!(first.epoch, 0);
+        // Its worker was lost: handed out again, with the next epoch.
+        d.requeue(first.clone());
+        let second = d.queue.pop().await.expect("handed out again");
+        assert_eq!((second.id.as_str(), second.epoch), (first.id.as_str(), 1));
+        // The lost worker answers late: refused; the current holder's answer counts.
+        d.complete(result(&first.id, 0, "stale"));
+        d.complete(result(&second.id, 1, "current"));
+        let r = waiter.await.expect("join");
+        assert_eq!(r.stdout, "current");
     }
 }

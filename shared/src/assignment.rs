@@ -44,6 +44,10 @@ pub struct Assignment {
     /// The step's label; output lines are prefixed with it.
     pub step: String,
     pub attempt: u32,
+    /// Raised each time the coordinator hands the assignment out again (a
+    /// requeue); a result carrying an older epoch is refused (fencing).
+    #[serde(default)]
+    pub epoch: u32,
     /// Run with `sh -c`.
     pub command: String,
     /// Declared environment variable names passed through from the host.
@@ -71,6 +75,7 @@ impl Assignment {
             run_id: run_id.to_string(),
             step: step.to_string(),
             attempt: 1,
+            epoch: 0,
             command,
             env: Vec::new(),
             cwd: Cwd::StepDir,
@@ -89,6 +94,8 @@ impl Assignment {
 #[derive(Debug, Clone)]
 pub struct AssignmentResult {
     pub assignment_id: String,
+    /// The epoch of the assignment this result answers.
+    pub epoch: u32,
     pub exit_code: Option<i32>,
     pub stdout: String,
     pub stderr: String,

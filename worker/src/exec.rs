@@ -54,7 +54,7 @@ pub async fn execute(
     sink: Arc<dyn LineSink>,
     cancel: watch::Receiver<bool>,
 ) -> AssignmentResult {
-    let fail = |e: StepError| AssignmentResult { assignment_id: a.id.clone(), exit_code: None, stdout: String::new(), stderr: String::new(), outputs: Vec::new(), result: Err(e), agent: None };
+    let fail = |e: StepError| AssignmentResult { assignment_id: a.id.clone(), epoch: a.epoch, exit_code: None, stdout: String::new(), stderr: String::new(), outputs: Vec::new(), result: Err(e), agent: None };
     if let Some(image) = &a.image {
         return fail(StepError::errored(format!(
             "{}: image \"{image}\": container steps are not supported by this build of steppe yet",
@@ -85,7 +85,7 @@ async fn run_in(
     sink: Arc<dyn LineSink>,
     cancel: watch::Receiver<bool>,
 ) -> AssignmentResult {
-    let fail = |e: StepError| AssignmentResult { assignment_id: a.id.clone(), exit_code: None, stdout: String::new(), stderr: String::new(), outputs: Vec::new(), result: Err(e), agent: None };
+    let fail = |e: StepError| AssignmentResult { assignment_id: a.id.clone(), epoch: a.epoch, exit_code: None, stdout: String::new(), stderr: String::new(), outputs: Vec::new(), result: Err(e), agent: None };
     if a.cwd == Cwd::StepDir {
         for (name, r) in &a.inputs {
             let s = store.clone();
@@ -106,6 +106,7 @@ async fn run_in(
         let r = r.and_then(|()| crate::agent::judge(work, dir, &outcome));
         let mut res = AssignmentResult {
             assignment_id: a.id.clone(),
+            epoch: a.epoch,
             exit_code: None,
             stdout: outcome.response.clone(),
             stderr: String::new(),
@@ -196,7 +197,7 @@ fn cap(s: &str, n: usize) -> &str {
 /// Runs the assignment's command once: `Ok` with its result (timeouts and
 /// aborts already classified), `Err` when it could not start.
 async fn run_command(a: &Assignment, dir: &Path, sink: &Arc<dyn LineSink>, cancel: &watch::Receiver<bool>) -> Result<AssignmentResult, Box<AssignmentResult>> {
-    let fail = |e: StepError| Box::new(AssignmentResult { assignment_id: a.id.clone(), exit_code: None, stdout: String::new(), stderr: String::new(), outputs: Vec::new(), result: Err(e), agent: None });
+    let fail = |e: StepError| Box::new(AssignmentResult { assignment_id: a.id.clone(), epoch: a.epoch, exit_code: None, stdout: String::new(), stderr: String::new(), outputs: Vec::new(), result: Err(e), agent: None });
     let mut cancel = cancel.clone();
     let mut cmd = Command::new("sh");
     cmd.arg("-c").arg(&a.command).current_dir(dir).env_clear();
@@ -259,7 +260,7 @@ async fn run_command(a: &Assignment, dir: &Path, sink: &Arc<dyn LineSink>, cance
     let stdout = collect(out_task).await;
     let stderr = collect(err_task).await;
     let exit_code = status.and_then(|s| s.code().or_else(|| s.signal_code()));
-    let mut res = AssignmentResult { assignment_id: a.id.clone(), exit_code, stdout, stderr, outputs: Vec::new(), result: Ok(()), agent: None };
+    let mut res = AssignmentResult { assignment_id: a.id.clone(), epoch: a.epoch, exit_code, stdout, stderr, outputs: Vec::new(), result: Ok(()), agent: None };
     if let Some(e) = stop {
         res.result = Err(e);
     }

@@ -26,6 +26,7 @@ pub fn assignment_to_wire(a: &Assignment) -> v1::Assignment {
         run_id: a.run_id.clone(),
         step: a.step.clone(),
         attempt: a.attempt,
+        epoch: a.epoch,
         command: a.command.clone(),
         env: a.env.clone(),
         cwd: Some(match &a.cwd {
@@ -51,6 +52,7 @@ pub fn assignment_from_wire(a: v1::Assignment) -> Assignment {
         run_id: a.run_id,
         step: a.step,
         attempt: a.attempt,
+        epoch: a.epoch,
         command: a.command,
         env: a.env,
         cwd: match a.cwd {
@@ -83,6 +85,7 @@ pub fn result_to_wire(r: &AssignmentResult) -> v1::AssignmentResult {
     };
     v1::AssignmentResult {
         assignment_id: r.assignment_id.clone(),
+        epoch: r.epoch,
         exit_code: r.exit_code,
         stdout: r.stdout.clone(),
         stderr: r.stderr.clone(),
@@ -102,6 +105,7 @@ pub fn result_from_wire(r: v1::AssignmentResult) -> AssignmentResult {
     };
     AssignmentResult {
         assignment_id: r.assignment_id,
+        epoch: r.epoch,
         exit_code: r.exit_code,
         stdout: r.stdout,
         stderr: r.stderr,
@@ -122,6 +126,7 @@ mod tests {
             run_id: "r".into(),
             step: "build [os=linux]".into(),
             attempt: 2,
+            epoch: 1,
             command: "echo hi".into(),
             env: vec!["GOFLAGS".into()],
             cwd: Cwd::Host(PathBuf::from("/srv")),
@@ -138,6 +143,7 @@ mod tests {
         assert_eq!((b.id, b.cwd, b.inputs, b.timeout, b.judge), (a.id, a.cwd, a.inputs, a.timeout, a.judge));
         let r = AssignmentResult {
             assignment_id: "a1".into(),
+            epoch: 3,
             exit_code: Some(1),
             stdout: "o".into(),
             stderr: "e".into(),
