@@ -1,5 +1,6 @@
 //! The `steppe` command line.
 
+mod artifacts;
 mod dispatch;
 mod engine;
 mod history;
@@ -126,7 +127,10 @@ enum Command {
     /// Connects to the coordinator's worker service (a `steppe run --listen ADDR`),
     /// takes assignments from its queue, runs each in a fresh directory of its
     /// declared inputs, and streams output lines and results back. Exits when
-    /// the coordinator closes the session.
+    /// the coordinator closes the session; SIGTERM drains (finishes what it
+    /// runs, takes nothing new). Artifacts come from the coordinator's artifact
+    /// directory when this host shares it (checked, not assumed), otherwise
+    /// they travel through the coordinator in chunks.
     ///
     /// Example:
     ///   steppe worker --coordinator http://127.0.0.1:7070 --slots 4
@@ -141,6 +145,10 @@ enum Command {
         /// A file holding the token the coordinator requires.
         #[arg(long, value_name = "FILE")]
         token_file: Option<PathBuf>,
+        /// Fetch and store artifacts through the coordinator even when its
+        /// artifact directory is visible here (a slow or unreliable mount).
+        #[arg(long)]
+        stream_artifacts: bool,
     },
     /// Serve runs for `steppe submit` and assignments for `steppe worker`s.
     ///
@@ -413,7 +421,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Approvals { pipeline, remote } => approvals(&History::open(pipeline.as_deref(), &remote)?),
         Command::Approve(args) => decide(&args, true),
         Command::Reject(args) => decide(&args, false),
-        Command::Worker { coordinator, slots, token_file } => worker(&coordinator, slots, token_file.as_deref()),
+        Command::Worker { coordinator, slots, token_file, stream_artifacts } => worker(&coordinator, slots, token_file.as_deref(), stream_artifacts),
         Command::Coordinator { listen, workers, state, token_file, queue, queue_lease, store, worker_lease, artifacts } => {
             coordinator(listen, workers, &state, token_file.as_deref(), queue.as_deref().map(|q| (q, queue_lease)), store.as_deref(), worker_lease, artifacts.as_deref())
         }
@@ -530,9 +538,8 @@ async fn start_services_with(
     use steppe_shared::queue::InProcessQueue;
     let ClusterOptions { queue, worker_lease, artifacts } = cluster;
     let artifact_dir = artifacts.unwrap_or_else(|| state.join("artifacts"));
-    let store: Arc<dyn steppe_shared::artifacts::ArtifactStore> = Arc::new(
-        LocalArtifactStore::new(&artifact_dir).with_context(|| format!("creating {}", artifact_dir.display()))?,
-    );
+    let local_store = LocalArtifactStore::new(&artifact_dir).with_context(|| format!("creating {}", artifact_dir.display()))?;
+    let store: Arc<dyn steppe_shared::artifacts::ArtifactStore> = Arc::new(local_store.clone());
     let artifact_dir = artifact_dir.canonicalize().unwrap_or(artifact_dir);
     let work = std::env::temp_dir().join(format!("steppe-work-{}", std::process::id()));
     std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
@@ -578,7 +585,9 @@ async fn start_services_with(
                 }
             });
         }
-        let workers = service::WorkerService { dispatcher: svc.dispatcher.clone(), sink: svc.out.clone(), artifact_dir, registry: svc.registry.clone(), lease: worker_lease };
+        let store_id = local_store.store_id().with_context(|| format!("marking {}", artifact_dir.display()))?;
+        let workers = service::WorkerService { dispatcher: svc.dispatcher.clone(), sink: svc.out.clone(), artifact_dir, store_id, store: svc.store.clone(), registry: svc.registry.clone(), lease: worker_lease };
+        let artifacts = artifacts::ArtifactService { store: local_store };
         let runs = submit::RunService { svc: svc.clone() };
         let history = history::HistoryService { store: history_store };
         let auth = submit::TokenCheck::new(token, svc.out.clone());
@@ -588,7 +597,8 @@ async fn start_services_with(
                 .tcp_nodelay(true)
                 .add_service(steppe_proto::v1::coordinator_server::CoordinatorServer::with_interceptor(workers, auth.clone()))
                 .add_service(steppe_proto::v1::runs_server::RunsServer::with_interceptor(runs, auth.clone()))
-                .add_service(steppe_proto::v1::history_server::HistoryServer::with_interceptor(history, auth))
+                .add_service(steppe_proto::v1::history_server::HistoryServer::with_interceptor(history, auth.clone()))
+                .add_service(steppe_proto::v1::artifacts_server::ArtifactsServer::with_interceptor(artifacts, auth))
                 .serve_with_incoming(incoming)
                 .await;
             if let Err(e) = r {
@@ -875,7 +885,7 @@ fn coordinator(
     Ok(ExitCode::SUCCESS)
 }
 
-fn worker(url: &str, slots: Option<u32>, token_file: Option<&Path>) -> Result<ExitCode> {
+fn worker(url: &str, slots: Option<u32>, token_file: Option<&Path>, stream_artifacts: bool) -> Result<ExitCode> {
     let token = submit::read_token(token_file)?;
     let rt = runtime()?;
     let slots = slots.unwrap_or(cores() as u32);
@@ -883,7 +893,8 @@ fn worker(url: &str, slots: Option<u32>, token_file: Option<&Path>) -> Result<Ex
     let work = std::env::temp_dir().join(format!("steppe-worker-{}", std::process::id()));
     std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
     eprintln!("steppe worker {name}: connecting to {url} with {slots} slot(s)");
-    rt.block_on(steppe_worker::remote::run(url, slots, &name, work.clone(), token))?;
+    let config = steppe_worker::remote::WorkerConfig { url: url.to_string(), slots, name: name.clone(), work_root: work.clone(), token, stream_artifacts };
+    rt.block_on(steppe_worker::remote::run(config))?;
     let _ = std::fs::remove_dir_all(&work);
     eprintln!("steppe worker {name}: the coordinator closed the session");
     Ok(ExitCode::SUCCESS)

@@ -10,7 +10,7 @@ use steppe_proto::v1::{coordinator_message, worker_message, CoordinatorMessage, 
 use steppe_shared::assignment::Assignment;
 use steppe_worker::exec::{LineSink, Stream};
 use steppe_worker::local::Reporter;
-use steppe_worker::wire::{assignment_to_wire, result_from_wire};
+use steppe_worker::wire::{assignment_to_wire, restore_payload, result_from_wire};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -22,6 +22,11 @@ pub struct WorkerService {
     pub dispatcher: Arc<Dispatcher>,
     pub sink: Arc<dyn LineSink>,
     pub artifact_dir: PathBuf,
+    /// The id in the artifact directory's `.steppe-store-id`: a worker that
+    /// reads it there shares the directory, any other streams artifacts.
+    pub store_id: String,
+    /// Where a large result's text (sent by reference) is read from.
+    pub store: Arc<dyn steppe_shared::artifacts::ArtifactStore>,
     pub registry: WorkerRegistry,
     /// A session silent this long (no heartbeat, no line, no result) is
     /// fenced: its assignments are requeued and whatever it says later is
@@ -65,6 +70,7 @@ impl Coordinator for WorkerService {
         let welcome = CoordinatorMessage {
             msg: Some(coordinator_message::Msg::Welcome(Welcome {
                 artifact_dir: self.artifact_dir.to_string_lossy().into_owned(),
+                store_id: self.store_id.clone(),
                 heartbeat_ms: u64::try_from(self.lease.as_millis() / 3).unwrap_or(5000),
             })),
         };
@@ -113,7 +119,7 @@ impl Coordinator for WorkerService {
                 }
             }
         });
-        let (d, sink, registry, lease) = (self.dispatcher.clone(), self.sink.clone(), self.registry.clone(), self.lease);
+        let (d, sink, registry, lease, store) = (self.dispatcher.clone(), self.sink.clone(), self.registry.clone(), self.lease, self.store.clone());
         // The reader owns the session's sender: the worker's stream stays open
         // exactly as long as the coordinator reads it (a fenced worker must
         // still be able to report, and be refused).
@@ -168,9 +174,32 @@ impl Coordinator for WorkerService {
                         worker_message::Msg::Line(l) => {
                             sink.line(&l.run_id, &l.step, if l.stderr { Stream::Stderr } else { Stream::Stdout }, &l.line);
                         }
-                        worker_message::Msg::Result(r) => {
+                        worker_message::Msg::Result(mut r) => {
                             // Fencing by assignment id: only what this session holds counts.
                             if inflight.lock().ok().and_then(|mut m| m.remove(&r.assignment_id)).is_some() {
+                                if r.payload.is_some() {
+                                    let (store, id, epoch) = (store.clone(), r.assignment_id.clone(), r.epoch);
+                                    r = match tokio::task::spawn_blocking(move || {
+                                        let e = restore_payload(&mut r, store.as_ref(), &std::env::temp_dir()).err();
+                                        (r, e)
+                                    })
+                                    .await
+                                    {
+                                        Ok((r, None)) => r,
+                                        Ok((mut r, Some(e))) => {
+                                            r.class = steppe_proto::v1::OutcomeClass::Errored as i32;
+                                            r.message = format!("the step's output could not be read back: {e}");
+                                            r
+                                        }
+                                        Err(e) => steppe_proto::v1::AssignmentResult {
+                                            assignment_id: id,
+                                            epoch,
+                                            class: steppe_proto::v1::OutcomeClass::Errored as i32,
+                                            message: format!("the step's output could not be read back: {e}"),
+                                            ..Default::default()
+                                        },
+                                    };
+                                }
                                 d.complete(result_from_wire(r));
                             } else {
                                 registry.refused(&name, &r.assignment_id);

@@ -13,7 +13,7 @@ use steppe_shared::outcome::{Class, Outcome};
 use steppe_shared::{load_file, LoadOptions};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::metadata::MetadataValue;
+pub use steppe_worker::remote::WithToken;
 use tonic::{Request, Response, Status};
 
 use crate::engine::EventHub;
@@ -45,19 +45,6 @@ impl tonic::service::Interceptor for TokenCheck {
     }
 }
 
-/// Adds the bearer token to every outgoing call.
-#[derive(Clone)]
-pub struct WithToken(pub Option<MetadataValue<tonic::metadata::Ascii>>);
-
-impl tonic::service::Interceptor for WithToken {
-    fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
-        if let Some(t) = &self.0 {
-            req.metadata_mut().insert("authorization", t.clone());
-        }
-        Ok(req)
-    }
-}
-
 pub fn read_token(file: Option<&Path>) -> anyhow::Result<Option<String>> {
     let Some(f) = file else { return Ok(None) };
     let t = std::fs::read_to_string(f).map_err(|e| anyhow::anyhow!("--token-file {}: {e}", f.display()))?;
@@ -69,10 +56,7 @@ pub fn read_token(file: Option<&Path>) -> anyhow::Result<Option<String>> {
 }
 
 pub fn bearer(token: Option<&str>) -> anyhow::Result<WithToken> {
-    Ok(WithToken(match token {
-        Some(t) => Some(format!("Bearer {t}").parse().map_err(|_| anyhow::anyhow!("the token holds characters a header cannot carry"))?),
-        None => None,
-    }))
+    WithToken::new(token).map_err(|e| anyhow::anyhow!("{e}"))
 }
 
 /// A channel to the coordinator at `url` (`--coordinator`), for the client commands.

@@ -684,3 +684,63 @@ fn a_step_longer_than_the_queue_lease_runs_once() {
     let _ = redis.kill();
     let _ = redis.wait();
 }
+
+#[test]
+fn artifacts_and_large_results_travel_through_the_coordinator() {
+    let work = scratch("cluster-streamed");
+    std::fs::write(
+        work.join("p.yml"),
+        r#"jobs:
+- name: j
+  plan:
+  - task: make
+    outputs: [out]
+    run: |
+      head -c 5000000 /dev/urandom > out/big
+      mkdir -p out/sub; echo hi > out/sub/f; printf '#!/bin/sh\necho ran\n' > out/run.sh; chmod +x out/run.sh; ln -s sub/f out/link
+      sha256sum out/big | cut -c1-64 > out/big.sum
+  - task: use
+    inputs: [out]
+    run: test "$(sha256sum out/big | cut -c1-64)" = "$(cat out/big.sum)" && out/run.sh && cat out/link
+  - task: loud
+    run: |
+      head -c 6000000 /dev/zero | tr '\0' b
+      echo
+      head -c 12000000 /dev/zero | tr '\0' a | fold -w 100 >&2
+  - task: after
+    run: echo still here
+"#,
+    )
+    .expect("write");
+    let (mut coord, url, mut lines) = serving(&["coordinator", "--listen", "127.0.0.1:0", "--state", "state"], &work);
+    std::thread::spawn(move || for _ in lines.by_ref() {});
+    // --stream-artifacts: as if on another host, sharing nothing with the coordinator.
+    let worker = || {
+        child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
+            .args(["worker", "--coordinator", &url, "--slots", "1", "--stream-artifacts"])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("worker")
+    };
+    let mut workers = vec![worker(), worker()];
+    // Bounded: a result too large for its message used to kill each worker
+    // in turn and leave the run waiting for one.
+    let out = child_of_this_test("timeout").args(["120", env!("CARGO_BIN_EXE_steppe"), "submit", "p.yml", "--coordinator", &url]).current_dir(&work).output().expect("submit");
+    let t = text(&out);
+    let shown: String = t.lines().filter(|l| l.len() < 300).collect::<Vec<_>>().join("\n");
+    assert_eq!(out.status.code(), Some(0), "{shown}");
+    assert!(t.contains("[use] ran\n") && t.contains("[use] hi\n"), "the tree arrived whole (bytes, exec bit, symlink): {shown}");
+    assert!(t.contains("more bytes cut)"), "a 6 MB line is cut before it travels: {shown}");
+    assert!(t.contains("✔ loud") && t.contains("[after] still here"), "an 18 MB result travelled by reference and the workers lived on: {shown}");
+    let stored = std::fs::read_dir(work.join("state/artifacts")).expect("artifacts").filter_map(Result::ok).filter(|e| e.file_name().len() == 64).count();
+    assert!(stored >= 2, "the output tree and the large result were stored with the coordinator: {stored}");
+    for w in &mut workers {
+        assert!(w.try_wait().expect("try_wait").is_none(), "no worker died");
+    }
+    let _ = coord.kill();
+    let _ = coord.wait();
+    for w in &mut workers {
+        let _ = w.kill();
+        let _ = w.wait();
+    }
+}

@@ -33,6 +33,84 @@ impl LocalArtifactStore {
         fs::create_dir_all(root)?;
         Ok(LocalArtifactStore { root: root.to_path_buf() })
     }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Where a stored tree lives. A reference comes from a peer, so it must
+    /// be a digest and nothing else (no `..`, no `/`).
+    pub fn path_of(&self, r: &ArtifactRef) -> io::Result<PathBuf> {
+        if !is_digest(&r.digest) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{:?} is not an artifact digest (64 hex digits)", r.digest)));
+        }
+        Ok(self.root.join(&r.digest))
+    }
+
+    pub fn has(&self, r: &ArtifactRef) -> bool {
+        self.path_of(r).is_ok_and(|p| p.is_dir())
+    }
+
+    /// The shared-directory handshake: the id written in this store's root
+    /// (made on first use). A worker that reads the same id at the same path
+    /// shares the directory; any other streams artifacts instead.
+    pub fn store_id(&self) -> io::Result<String> {
+        let marker = self.root.join(".steppe-store-id");
+        if let Ok(id) = fs::read_to_string(&marker) {
+            if !id.trim().is_empty() {
+                return Ok(id.trim().to_string());
+            }
+        }
+        let mut h = Sha256::new();
+        h.update(format!("{}-{:?}-{:?}", std::process::id(), std::time::SystemTime::now(), self.root).as_bytes());
+        let id = format!("{:x}", h.finalize())[..32].to_string();
+        let tmp = self.root.join(format!(".steppe-store-id.{}", std::process::id()));
+        fs::write(&tmp, &id)?;
+        fs::rename(&tmp, &marker)?;
+        Ok(id)
+    }
+
+    /// The id in the store's root, if there is one.
+    pub fn read_store_id(root: &Path) -> Option<String> {
+        fs::read_to_string(root.join(".steppe-store-id")).ok().map(|s| s.trim().to_string())
+    }
+
+    /// Stores a tree that arrived as a tar stream: unpacked aside, digested
+    /// here (the sender's word is not taken), then stored.
+    pub fn put_tar(&self, tar: &mut dyn io::Read) -> io::Result<ArtifactRef> {
+        let tmp = self.root.join(format!(".in-{}-{:?}", std::process::id(), std::thread::current().id()));
+        let _ = fs::remove_dir_all(&tmp);
+        fs::create_dir_all(&tmp)?;
+        let r = unpack_tar(tar, &tmp).and_then(|()| self.put_dir(&tmp));
+        let _ = fs::remove_dir_all(&tmp);
+        r
+    }
+}
+
+/// A SHA-256 in lowercase hex.
+pub fn is_digest(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// Writes the tree under `dir` as a tar stream (modes and symlinks kept,
+/// symlinks not followed).
+pub fn pack_tar(dir: &Path, out: &mut dyn io::Write) -> io::Result<()> {
+    let mut b = tar::Builder::new(out);
+    b.follow_symlinks(false);
+    b.mode(tar::HeaderMode::Complete);
+    for (rel, _) in entries(dir)? {
+        b.append_path_with_name(dir.join(&rel), &rel)?;
+    }
+    b.finish()
+}
+
+/// Unpacks a tar stream into `dest`. The tar crate refuses entries that
+/// would land outside `dest` (absolute paths, `..`, writes through links).
+pub fn unpack_tar(tar: &mut dyn io::Read, dest: &Path) -> io::Result<()> {
+    let mut a = tar::Archive::new(tar);
+    a.set_preserve_permissions(true);
+    a.set_overwrite(true);
+    a.unpack(dest)
 }
 
 /// Every entry of a tree, sorted, as (relative path, metadata).
@@ -110,7 +188,7 @@ impl ArtifactStore for LocalArtifactStore {
     }
 
     fn materialize(&self, r: &ArtifactRef, dest: &Path) -> io::Result<()> {
-        let src = self.root.join(&r.digest);
+        let src = self.path_of(r)?;
         if !src.is_dir() {
             return Err(io::Error::new(io::ErrorKind::NotFound, format!("artifact {} is not in the store", r.digest)));
         }
@@ -141,5 +219,47 @@ mod tests {
         assert_ne!(fs::metadata(out.join("run.sh")).unwrap().mode() & 0o111, 0);
         fs::write(a.join("sub/f.txt"), "changed").unwrap();
         assert_ne!(store.put_dir(&a).unwrap(), r1);
+    }
+
+    #[test]
+    fn a_tree_travels_as_tar_and_keeps_its_digest() {
+        let base = std::env::temp_dir().join(format!("steppe-art-tar-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&base);
+        let a = base.join("a");
+        fs::create_dir_all(a.join("sub/empty")).unwrap();
+        fs::write(a.join("sub/f.txt"), "hello").unwrap();
+        fs::write(a.join("run.sh"), "#!/bin/sh").unwrap();
+        fs::set_permissions(a.join("run.sh"), fs::Permissions::from_mode(0o755)).unwrap();
+        std::os::unix::fs::symlink("sub/f.txt", a.join("link")).unwrap();
+        let mut tar = Vec::new();
+        pack_tar(&a, &mut tar).unwrap();
+        let store = LocalArtifactStore::new(&base.join("store")).unwrap();
+        let r = store.put_tar(&mut tar.as_slice()).unwrap();
+        assert_eq!(r.digest, digest_dir(&a).unwrap(), "same tree, same digest on the far side");
+        assert!(store.has(&r));
+    }
+
+    #[test]
+    fn hostile_references_and_tar_entries_stay_inside() {
+        let base = std::env::temp_dir().join(format!("steppe-art-hostile-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&base);
+        let store = LocalArtifactStore::new(&base.join("store")).unwrap();
+        let err = store.materialize(&ArtifactRef { digest: "../../etc".into() }, &base.join("out")).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+        // A tar whose entry climbs out of the directory it is unpacked in.
+        let mut tar = Vec::new();
+        {
+            let mut b = tar::Builder::new(&mut tar);
+            let mut h = tar::Header::new_gnu();
+            let body = b"escaped";
+            h.set_size(body.len() as u64);
+            h.set_mode(0o644);
+            h.as_gnu_mut().unwrap().name[..13].copy_from_slice(b"../escaped.tx");
+            h.set_cksum();
+            b.append(&h, &body[..]).unwrap();
+            b.finish().unwrap();
+        }
+        let _ = store.put_tar(&mut tar.as_slice());
+        assert!(!base.join("store/escaped.tx").exists() && !base.join("escaped.tx").exists(), "nothing lands outside");
     }
 }

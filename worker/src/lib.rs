@@ -4,7 +4,9 @@
 //! outputs stored by content hash). `local` runs worker loops inside the
 //! coordinator's process (embedded mode); `remote` is `steppe worker`, the same
 //! loop over a gRPC session; `wire` converts to and from `steppe.v1`.
-//! `sandbox` is the policy every agent tool call is checked against.
+//! `sandbox` is the policy every agent tool call is checked against;
+//! `transfer` moves artifacts through the coordinator for workers that share
+//! no directory with it.
 
 pub mod agent;
 pub mod exec;
@@ -13,4 +15,5 @@ pub mod provider;
 pub mod remote;
 pub mod sandbox;
 pub mod tools;
+pub mod transfer;
 pub mod wire;

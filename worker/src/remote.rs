@@ -7,14 +7,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use steppe_proto::v1::coordinator_client::CoordinatorClient;
-use steppe_proto::v1::{coordinator_message, worker_message, Drain, Heartbeat, Hello, OutputLine, Release, WorkerMessage};
+use steppe_proto::v1::{coordinator_message, worker_message, CoordinatorMessage, Drain, Heartbeat, Hello, OutputLine, Release, WorkerMessage};
 use steppe_shared::artifacts::{ArtifactStore, LocalArtifactStore};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::exec::{execute, LineSink, Stream};
 use crate::local::Cancels;
-use crate::wire::{assignment_from_wire, result_to_wire};
+use crate::transfer::StreamedArtifactStore;
+use crate::wire::{assignment_from_wire, cap_line, offload_payload, result_to_wire};
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -30,63 +31,112 @@ pub enum WorkerError {
     Token,
 }
 
+/// Adds the bearer token to every outgoing call.
+#[derive(Clone)]
+pub struct WithToken(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+
+impl WithToken {
+    pub fn new(token: Option<&str>) -> Result<Self, WorkerError> {
+        Ok(WithToken(match token {
+            Some(t) => Some(format!("Bearer {t}").parse().map_err(|_| WorkerError::Token)?),
+            None => None,
+        }))
+    }
+}
+
+impl tonic::service::Interceptor for WithToken {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(t) = &self.0 {
+            req.metadata_mut().insert("authorization", t.clone());
+        }
+        Ok(req)
+    }
+}
+
 struct Lines {
     tx: mpsc::Sender<WorkerMessage>,
     id: String,
+    /// Lines dropped since the last one that went out.
+    dropped: std::sync::atomic::AtomicUsize,
+}
+
+impl Lines {
+    fn message(&self, run_id: &str, step: &str, stderr: bool, line: String) -> WorkerMessage {
+        WorkerMessage {
+            msg: Some(worker_message::Msg::Line(OutputLine { run_id: run_id.to_string(), assignment_id: self.id.clone(), step: step.to_string(), stderr, line })),
+        }
+    }
 }
 
 impl LineSink for Lines {
     fn line(&self, run_id: &str, step: &str, stream: Stream, line: &str) {
-        let msg = WorkerMessage {
-            msg: Some(worker_message::Msg::Line(OutputLine {
-                run_id: run_id.to_string(),
-                assignment_id: self.id.clone(),
-                step: step.to_string(),
-                stderr: stream == Stream::Stderr,
-                line: line.to_string(),
-            })),
-        };
-        // Output is best effort: a full channel drops the line rather than stall the step.
-        let _ = self.tx.try_send(msg);
+        use std::sync::atomic::Ordering;
+        // Live output is best effort: a full channel drops the line rather
+        // than stall the step (the result still carries the whole output),
+        // and the next line that goes out says how many were dropped.
+        let dropped = self.dropped.load(Ordering::Relaxed);
+        if dropped > 0 {
+            let note = format!("… {dropped} line(s) of live output dropped: the coordinator could not keep up (the step's record has them)");
+            if self.tx.try_send(self.message(run_id, step, true, note)).is_err() {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            self.dropped.fetch_sub(dropped, Ordering::Relaxed);
+        }
+        if self.tx.try_send(self.message(run_id, step, stream == Stream::Stderr, cap_line(line).into_owned())).is_err() {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
-/// Serves one coordinator until it closes the session. `token` is sent as a
-/// bearer token on the session when the coordinator requires one.
-pub async fn run(url: &str, slots: u32, name: &str, work_root: PathBuf, token: Option<String>) -> Result<(), WorkerError> {
+/// What `steppe worker` is told on its command line.
+pub struct WorkerConfig {
+    pub url: String,
+    pub slots: u32,
+    /// A name for the coordinator's logs.
+    pub name: String,
+    /// Where step directories (and the artifact cache) go.
+    pub work_root: PathBuf,
+    /// Sent as a bearer token on every call when the coordinator requires one.
+    pub token: Option<String>,
+    /// Artifacts through the coordinator even if its directory is visible here.
+    pub stream_artifacts: bool,
+}
+
+/// Serves one coordinator until it closes the session.
+pub async fn run(config: WorkerConfig) -> Result<(), WorkerError> {
+    let WorkerConfig { url, slots, name, work_root, token, stream_artifacts } = config;
+    let (url, name) = (url.as_str(), name.as_str());
     let channel = tonic::transport::Endpoint::from_shared(url.to_string())
         .map_err(|source| WorkerError::Connect { url: url.to_string(), source })?
         .tcp_nodelay(true)
         .connect()
         .await
         .map_err(|source| WorkerError::Connect { url: url.to_string(), source })?;
-    let header: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>> = match &token {
-        Some(t) => Some(format!("Bearer {t}").parse().map_err(|_| WorkerError::Token)?),
-        None => None,
-    };
-    let mut client = CoordinatorClient::with_interceptor(channel, move |mut req: tonic::Request<()>| {
-        if let Some(h) = &header {
-            req.metadata_mut().insert("authorization", h.clone());
-        }
-        Ok(req)
-    });
+    let with_token = WithToken::new(token.as_deref())?;
+    let mut client = CoordinatorClient::with_interceptor(channel.clone(), with_token.clone());
     let (tx, rx) = mpsc::channel::<WorkerMessage>(1024);
     let _ = tx
         .send(WorkerMessage { msg: Some(worker_message::Msg::Hello(Hello { worker: name.to_string(), slots })) })
         .await;
     let mut inbound = client.session(ReceiverStream::new(rx)).await?.into_inner();
-    let (store, every): (Arc<dyn ArtifactStore>, Duration) = match inbound.message().await? {
-        Some(m) => match m.msg {
-            Some(coordinator_message::Msg::Welcome(w)) => (
-                Arc::new(
-                    LocalArtifactStore::new(std::path::Path::new(&w.artifact_dir))
-                        .map_err(|source| WorkerError::Artifacts { dir: w.artifact_dir.clone(), source })?,
-                ),
-                if w.heartbeat_ms == 0 { Duration::from_secs(5) } else { Duration::from_millis(w.heartbeat_ms.max(100)) },
-            ),
-            _ => return Err(WorkerError::NoWelcome),
-        },
-        None => return Err(WorkerError::NoWelcome),
+    let welcome = match inbound.message().await? {
+        Some(CoordinatorMessage { msg: Some(coordinator_message::Msg::Welcome(w)) }) => w,
+        _ => return Err(WorkerError::NoWelcome),
+    };
+    let every = if welcome.heartbeat_ms == 0 { Duration::from_secs(5) } else { Duration::from_millis(welcome.heartbeat_ms.max(100)) };
+    let shared = std::path::Path::new(&welcome.artifact_dir);
+    let store: Arc<dyn ArtifactStore> = if !stream_artifacts && !welcome.store_id.is_empty() && LocalArtifactStore::read_store_id(shared).as_deref() == Some(welcome.store_id.as_str()) {
+        Arc::new(LocalArtifactStore::new(shared).map_err(|source| WorkerError::Artifacts { dir: welcome.artifact_dir.clone(), source })?)
+    } else {
+        if !stream_artifacts {
+            eprintln!("steppe worker {name}: the coordinator's artifact directory is not shared with this host; artifacts travel through the coordinator");
+        }
+        let cache = work_root.join("artifact-cache");
+        Arc::new(
+            StreamedArtifactStore::new(&cache, channel, with_token, tokio::runtime::Handle::current())
+                .map_err(|source| WorkerError::Artifacts { dir: cache.display().to_string(), source })?,
+        )
     };
     let heartbeat_tx = tx.clone();
     let heartbeat = tokio::spawn(async move {
@@ -137,10 +187,36 @@ pub async fn run(url: &str, slots: u32, name: &str, work_root: PathBuf, token: O
                         let (tx, store, work_root, cancels) = (tx.clone(), store.clone(), work_root.clone(), cancels.clone());
                         running.spawn(async move {
                             let cancel = cancels.register(&a.id);
-                            let sink = Arc::new(Lines { tx: tx.clone(), id: a.id.clone() });
-                            let r = execute(&a, store, &work_root, sink, cancel).await;
+                            let sink = Arc::new(Lines { tx: tx.clone(), id: a.id.clone(), dropped: Default::default() });
+                            let r = execute(&a, store.clone(), &work_root, sink.clone(), cancel).await;
                             cancels.done(&a.id);
-                            let _ = tx.send(WorkerMessage { msg: Some(worker_message::Msg::Result(result_to_wire(&r))) }).await;
+                            let dropped = sink.dropped.swap(0, std::sync::atomic::Ordering::Relaxed);
+                            if dropped > 0 {
+                                let note = format!("… {dropped} line(s) of live output dropped: the coordinator could not keep up (the step's record has them)");
+                                let _ = tx.send(sink.message(&a.run_id, &a.step, true, note)).await;
+                            }
+                            let mut wire = result_to_wire(&r);
+                            let offloaded = tokio::task::spawn_blocking(move || {
+                                let e = offload_payload(&mut wire, store.as_ref(), &work_root).err();
+                                (wire, e)
+                            })
+                            .await;
+                            let wire = match offloaded {
+                                Ok((wire, None)) => wire,
+                                Ok((mut wire, Some(e))) => {
+                                    wire.class = steppe_proto::v1::OutcomeClass::Errored as i32;
+                                    wire.message = format!("{}: its output ({} bytes) could not be stored for the coordinator: {e}", a.step, wire.stdout.len() + wire.stderr.len());
+                                    wire.stdout.clear();
+                                    wire.stderr.clear();
+                                    wire.agent_json.clear();
+                                    wire
+                                }
+                                Err(e) => {
+                                    eprintln!("steppe worker: reporting {}: {e}", a.id);
+                                    return;
+                                }
+                            };
+                            let _ = tx.send(WorkerMessage { msg: Some(worker_message::Msg::Result(wire)) }).await;
                         });
                     }
                     Some(coordinator_message::Msg::Cancel(c)) => {

@@ -93,7 +93,63 @@ pub fn result_to_wire(r: &AssignmentResult) -> v1::AssignmentResult {
         class: class as i32,
         message,
         agent_json: r.agent.as_ref().and_then(|o| serde_json::to_string(o).ok()).unwrap_or_default(),
+        payload: None,
     }
+}
+
+/// Results above this size carry their text by reference (the gRPC limit is 4 MiB).
+pub const INLINE_RESULT_MAX: usize = 1 << 20;
+
+/// Lines above this size are cut before they travel.
+pub const LINE_MAX: usize = 64 << 10;
+
+/// Cuts a line to [`LINE_MAX`] bytes (on a character boundary), saying how much went.
+pub fn cap_line(line: &str) -> std::borrow::Cow<'_, str> {
+    if line.len() <= LINE_MAX {
+        return line.into();
+    }
+    let mut end = LINE_MAX;
+    while !line.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} more bytes cut)", &line[..end], line.len() - end).into()
+}
+
+/// Moves a large result's text into an artifact (claim check): what
+/// travels is the reference.
+pub fn offload_payload(r: &mut v1::AssignmentResult, store: &dyn steppe_shared::artifacts::ArtifactStore, scratch: &std::path::Path) -> std::io::Result<()> {
+    use prost::Message;
+    if r.encoded_len() <= INLINE_RESULT_MAX {
+        return Ok(());
+    }
+    let dir = scratch.join(format!("payload-{}-{}", r.assignment_id, r.epoch));
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("stdout"), &r.stdout)?;
+    std::fs::write(dir.join("stderr"), &r.stderr)?;
+    std::fs::write(dir.join("agent.json"), &r.agent_json)?;
+    let stored = store.put_dir(&dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    r.payload = Some(v1::ArtifactRef { digest: stored?.digest });
+    r.stdout.clear();
+    r.stderr.clear();
+    r.agent_json.clear();
+    Ok(())
+}
+
+/// Brings a result's text back from its payload artifact, if it has one.
+pub fn restore_payload(r: &mut v1::AssignmentResult, store: &dyn steppe_shared::artifacts::ArtifactStore, scratch: &std::path::Path) -> std::io::Result<()> {
+    let Some(p) = r.payload.take() else { return Ok(()) };
+    let dir = scratch.join(format!("payload-in-{}-{}", r.assignment_id, r.epoch));
+    let _ = std::fs::remove_dir_all(&dir);
+    let got = store.materialize(&ArtifactRef { digest: p.digest }, &dir).and_then(|()| {
+        Ok((std::fs::read(dir.join("stdout"))?, std::fs::read(dir.join("stderr"))?, std::fs::read(dir.join("agent.json"))?))
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+    let (out, err, agent) = got?;
+    r.stdout = String::from_utf8_lossy(&out).into_owned();
+    r.stderr = String::from_utf8_lossy(&err).into_owned();
+    r.agent_json = String::from_utf8_lossy(&agent).into_owned();
+    Ok(())
 }
 
 pub fn result_from_wire(r: v1::AssignmentResult) -> AssignmentResult {
