@@ -68,6 +68,9 @@ pub async fn connect(url: &str) -> anyhow::Result<tonic::transport::Channel> {
         .map_err(|e| anyhow::anyhow!("cannot reach the coordinator at {url}: {e}"))
 }
 
+/// The gRPC message limit.
+const SUBMISSION_MAX: usize = 4 << 20;
+
 pub struct RunService {
     pub svc: Arc<Services>,
 }
@@ -297,6 +300,14 @@ pub async fn submit(url: &str, token: Option<&str>, path: &Path, job: Option<&st
     }
     let mut client = RunsClient::with_interceptor(connect(url).await?, bearer(token)?);
     let req = SubmitRequest { pipeline: name, files, job: job.unwrap_or_default().to_string(), vars, test, answers, detach };
+    let size = prost::Message::encoded_len(&req);
+    if size > SUBMISSION_MAX {
+        anyhow::bail!(
+            "{}: the pipeline and the files it reads come to {:.1} MiB; a submission carries at most 4 MiB (fetch large inputs with a resource or produce them in a step)",
+            path.display(),
+            size as f64 / (1 << 20) as f64
+        );
+    }
     let mut stream = client.submit(req).await.map_err(|s| anyhow::anyhow!("the coordinator refused the submission: {}", s.message()))?.into_inner();
     while let Some(ev) = stream.message().await.map_err(|s| anyhow::anyhow!("the coordinator went away: {}", s.message()))? {
         match ev.event {

@@ -737,6 +737,12 @@ fn artifacts_and_large_results_travel_through_the_coordinator() {
     for w in &mut workers {
         assert!(w.try_wait().expect("try_wait").is_none(), "no worker died");
     }
+    // A submission over the message limit is refused here, by name.
+    std::fs::write(work.join("big.sh"), "#".repeat(5 << 20)).expect("write");
+    std::fs::write(work.join("big.yml"), "jobs:\n- name: j\n  plan:\n  - task: t\n    run_file: big.sh\n").expect("write");
+    let out = steppe(&["submit", "big.yml", "--coordinator", &url], &work);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("big.yml: the pipeline and the files it reads come to 5.0 MiB; a submission carries at most 4 MiB"), "{}", text(&out));
     let _ = coord.kill();
     let _ = coord.wait();
     for w in &mut workers {
