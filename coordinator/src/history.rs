@@ -14,7 +14,7 @@ use tonic::codegen::InterceptedService;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
-use crate::submit::{bearer, connect, WithToken};
+use crate::submit::{Remote, WithToken};
 
 pub struct HistoryService {
     pub store: Arc<dyn Store>,
@@ -68,10 +68,10 @@ pub struct RemoteStore {
 }
 
 impl RemoteStore {
-    pub fn connect(url: &str, token: Option<&str>) -> anyhow::Result<RemoteStore> {
+    pub fn connect(remote: &Remote) -> anyhow::Result<RemoteStore> {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        let channel = rt.block_on(connect(url))?;
-        Ok(RemoteStore { url: url.to_string(), client: HistoryClient::with_interceptor(channel, bearer(token)?), rt })
+        let channel = rt.block_on(remote.channel())?;
+        Ok(RemoteStore { url: remote.url.clone(), client: HistoryClient::with_interceptor(channel, remote.bearer()?), rt })
     }
 
     fn err(&self, message: impl ToString) -> StoreError {

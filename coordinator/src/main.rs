@@ -149,6 +149,10 @@ enum Command {
         /// artifact directory is visible here (a slow or unreliable mount).
         #[arg(long)]
         stream_artifacts: bool,
+        /// With an https:// coordinator: the CA certificate (PEM) that signed
+        /// its certificate (default: the system's roots).
+        #[arg(long, value_name = "FILE")]
+        tls_ca: Option<PathBuf>,
     },
     /// Serve runs for `steppe submit` and assignments for `steppe worker`s.
     ///
@@ -194,8 +198,16 @@ enum Command {
         worker_lease: std::time::Duration,
         /// The artifact directory workers share (default: DIR/artifacts);
         /// on several hosts, a shared mount every worker sees at this path.
+        /// Workers that do not see it get artifacts through the coordinator.
         #[arg(long, value_name = "DIR")]
         artifacts: Option<PathBuf>,
+        /// Serve TLS with this certificate chain (PEM); clients then use
+        /// https:// URLs (and --tls-ca FILE for a private CA).
+        #[arg(long, value_name = "FILE", requires = "tls_key")]
+        tls_cert: Option<PathBuf>,
+        /// The private key (PEM) of --tls-cert.
+        #[arg(long, value_name = "FILE", requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
     },
     /// Run a pipeline on a coordinator and follow it like `steppe run`.
     ///
@@ -218,6 +230,9 @@ enum Command {
         coordinator: String,
         #[arg(long, value_name = "FILE")]
         token_file: Option<PathBuf>,
+        /// With an https:// coordinator: the CA certificate (PEM) that signed its certificate.
+        #[arg(long, value_name = "FILE")]
+        tls_ca: Option<PathBuf>,
         /// Answer an ask_user question ahead (SUBSTRING=ANSWER; repeatable).
         #[arg(long = "answer", value_name = "SUBSTRING=ANSWER")]
         answer: Vec<String>,
@@ -312,6 +327,20 @@ struct RemoteArgs {
     /// With --coordinator: a file holding the coordinator's token.
     #[arg(long, value_name = "FILE", requires = "coordinator")]
     token_file: Option<PathBuf>,
+    /// With an https:// --coordinator: the CA certificate (PEM) that signed
+    /// its certificate (default: the system's roots).
+    #[arg(long, value_name = "FILE", requires = "coordinator")]
+    tls_ca: Option<PathBuf>,
+}
+
+impl RemoteArgs {
+    /// The coordinator to work through, if --coordinator was given.
+    fn remote(&self) -> Result<Option<submit::Remote>> {
+        match &self.coordinator {
+            Some(url) => Ok(Some(submit::Remote::new(url, self.token_file.as_deref(), self.tls_ca.as_deref())?)),
+            None => Ok(None),
+        }
+    }
 }
 
 #[derive(Args, Debug, Default)]
@@ -338,10 +367,9 @@ struct ExecArgs {
 impl ExecArgs {
     /// `--coordinator`: hand the run to a coordinator and follow it.
     fn submit(&self, path: &Path, job: Option<&str>, test: bool, vars: &VarArgs) -> Result<Option<ExitCode>> {
-        let Some(url) = &self.remote.coordinator else { return Ok(None) };
-        let token = submit::read_token(self.remote.token_file.as_deref())?;
+        let Some(remote) = self.remote.remote()? else { return Ok(None) };
         let vars = vars.resolve()?.into_iter().collect();
-        let code = runtime()?.block_on(submit::submit(url, token.as_deref(), path, job, test, false, vars, self.answer.clone()))?;
+        let code = runtime()?.block_on(submit::submit(&remote, path, job, test, false, vars, self.answer.clone()))?;
         Ok(Some(ExitCode::from(u8::try_from(code).unwrap_or(2))))
     }
 }
@@ -421,15 +449,16 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Approvals { pipeline, remote } => approvals(&History::open(pipeline.as_deref(), &remote)?),
         Command::Approve(args) => decide(&args, true),
         Command::Reject(args) => decide(&args, false),
-        Command::Worker { coordinator, slots, token_file, stream_artifacts } => worker(&coordinator, slots, token_file.as_deref(), stream_artifacts),
-        Command::Coordinator { listen, workers, state, token_file, queue, queue_lease, store, worker_lease, artifacts } => {
-            coordinator(listen, workers, &state, token_file.as_deref(), queue.as_deref().map(|q| (q, queue_lease)), store.as_deref(), worker_lease, artifacts.as_deref())
+        Command::Worker { coordinator, slots, token_file, stream_artifacts, tls_ca } => worker(&coordinator, slots, token_file.as_deref(), stream_artifacts, tls_ca),
+        Command::Coordinator { listen, workers, state, token_file, queue, queue_lease, store, worker_lease, artifacts, tls_cert, tls_key } => {
+            let tls = tls_cert.zip(tls_key);
+            coordinator(listen, workers, &state, token_file.as_deref(), queue.as_deref().map(|q| (q, queue_lease)), store.as_deref(), worker_lease, artifacts.as_deref(), tls)
         }
-        Command::Submit { pipeline, job, test, detach, coordinator, token_file, answer, vars } => {
-            let token = submit::read_token(token_file.as_deref())?;
+        Command::Submit { pipeline, job, test, detach, coordinator, token_file, tls_ca, answer, vars } => {
+            let remote = submit::Remote::new(&coordinator, token_file.as_deref(), tls_ca.as_deref())?;
             let vars = vars.resolve()?.into_iter().collect();
             let rt = runtime()?;
-            let code = rt.block_on(submit::submit(&coordinator, token.as_deref(), &pipeline, job.as_deref(), test, detach, vars, answer))?;
+            let code = rt.block_on(submit::submit(&remote, &pipeline, job.as_deref(), test, detach, vars, answer))?;
             Ok(ExitCode::from(u8::try_from(code).unwrap_or(2)))
         }
         Command::Schema => {
@@ -510,11 +539,13 @@ struct ClusterOptions {
     worker_lease: std::time::Duration,
     /// The shared artifact directory (default: `<state>/artifacts`).
     artifacts: Option<PathBuf>,
+    /// Serve TLS with this certificate and key.
+    tls: Option<tonic::transport::Identity>,
 }
 
 impl Default for ClusterOptions {
     fn default() -> Self {
-        ClusterOptions { queue: None, worker_lease: DEFAULT_WORKER_LEASE, artifacts: None }
+        ClusterOptions { queue: None, worker_lease: DEFAULT_WORKER_LEASE, artifacts: None, tls: None }
     }
 }
 
@@ -536,7 +567,7 @@ async fn start_services_with(
 ) -> Result<Arc<Services>> {
     use steppe_shared::artifacts::LocalArtifactStore;
     use steppe_shared::queue::InProcessQueue;
-    let ClusterOptions { queue, worker_lease, artifacts } = cluster;
+    let ClusterOptions { queue, worker_lease, artifacts, tls } = cluster;
     let artifact_dir = artifacts.unwrap_or_else(|| state.join("artifacts"));
     let local_store = LocalArtifactStore::new(&artifact_dir).with_context(|| format!("creating {}", artifact_dir.display()))?;
     let store: Arc<dyn steppe_shared::artifacts::ArtifactStore> = Arc::new(local_store.clone());
@@ -575,13 +606,14 @@ async fn start_services_with(
         listener.set_nonblocking(true)?;
         let listener = tokio::net::TcpListener::from_std(listener)?;
         let bound = listener.local_addr()?;
-        svc.out.note(&format!("serving workers on {bound}"));
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        svc.out.note(&format!("serving workers on {bound}{}", if tls.is_some() { " (TLS)" } else { "" }));
         if slots == 0 {
             let (registry, out) = (svc.registry.clone(), svc.out.clone());
             tokio::spawn(async move {
                 tokio::time::sleep(std::time::Duration::from_secs(5)).await;
                 if registry.list().await.is_empty() {
-                    out.note(&format!("no workers yet: start one with `steppe worker --coordinator http://{bound}`"));
+                    out.note(&format!("no workers yet: start one with `steppe worker --coordinator {scheme}://{bound}`"));
                 }
             });
         }
@@ -592,9 +624,12 @@ async fn start_services_with(
         let history = history::HistoryService { store: history_store };
         let auth = submit::TokenCheck::new(token, svc.out.clone());
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let mut server = tonic::transport::Server::builder().tcp_nodelay(true);
+        if let Some(identity) = tls {
+            server = server.tls_config(tonic::transport::ServerTlsConfig::new().identity(identity)).context("--tls-cert/--tls-key")?;
+        }
         tokio::spawn(async move {
-            let r = tonic::transport::Server::builder()
-                .tcp_nodelay(true)
+            let r = server
                 .add_service(steppe_proto::v1::coordinator_server::CoordinatorServer::with_interceptor(workers, auth.clone()))
                 .add_service(steppe_proto::v1::runs_server::RunsServer::with_interceptor(runs, auth.clone()))
                 .add_service(steppe_proto::v1::history_server::HistoryServer::with_interceptor(history, auth.clone()))
@@ -857,6 +892,7 @@ fn coordinator(
     store: Option<&str>,
     worker_lease: std::time::Duration,
     artifacts: Option<&Path>,
+    tls: Option<(PathBuf, PathBuf)>,
 ) -> Result<ExitCode> {
     let token = submit::read_token(token_file)?;
     let rt = runtime()?;
@@ -875,7 +911,14 @@ fn coordinator(
             Some(other) => anyhow::bail!("--store {other}: only redis:// stores are supported so far"),
             None => Arc::new(steppe_shared::store::SqliteStore::open(&state.join("steppe.db"))?),
         };
-        let cluster = ClusterOptions { queue, worker_lease, artifacts: artifacts.map(Path::to_path_buf) };
+        let tls = match tls {
+            Some((cert, key)) => {
+                let read = |p: &Path| std::fs::read(p).with_context(|| format!("reading {}", p.display()));
+                Some(tonic::transport::Identity::from_pem(read(&cert)?, read(&key)?))
+            }
+            None => None,
+        };
+        let cluster = ClusterOptions { queue, worker_lease, artifacts: artifacts.map(Path::to_path_buf), tls };
         let svc = start_services_with(state, runs, workers, false, Some(listen), token, cluster).await?;
         tokio::signal::ctrl_c().await.ok();
         svc.out.note("steppe coordinator: stopping");
@@ -885,7 +928,7 @@ fn coordinator(
     Ok(ExitCode::SUCCESS)
 }
 
-fn worker(url: &str, slots: Option<u32>, token_file: Option<&Path>, stream_artifacts: bool) -> Result<ExitCode> {
+fn worker(url: &str, slots: Option<u32>, token_file: Option<&Path>, stream_artifacts: bool, tls_ca: Option<PathBuf>) -> Result<ExitCode> {
     let token = submit::read_token(token_file)?;
     let rt = runtime()?;
     let slots = slots.unwrap_or(cores() as u32);
@@ -893,7 +936,7 @@ fn worker(url: &str, slots: Option<u32>, token_file: Option<&Path>, stream_artif
     let work = std::env::temp_dir().join(format!("steppe-worker-{}", std::process::id()));
     std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
     eprintln!("steppe worker {name}: connecting to {url} with {slots} slot(s)");
-    let config = steppe_worker::remote::WorkerConfig { url: url.to_string(), slots, name: name.clone(), work_root: work.clone(), token, stream_artifacts };
+    let config = steppe_worker::remote::WorkerConfig { url: url.to_string(), slots, name: name.clone(), work_root: work.clone(), token, stream_artifacts, tls_ca };
     rt.block_on(steppe_worker::remote::run(config))?;
     let _ = std::fs::remove_dir_all(&work);
     eprintln!("steppe worker {name}: the coordinator closed the session");
@@ -936,10 +979,9 @@ struct History {
 
 impl History {
     fn open(pipeline: Option<&Path>, remote: &RemoteArgs) -> Result<History> {
-        if let Some(url) = &remote.coordinator {
-            let token = submit::read_token(remote.token_file.as_deref())?;
-            let store = history::RemoteStore::connect(url, token.as_deref())?;
-            return Ok(History { store: Some(Box::new(store)), label: format!("the coordinator at {url}") });
+        if let Some(remote) = remote.remote()? {
+            let store = history::RemoteStore::connect(&remote)?;
+            return Ok(History { store: Some(Box::new(store)), label: format!("the coordinator at {}", remote.url) });
         }
         let path = pipeline.context("name the pipeline file (or --coordinator URL)")?;
         let store = steppe_shared::store::SqliteStore::open_existing(&steppe_shared::store::db_path(path))?;

@@ -59,13 +59,35 @@ pub fn bearer(token: Option<&str>) -> anyhow::Result<WithToken> {
     WithToken::new(token).map_err(|e| anyhow::anyhow!("{e}"))
 }
 
-/// A channel to the coordinator at `url` (`--coordinator`), for the client commands.
-pub async fn connect(url: &str) -> anyhow::Result<tonic::transport::Channel> {
-    tonic::transport::Endpoint::from_shared(url.to_string())
-        .map_err(|e| anyhow::anyhow!("--coordinator {url}: {e}"))?
-        .connect()
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot reach the coordinator at {url}: {e}"))
+/// A coordinator as the client commands reach it (`--coordinator URL
+/// [--token-file F] [--tls-ca F]`).
+pub struct Remote {
+    pub url: String,
+    pub token: Option<String>,
+    pub tls_ca: Option<PathBuf>,
+}
+
+impl Remote {
+    pub fn new(url: &str, token_file: Option<&Path>, tls_ca: Option<&Path>) -> anyhow::Result<Remote> {
+        Ok(Remote { url: url.to_string(), token: read_token(token_file)?, tls_ca: tls_ca.map(Path::to_path_buf) })
+    }
+
+    pub async fn channel(&self) -> anyhow::Result<tonic::transport::Channel> {
+        Ok(steppe_worker::remote::connect(&self.url, self.tls_ca.as_deref()).await?)
+    }
+
+    pub fn bearer(&self) -> anyhow::Result<WithToken> {
+        bearer(self.token.as_deref())
+    }
+
+    /// What to try when a call failed the way a TLS mismatch fails.
+    pub fn hint(&self, s: &Status) -> &'static str {
+        if self.url.starts_with("http://") && (s.code() == tonic::Code::Cancelled || s.message().contains("h2 protocol error")) {
+            " (does the coordinator serve TLS? then use an https:// URL)"
+        } else {
+            ""
+        }
+    }
 }
 
 /// The gRPC message limit.
@@ -280,7 +302,7 @@ impl Runs for RunService {
 /// is sent), sends it with every file it reads, prints what comes back.
 /// With `detach`, returns as soon as the run has begun, printing its id.
 #[allow(clippy::too_many_arguments)]
-pub async fn submit(url: &str, token: Option<&str>, path: &Path, job: Option<&str>, test: bool, detach: bool, vars: HashMap<String, String>, answers: Vec<String>) -> anyhow::Result<i32> {
+pub async fn submit(remote: &Remote, path: &Path, job: Option<&str>, test: bool, detach: bool, vars: HashMap<String, String>, answers: Vec<String>) -> anyhow::Result<i32> {
     let opts = LoadOptions::from_env(vars.clone().into_iter().collect());
     let loaded = match load_file(path, &opts) {
         Ok(l) => l,
@@ -298,7 +320,7 @@ pub async fn submit(url: &str, token: Option<&str>, path: &Path, job: Option<&st
         let full = loaded.dir.join(rel);
         files.push(BundleFile { path: rel.clone(), content: std::fs::read(&full).map_err(|e| anyhow::anyhow!("{}: {e}", full.display()))? });
     }
-    let mut client = RunsClient::with_interceptor(connect(url).await?, bearer(token)?);
+    let mut client = RunsClient::with_interceptor(remote.channel().await?, remote.bearer()?);
     let req = SubmitRequest { pipeline: name, files, job: job.unwrap_or_default().to_string(), vars, test, answers, detach };
     let size = prost::Message::encoded_len(&req);
     if size > SUBMISSION_MAX {
@@ -308,7 +330,7 @@ pub async fn submit(url: &str, token: Option<&str>, path: &Path, job: Option<&st
             size as f64 / (1 << 20) as f64
         );
     }
-    let mut stream = client.submit(req).await.map_err(|s| anyhow::anyhow!("the coordinator refused the submission: {}", s.message()))?.into_inner();
+    let mut stream = client.submit(req).await.map_err(|s| anyhow::anyhow!("the coordinator refused the submission: {}{}", s.message(), remote.hint(&s)))?.into_inner();
     while let Some(ev) = stream.message().await.map_err(|s| anyhow::anyhow!("the coordinator went away: {}", s.message()))? {
         match ev.event {
             Some(run_event::Event::Line(l)) => {

@@ -579,7 +579,11 @@ fn serving(args: &[&str], dir: &Path) -> (std::process::Child, String, std::io::
     let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
     let first = lines.next().expect("a first line").expect("utf8");
     let addr = first.strip_prefix("serving workers on ").unwrap_or_else(|| panic!("unexpected first line {first:?}"));
-    (child, format!("http://{addr}"), lines)
+    let url = match addr.strip_suffix(" (TLS)") {
+        Some(addr) => format!("https://{addr}"),
+        None => format!("http://{addr}"),
+    };
+    (child, url, lines)
 }
 
 /// A throwaway redis-server on a free loopback port (scripts/test installs it).
@@ -749,4 +753,50 @@ fn artifacts_and_large_results_travel_through_the_coordinator() {
         let _ = w.kill();
         let _ = w.wait();
     }
+}
+
+/// A private CA and a certificate for 127.0.0.1 it signed, made with openssl.
+fn private_ca(dir: &Path) {
+    let sh = "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj '/CN=steppe test CA' -keyout ca.key -out ca.pem \
+        && openssl req -newkey rsa:2048 -nodes -subj /CN=localhost -keyout server.key -out server.csr \
+        && printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\n' > ext \
+        && openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -extfile ext -out server.pem";
+    let out = Command::new("sh").args(["-c", sh]).current_dir(dir).output().expect("openssl (scripts/test installs it)");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn tls_between_every_part() {
+    let work = scratch("cluster-tls");
+    private_ca(&work);
+    std::fs::write(work.join("token"), "t0ken\n").expect("token");
+    std::fs::write(work.join("p.yml"), "jobs:\n- name: j\n  plan:\n  - task: make\n    outputs: [o]\n    run: echo sealed > o/f\n  - task: read\n    inputs: [o]\n    run: cat o/f\n").expect("write");
+    let (mut coord, url, mut lines) = serving(
+        &["coordinator", "--listen", "127.0.0.1:0", "--state", "state", "--token-file", "token", "--tls-cert", "server.pem", "--tls-key", "server.key"],
+        &work,
+    );
+    assert!(url.starts_with("https://127.0.0.1:"), "{url}");
+    std::thread::spawn(move || for _ in lines.by_ref() {});
+    let mut worker = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
+        .args(["worker", "--coordinator", &url, "--token-file", "token", "--tls-ca", "ca.pem", "--slots", "2", "--stream-artifacts"])
+        .current_dir(&work)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("worker");
+    let out = steppe(&["submit", "p.yml", "--coordinator", &url, "--token-file", "token", "--tls-ca", "ca.pem"], &work);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("[read] sealed"), "{}", text(&out));
+    let runs = steppe(&["runs", "--coordinator", &url, "--token-file", "token", "--tls-ca", "ca.pem"], &work);
+    assert!(text(&runs).contains("succeeded"), "{}", text(&runs));
+    // Not trusting the CA, or not speaking TLS: refused, with the way out named.
+    let untrusted = steppe(&["submit", "p.yml", "--coordinator", &url, "--token-file", "token"], &work);
+    assert_eq!(untrusted.status.code(), Some(2));
+    assert!(text(&untrusted).contains("not signed by a CA this host trusts (a private CA? pass --tls-ca FILE)"), "{}", text(&untrusted));
+    let plain = steppe(&["submit", "p.yml", "--coordinator", &url.replace("https://", "http://"), "--token-file", "token"], &work);
+    assert_eq!(plain.status.code(), Some(2));
+    assert!(text(&plain).contains("use an https:// URL"), "{}", text(&plain));
+    let _ = coord.kill();
+    let _ = coord.wait();
+    let _ = worker.kill();
+    let _ = worker.wait();
 }

@@ -29,6 +29,12 @@ pub enum WorkerError {
     Artifacts { dir: String, source: std::io::Error },
     #[error("the token holds characters a header cannot carry")]
     Token,
+    #[error("--tls-ca {path}: {source}")]
+    TlsCa { path: String, source: std::io::Error },
+    #[error("cannot reach the coordinator at {url}: its certificate is not signed by a CA this host trusts (a private CA? pass --tls-ca FILE)")]
+    UntrustedCertificate { url: String },
+    #[error("--tls-ca is for an https:// coordinator; {0} is plain http")]
+    TlsCaWithoutHttps(String),
 }
 
 /// Adds the bearer token to every outgoing call.
@@ -89,6 +95,31 @@ impl LineSink for Lines {
     }
 }
 
+/// A channel to the coordinator at `url`. An https:// URL is verified
+/// against `tls_ca` (a PEM file) when given, and the system's roots otherwise.
+pub async fn connect(url: &str, tls_ca: Option<&std::path::Path>) -> Result<tonic::transport::Channel, WorkerError> {
+    let connect_err = |source| WorkerError::Connect { url: url.to_string(), source };
+    let mut endpoint = tonic::transport::Endpoint::from_shared(url.to_string()).map_err(connect_err)?.tcp_nodelay(true);
+    if url.starts_with("https://") {
+        let mut tls = tonic::transport::ClientTlsConfig::new().with_native_roots();
+        if let Some(ca) = tls_ca {
+            let pem = std::fs::read(ca).map_err(|source| WorkerError::TlsCa { path: ca.display().to_string(), source })?;
+            tls = tls.ca_certificate(tonic::transport::Certificate::from_pem(pem));
+        }
+        endpoint = endpoint.tls_config(tls).map_err(connect_err)?;
+    } else if tls_ca.is_some() {
+        return Err(WorkerError::TlsCaWithoutHttps(url.to_string()));
+    }
+    endpoint.connect().await.map_err(|source| {
+        let text = format!("{source:?}");
+        if text.contains("UnknownIssuer") && tls_ca.is_none() {
+            WorkerError::UntrustedCertificate { url: url.to_string() }
+        } else {
+            connect_err(source)
+        }
+    })
+}
+
 /// What `steppe worker` is told on its command line.
 pub struct WorkerConfig {
     pub url: String,
@@ -101,18 +132,15 @@ pub struct WorkerConfig {
     pub token: Option<String>,
     /// Artifacts through the coordinator even if its directory is visible here.
     pub stream_artifacts: bool,
+    /// The CA that signed an https:// coordinator's certificate.
+    pub tls_ca: Option<PathBuf>,
 }
 
 /// Serves one coordinator until it closes the session.
 pub async fn run(config: WorkerConfig) -> Result<(), WorkerError> {
-    let WorkerConfig { url, slots, name, work_root, token, stream_artifacts } = config;
+    let WorkerConfig { url, slots, name, work_root, token, stream_artifacts, tls_ca } = config;
     let (url, name) = (url.as_str(), name.as_str());
-    let channel = tonic::transport::Endpoint::from_shared(url.to_string())
-        .map_err(|source| WorkerError::Connect { url: url.to_string(), source })?
-        .tcp_nodelay(true)
-        .connect()
-        .await
-        .map_err(|source| WorkerError::Connect { url: url.to_string(), source })?;
+    let channel = connect(url, tls_ca.as_deref()).await?;
     let with_token = WithToken::new(token.as_deref())?;
     let mut client = CoordinatorClient::with_interceptor(channel.clone(), with_token.clone());
     let (tx, rx) = mpsc::channel::<WorkerMessage>(1024);
