@@ -800,3 +800,64 @@ fn tls_between_every_part() {
     let _ = worker.kill();
     let _ = worker.wait();
 }
+
+/// Every pipeline of the suite (self-checking, failing, examples) ends the
+/// same through a Redis-backed coordinator and two workers as it does
+/// embedded: same exit code, same steps with the same outcomes.
+#[test]
+fn every_fixture_runs_the_same_through_a_cluster() {
+    let (mut redis, redis_url) = redis_server();
+    let base = scratch("parity");
+    let (mut coord, url, mut lines) = serving(&["coordinator", "--listen", "127.0.0.1:0", "--state", "state", "--queue", &redis_url, "--store", &redis_url], &base);
+    std::thread::spawn(move || for _ in lines.by_ref() {});
+    let worker = || child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(["worker", "--coordinator", &url, "--slots", "4"]).stderr(std::process::Stdio::null()).spawn().expect("worker");
+    let mut workers = vec![worker(), worker()];
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let mut pipelines: Vec<PathBuf> = fixtures("");
+    pipelines.extend(fixtures("failing"));
+    pipelines.extend(std::fs::read_dir(&examples).expect("examples").filter_map(Result::ok).map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "yml")));
+    assert!(pipelines.len() >= 12, "{pipelines:?}");
+    // What a user compares: the exit code and each step's outcome, in order of finishing.
+    let summary = |o: &Output| -> (Option<i32>, Vec<String>) {
+        let mut steps: Vec<String> = text(o)
+            .lines()
+            .filter(|l| l.starts_with('✔') || l.starts_with('✘'))
+            .map(|l| l.rsplit_once(" (").map_or(l, |(head, _)| head).to_string())
+            .collect();
+        steps.sort();
+        (o.status.code(), steps)
+    };
+    let (mut differ, mut compared_steps) = (Vec::new(), 0);
+    for (i, f) in pipelines.iter().enumerate() {
+        let mut runs = Vec::new();
+        for mode in ["embedded", "cluster"] {
+            let work = base.join(format!("{i}-{mode}"));
+            std::fs::create_dir_all(&work).expect("mkdir");
+            let copy = work.join(f.file_name().expect("name"));
+            std::fs::copy(f, &copy).expect("copy");
+            let (counter, lp) = (work.join("counter").to_string_lossy().into_owned(), work.join("loop").to_string_lossy().into_owned());
+            let (cv, lv) = (format!("counter={counter}"), format!("loop={lp}"));
+            let mut args = vec!["test", copy.to_str().expect("utf8"), "--var", &cv, "--var", &lv];
+            if mode == "cluster" {
+                args.extend(["--coordinator", &url]);
+            }
+            runs.push(steppe(&args, &work));
+        }
+        let (embedded, cluster) = (summary(&runs[0]), summary(&runs[1]));
+        assert!(embedded.0.is_some(), "{}", f.display());
+        compared_steps += embedded.1.len();
+        if embedded != cluster {
+            differ.push(format!("{}:\n  embedded {embedded:?}\n  cluster  {cluster:?}\n{}", f.display(), text(&runs[1])));
+        }
+    }
+    assert!(differ.is_empty(), "{}", differ.join("\n\n"));
+    assert!(compared_steps >= 40, "only {compared_steps} step outcomes compared");
+    let _ = coord.kill();
+    let _ = coord.wait();
+    for w in &mut workers {
+        let _ = w.kill();
+        let _ = w.wait();
+    }
+    let _ = redis.kill();
+    let _ = redis.wait();
+}
