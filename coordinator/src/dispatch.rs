@@ -30,18 +30,26 @@ pub enum DispatchMsg {
     /// A remote session took this assignment (so a cancel can reach it).
     RunningRemotely(String, SessionTx),
     /// A lost worker held this assignment: back on the queue (at least once).
-    Requeue(Assignment),
+    Requeue(String),
 }
 
 struct DispatcherActor;
 
 pub struct DispatcherState {
     queue: Arc<dyn Queue>,
-    pending: HashMap<String, RpcReplyPort<AssignmentResult>>,
-    /// The epoch each pending assignment was last handed out with.
-    epochs: HashMap<String, u32>,
+    /// Who waits for each assignment, and the assignment as last handed out
+    /// (its epoch is the current one).
+    pending: HashMap<String, (RpcReplyPort<AssignmentResult>, Assignment)>,
     local: Cancels,
     remote: HashMap<String, SessionTx>,
+    /// Cancelled while a worker was taking it: the cancel is sent as soon as
+    /// the worker says it took it.
+    cancelled: std::collections::HashSet<String>,
+}
+
+fn send_cancel(tx: &SessionTx, id: &str) {
+    let msg = CoordinatorMessage { msg: Some(coordinator_message::Msg::Cancel(Cancel { assignment_id: id.to_string() })) };
+    let _ = tx.try_send(Ok(msg));
 }
 
 fn aborted(id: &str, why: &str) -> AssignmentResult {
@@ -60,7 +68,7 @@ fn aborted(id: &str, why: &str) -> AssignmentResult {
 impl DispatcherState {
     async fn cancel(&mut self, id: &str) {
         if self.queue.remove(id).await.unwrap_or(false) {
-            if let Some(p) = self.pending.remove(id) {
+            if let Some((p, _)) = self.pending.remove(id) {
                 let _ = p.send(aborted(id, "cancelled before it started"));
             }
             return;
@@ -68,9 +76,11 @@ impl DispatcherState {
         if self.local.cancel(id) {
             return;
         }
-        if let Some(tx) = self.remote.get(id) {
-            let msg = CoordinatorMessage { msg: Some(coordinator_message::Msg::Cancel(Cancel { assignment_id: id.to_string() })) };
-            let _ = tx.try_send(Ok(msg));
+        match self.remote.get(id) {
+            Some(tx) => send_cancel(tx, id),
+            None => {
+                self.cancelled.insert(id.to_string());
+            }
         }
     }
 }
@@ -81,17 +91,16 @@ impl Actor for DispatcherActor {
     type Arguments = (Arc<dyn Queue>, Cancels);
 
     async fn pre_start(&self, _me: ActorRef<Self::Msg>, (queue, local): Self::Arguments) -> Result<Self::State, ActorProcessingErr> {
-        Ok(DispatcherState { queue, pending: HashMap::new(), epochs: HashMap::new(), local, remote: HashMap::new() })
+        Ok(DispatcherState { queue, pending: HashMap::new(), local, remote: HashMap::new(), cancelled: Default::default() })
     }
 
     async fn handle(&self, _me: ActorRef<Self::Msg>, msg: Self::Msg, st: &mut Self::State) -> Result<(), ActorProcessingErr> {
         match msg {
             DispatchMsg::Submit(a, reply) => {
                 let id = a.id.clone();
-                st.pending.insert(id.clone(), reply);
-                st.epochs.insert(id.clone(), a.epoch);
+                st.pending.insert(id.clone(), (reply, a.clone()));
                 if let Err(e) = st.queue.push(a).await {
-                    if let Some(p) = st.pending.remove(&id) {
+                    if let Some((p, _)) = st.pending.remove(&id) {
                         let mut r = aborted(&id, "");
                         r.result = Err(StepError::errored(format!("could not queue the step: {e}")));
                         let _ = p.send(r);
@@ -99,16 +108,16 @@ impl Actor for DispatcherActor {
                 }
             }
             DispatchMsg::Complete(r) => {
-                if st.epochs.get(&r.assignment_id).is_some_and(|e| *e != r.epoch) {
+                if st.pending.get(&r.assignment_id).is_some_and(|(_, a)| a.epoch != r.epoch) {
                     // Fencing: an earlier handing-out of a requeued assignment
                     // answered late; the current one still runs and counts.
                     return Ok(());
                 }
-                st.epochs.remove(&r.assignment_id);
                 st.remote.remove(&r.assignment_id);
+                st.cancelled.remove(&r.assignment_id);
                 let _ = st.queue.ack(&r.assignment_id).await;
                 // A result nobody waits for (a cancelled race loser, a duplicate) is dropped.
-                if let Some(p) = st.pending.remove(&r.assignment_id) {
+                if let Some((p, _)) = st.pending.remove(&r.assignment_id) {
                     let _ = p.send(r);
                 }
             }
@@ -127,16 +136,20 @@ impl Actor for DispatcherActor {
                 }
             }
             DispatchMsg::RunningRemotely(id, tx) => {
+                if st.cancelled.remove(&id) {
+                    send_cancel(&tx, &id);
+                }
                 if st.pending.contains_key(&id) {
                     st.remote.insert(id, tx);
                 }
             }
-            DispatchMsg::Requeue(mut a) => {
-                st.remote.remove(&a.id);
-                if st.pending.contains_key(&a.id) {
-                    let epoch = st.epochs.get(&a.id).copied().unwrap_or(a.epoch) + 1;
-                    a.epoch = epoch;
-                    st.epochs.insert(a.id.clone(), epoch);
+            DispatchMsg::Requeue(id) => {
+                st.remote.remove(&id);
+                let again = st.pending.get_mut(&id).map(|(_, a)| {
+                    a.epoch += 1;
+                    a.clone()
+                });
+                if let Some(a) = again {
                     let _ = st.queue.push(a).await;
                 }
             }
@@ -188,8 +201,9 @@ impl Dispatcher {
         let _ = self.actor.cast(DispatchMsg::RunningRemotely(id.to_string(), tx));
     }
 
-    pub fn requeue(&self, a: Assignment) {
-        let _ = self.actor.cast(DispatchMsg::Requeue(a));
+    /// Puts a pending assignment back on the queue with the next epoch.
+    pub fn requeue(&self, id: &str) {
+        let _ = self.actor.cast(DispatchMsg::Requeue(id.to_string()));
     }
 
     pub fn cancel_all(&self) {
@@ -238,7 +252,7 @@ mod tests {
         let first = d.queue.pop().await.expect("handed out");
         assert_eq!(first.epoch, 0);
         // Its worker was lost: handed out again, with the next epoch.
-        d.requeue(first.clone());
+        d.requeue(&first.id);
         let second = d.queue.pop().await.expect("handed out again");
         assert_eq!((second.id.as_str(), second.epoch), (first.id.as_str(), 1));
         // The lost worker answers late: refused; the current holder's answer counts.

@@ -153,6 +153,12 @@ enum Command {
         /// its certificate (default: the system's roots).
         #[arg(long, value_name = "FILE")]
         tls_ca: Option<PathBuf>,
+        /// Take assignments from the coordinator's Redis queue directly
+        /// (redis://HOST:PORT/, the coordinator's --queue) instead of having
+        /// them sent over the session; the queue's lease brings back what
+        /// a lost worker took.
+        #[arg(long, value_name = "URL")]
+        queue: Option<String>,
     },
     /// Serve runs for `steppe submit` and assignments for `steppe worker`s.
     ///
@@ -449,7 +455,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Approvals { pipeline, remote } => approvals(&History::open(pipeline.as_deref(), &remote)?),
         Command::Approve(args) => decide(&args, true),
         Command::Reject(args) => decide(&args, false),
-        Command::Worker { coordinator, slots, token_file, stream_artifacts, tls_ca } => worker(&coordinator, slots, token_file.as_deref(), stream_artifacts, tls_ca),
+        Command::Worker { coordinator, slots, token_file, stream_artifacts, tls_ca, queue } => {
+            let config = steppe_worker::remote::WorkerConfig { url: coordinator, slots: 0, name: String::new(), work_root: PathBuf::new(), token: None, stream_artifacts, tls_ca, queue };
+            worker(config, slots, token_file.as_deref())
+        }
         Command::Coordinator { listen, workers, state, token_file, queue, queue_lease, store, worker_lease, artifacts, tls_cert, tls_key } => {
             let tls = tls_cert.zip(tls_key);
             coordinator(listen, workers, &state, token_file.as_deref(), queue.as_deref().map(|q| (q, queue_lease)), store.as_deref(), worker_lease, artifacts.as_deref(), tls)
@@ -528,6 +537,9 @@ pub struct Services {
     /// Where submitted pipelines are unpacked.
     pub state: PathBuf,
 }
+
+/// The Redis stream assignments wait on (workers started with --queue read it too).
+const QUEUE_KEY: &str = "steppe:assignments";
 
 /// How long a remote worker may stay silent before it is fenced (three heartbeats).
 const DEFAULT_WORKER_LEASE: std::time::Duration = std::time::Duration::from_secs(15);
@@ -618,7 +630,17 @@ async fn start_services_with(
             });
         }
         let store_id = local_store.store_id().with_context(|| format!("marking {}", artifact_dir.display()))?;
-        let workers = service::WorkerService { dispatcher: svc.dispatcher.clone(), sink: svc.out.clone(), artifact_dir, store_id, store: svc.store.clone(), registry: svc.registry.clone(), lease: worker_lease };
+        let pull_queue = svc.dispatcher.queue.lease().map(|lease| (QUEUE_KEY.to_string(), lease));
+        let workers = service::WorkerService {
+            dispatcher: svc.dispatcher.clone(),
+            sink: svc.out.clone(),
+            artifact_dir,
+            store_id,
+            store: svc.store.clone(),
+            registry: svc.registry.clone(),
+            lease: worker_lease,
+            pull_queue,
+        };
         let artifacts = artifacts::ArtifactService { store: local_store };
         let runs = submit::RunService { svc: svc.clone() };
         let history = history::HistoryService { store: history_store };
@@ -901,7 +923,7 @@ fn coordinator(
         let queue: Option<Arc<dyn steppe_shared::queue::Queue>> = match queue {
             Some((url, lease)) if url.starts_with("redis://") || url.starts_with("rediss://") => {
                 let name = format!("coordinator-{}", std::process::id());
-                Some(Arc::new(steppe_shared::queue::RedisQueue::connect(url, "steppe:assignments", &name, lease).await?))
+                Some(Arc::new(steppe_shared::queue::RedisQueue::connect(url, QUEUE_KEY, &name, lease).await?))
             }
             Some((other, _)) => anyhow::bail!("--queue {other}: only redis:// queues are supported so far"),
             None => None,
@@ -928,7 +950,13 @@ fn coordinator(
     Ok(ExitCode::SUCCESS)
 }
 
-fn worker(url: &str, slots: Option<u32>, token_file: Option<&Path>, stream_artifacts: bool, tls_ca: Option<PathBuf>) -> Result<ExitCode> {
+/// `steppe worker`: `config` as the command line gave it; slots, name, work
+/// directory and token are settled here.
+fn worker(config: steppe_worker::remote::WorkerConfig, slots: Option<u32>, token_file: Option<&Path>) -> Result<ExitCode> {
+    if let Some(q) = config.queue.as_deref().filter(|q| !q.starts_with("redis://") && !q.starts_with("rediss://")) {
+        anyhow::bail!("--queue {q}: a worker takes from a Redis queue (redis://HOST:PORT/)");
+    }
+    let url = config.url.clone();
     let token = submit::read_token(token_file)?;
     let rt = runtime()?;
     let slots = slots.unwrap_or(cores() as u32);
@@ -936,7 +964,7 @@ fn worker(url: &str, slots: Option<u32>, token_file: Option<&Path>, stream_artif
     let work = std::env::temp_dir().join(format!("steppe-worker-{}", std::process::id()));
     std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
     eprintln!("steppe worker {name}: connecting to {url} with {slots} slot(s)");
-    let config = steppe_worker::remote::WorkerConfig { url: url.to_string(), slots, name: name.clone(), work_root: work.clone(), token, stream_artifacts, tls_ca };
+    let config = steppe_worker::remote::WorkerConfig { slots, name: name.clone(), work_root: work.clone(), token, ..config };
     rt.block_on(steppe_worker::remote::run(config))?;
     let _ = std::fs::remove_dir_all(&work);
     eprintln!("steppe worker {name}: the coordinator closed the session");

@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex};
 
 use steppe_proto::v1::coordinator_server::Coordinator;
 use steppe_proto::v1::{coordinator_message, worker_message, CoordinatorMessage, Welcome, WorkerMessage};
-use steppe_shared::assignment::Assignment;
 use steppe_worker::exec::{LineSink, Stream};
 use steppe_worker::local::Reporter;
 use steppe_worker::wire::{assignment_to_wire, restore_payload, result_from_wire};
@@ -32,6 +31,9 @@ pub struct WorkerService {
     /// fenced: its assignments are requeued and whatever it says later is
     /// refused. Workers are told to heartbeat three times per lease.
     pub lease: std::time::Duration,
+    /// The shared queue's stream key and lease, which workers started with
+    /// `--queue` take assignments from themselves (None: an in-process queue).
+    pub pull_queue: Option<(String, std::time::Duration)>,
 }
 
 /// Tells a session's puller to take nothing more (also when the session's
@@ -50,7 +52,9 @@ impl Drop for StopOnDrop {
     }
 }
 
-type InFlight = Arc<Mutex<HashMap<String, (Assignment, OwnedSemaphorePermit)>>>;
+/// What a session holds, by assignment id; the permit is the slot it
+/// takes when the coordinator pushed it (a worker that pulls keeps count itself).
+type InFlight = Arc<Mutex<HashMap<String, Option<OwnedSemaphorePermit>>>>;
 
 #[tonic::async_trait]
 impl Coordinator for WorkerService {
@@ -65,6 +69,15 @@ impl Coordinator for WorkerService {
         };
         let slots = hello.slots.clamp(1, 1024) as usize;
         let name = if hello.worker.is_empty() { peer } else { hello.worker };
+        let (queue_key, queue_lease_ms) = match (&self.pull_queue, hello.pulls) {
+            (Some((key, lease)), true) => (key.clone(), u64::try_from(lease.as_millis()).unwrap_or(60_000)),
+            (None, true) => {
+                return Err(Status::failed_precondition(
+                    "this coordinator's queue is in its own memory: start it with --queue redis://…, or start the worker without --queue",
+                ))
+            }
+            (_, false) => (String::new(), 0),
+        };
         self.registry.joined(&name, slots as u32, true);
         let (tx, rx) = mpsc::channel(256);
         let welcome = CoordinatorMessage {
@@ -72,6 +85,8 @@ impl Coordinator for WorkerService {
                 artifact_dir: self.artifact_dir.to_string_lossy().into_owned(),
                 store_id: self.store_id.clone(),
                 heartbeat_ms: u64::try_from(self.lease.as_millis() / 3).unwrap_or(5000),
+                queue_key,
+                queue_lease_ms,
             })),
         };
         tx.send(Ok(welcome)).await.map_err(|_| Status::aborted("session closed"))?;
@@ -85,6 +100,9 @@ impl Coordinator for WorkerService {
         let stopping = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let stop_seen = stopping.clone();
         let puller = StopOnDrop(stopping.clone());
+        if hello.pulls {
+            stopping.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
         tokio::spawn(async move {
             use std::sync::atomic::Ordering;
             loop {
@@ -95,7 +113,7 @@ impl Coordinator for WorkerService {
                 let a = match d.queue.pop_within(std::time::Duration::from_secs(1)).await {
                     Ok(Some(a)) if stop_seen.load(Ordering::SeqCst) => {
                         // Taken just as the session stopped taking work: back it goes.
-                        d.requeue(a);
+                        d.requeue(&a.id);
                         return;
                     }
                     Ok(Some(a)) => a,
@@ -108,12 +126,12 @@ impl Coordinator for WorkerService {
                 };
                 d.running_remotely(&a.id, ptx.clone());
                 if let Ok(mut m) = pflight.lock() {
-                    m.insert(a.id.clone(), (a.clone(), permit));
+                    m.insert(a.id.clone(), Some(permit));
                 }
                 let msg = CoordinatorMessage { msg: Some(coordinator_message::Msg::Assignment(assignment_to_wire(&a))) };
                 if ptx.send(Ok(msg)).await.is_err() {
-                    if let Some((a, _)) = pflight.lock().ok().and_then(|mut m| m.remove(&a.id)) {
-                        d.requeue(a);
+                    if pflight.lock().ok().and_then(|mut m| m.remove(&a.id)).is_some() {
+                        d.requeue(&a.id);
                     }
                     return;
                 }
@@ -124,15 +142,15 @@ impl Coordinator for WorkerService {
         // exactly as long as the coordinator reads it (a fenced worker must
         // still be able to report, and be refused).
         let session_tx = tx;
+        let pulls = hello.pulls;
         tokio::spawn(async move {
             // Everything this session holds goes back on the queue; the ids it held.
             let requeue_all = || -> std::collections::HashSet<String> {
-                let lost: Vec<Assignment> = inflight.lock().map(|mut m| m.drain().map(|(_, (a, _))| a).collect()).unwrap_or_default();
-                let ids = lost.iter().map(|a| a.id.clone()).collect();
-                for a in lost {
-                    d.requeue(a);
+                let lost: std::collections::HashSet<String> = inflight.lock().map(|mut m| m.drain().map(|(id, _)| id).collect()).unwrap_or_default();
+                for id in &lost {
+                    d.requeue(id);
                 }
-                ids
+                lost
             };
             // Once fenced: the assignments it held, which it may still report on.
             let mut fenced: Option<std::collections::HashSet<String>> = None;
@@ -211,10 +229,17 @@ impl Coordinator for WorkerService {
                             puller.stop();
                         }
                         worker_message::Msg::Release(r) => {
-                            if let Some((a, _)) = inflight.lock().ok().and_then(|mut m| m.remove(&r.assignment_id)) {
-                                d.requeue(a);
+                            if inflight.lock().ok().and_then(|mut m| m.remove(&r.assignment_id)).is_some() {
+                                d.requeue(&r.assignment_id);
                             }
                         }
+                        worker_message::Msg::Taken(t) if pulls => {
+                            d.running_remotely(&t.assignment_id, session_tx.clone());
+                            if let Ok(mut m) = inflight.lock() {
+                                m.insert(t.assignment_id, None);
+                            }
+                        }
+                        worker_message::Msg::Taken(_) => {}
                         worker_message::Msg::Hello(_) => {}
                     },
                     Ok(Some(WorkerMessage { msg: None })) => {}

@@ -82,7 +82,11 @@ impl Remote {
 
     /// What to try when a call failed the way a TLS mismatch fails.
     pub fn hint(&self, s: &Status) -> &'static str {
-        if self.url.starts_with("http://") && (s.code() == tonic::Code::Cancelled || s.message().contains("h2 protocol error")) {
+        // A plain-http client talking to a TLS server fails below gRPC, in
+        // one of these ways depending on timing.
+        let transport = matches!(s.code(), tonic::Code::Cancelled | tonic::Code::Unknown | tonic::Code::Unavailable | tonic::Code::Internal)
+            && (s.message().contains("transport error") || s.message().contains("h2 protocol error") || s.code() == tonic::Code::Cancelled);
+        if self.url.starts_with("http://") && transport {
             " (does the coordinator serve TLS? then use an https:// URL)"
         } else {
             ""

@@ -608,7 +608,17 @@ fn redis_server() -> (std::process::Child, String) {
 /// worker, and it is recorded once.
 #[test]
 fn kill_9_a_cluster_worker_mid_step() {
-    let work = scratch("cluster-kill9");
+    kill_9_mid_step(false);
+}
+
+/// As above, with workers that take from the Redis queue themselves.
+#[test]
+fn kill_9_a_pulling_worker_mid_step() {
+    kill_9_mid_step(true);
+}
+
+fn kill_9_mid_step(pulling: bool) {
+    let work = scratch(if pulling { "cluster-kill9-pull" } else { "cluster-kill9" });
     let pids = work.join("pids");
     std::fs::write(
         work.join("p.yml"),
@@ -621,7 +631,13 @@ fn kill_9_a_cluster_worker_mid_step() {
     let (mut redis, redis_url) = redis_server();
     let (mut coord, url, mut lines) = serving(&["coordinator", "--listen", "127.0.0.1:0", "--state", "state", "--queue", &redis_url, "--store", &redis_url], &work);
     std::thread::spawn(move || for _ in lines.by_ref() {});
-    let worker = || child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(["worker", "--coordinator", &url, "--slots", "1"]).stderr(std::process::Stdio::null()).spawn().expect("worker");
+    let worker = || {
+        let mut args = vec!["worker", "--coordinator", &url, "--slots", "1"];
+        if pulling {
+            args.extend(["--queue", &redis_url]);
+        }
+        child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(&args).stderr(std::process::Stdio::null()).spawn().expect("worker")
+    };
     let mut workers = vec![worker(), worker()];
     let submitter = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
         .args(["submit", "p.yml", "--coordinator", &url])
@@ -661,7 +677,17 @@ fn kill_9_a_cluster_worker_mid_step() {
 
 #[test]
 fn a_step_longer_than_the_queue_lease_runs_once() {
-    let work = scratch("cluster-long-step");
+    long_step_runs_once(false);
+}
+
+/// As above, with workers that take from the queue and renew their own leases.
+#[test]
+fn a_pulled_step_longer_than_the_queue_lease_runs_once() {
+    long_step_runs_once(true);
+}
+
+fn long_step_runs_once(pulling: bool) {
+    let work = scratch(if pulling { "cluster-long-step-pull" } else { "cluster-long-step" });
     let ran = work.join("ran");
     std::fs::write(
         work.join("p.yml"),
@@ -673,7 +699,13 @@ fn a_step_longer_than_the_queue_lease_runs_once() {
     // the entry from going to the second worker.
     let (mut coord, url, mut lines) = serving(&["coordinator", "--listen", "127.0.0.1:0", "--state", "state", "--queue", &redis_url, "--queue-lease", "1s"], &work);
     std::thread::spawn(move || for _ in lines.by_ref() {});
-    let worker = || child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(["worker", "--coordinator", &url, "--slots", "1"]).stderr(std::process::Stdio::null()).spawn().expect("worker");
+    let worker = || {
+        let mut args = vec!["worker", "--coordinator", &url, "--slots", "1"];
+        if pulling {
+            args.extend(["--queue", &redis_url]);
+        }
+        child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(&args).stderr(std::process::Stdio::null()).spawn().expect("worker")
+    };
     let mut workers = vec![worker(), worker()];
     let out = steppe(&["submit", "p.yml", "--coordinator", &url], &work);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
@@ -801,6 +833,25 @@ fn tls_between_every_part() {
     let _ = worker.wait();
 }
 
+/// A line with its "(0.01s)"-style timings taken out.
+fn without_durations(line: &str) -> String {
+    let mut out = String::new();
+    let mut rest = line;
+    while let Some(i) = rest.find(" (") {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 2..];
+        match after.find(')') {
+            Some(j) if after[..j].ends_with('s') && after[..j].trim_end_matches(['s', 'm']).parse::<f64>().is_ok() => rest = &after[j + 1..],
+            _ => {
+                out.push_str(" (");
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 /// Every pipeline of the suite (self-checking, failing, examples) ends the
 /// same through a Redis-backed coordinator and two workers as it does
 /// embedded: same exit code, same steps with the same outcomes.
@@ -810,8 +861,16 @@ fn every_fixture_runs_the_same_through_a_cluster() {
     let base = scratch("parity");
     let (mut coord, url, mut lines) = serving(&["coordinator", "--listen", "127.0.0.1:0", "--state", "state", "--queue", &redis_url, "--store", &redis_url], &base);
     std::thread::spawn(move || for _ in lines.by_ref() {});
-    let worker = || child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(["worker", "--coordinator", &url, "--slots", "4"]).stderr(std::process::Stdio::null()).spawn().expect("worker");
-    let mut workers = vec![worker(), worker()];
+    // One worker takes from the Redis queue itself, the other is sent work
+    // over its session: both kinds share the one queue.
+    let worker = |pull: bool| {
+        let mut args = vec!["worker", "--coordinator", &url, "--slots", "4"];
+        if pull {
+            args.extend(["--queue", &redis_url]);
+        }
+        child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(&args).stderr(std::process::Stdio::null()).spawn().expect("worker")
+    };
+    let mut workers = vec![worker(true), worker(false)];
     let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
     let mut pipelines: Vec<PathBuf> = fixtures("");
     pipelines.extend(fixtures("failing"));
@@ -822,7 +881,7 @@ fn every_fixture_runs_the_same_through_a_cluster() {
         let mut steps: Vec<String> = text(o)
             .lines()
             .filter(|l| l.starts_with('✔') || l.starts_with('✘'))
-            .map(|l| l.rsplit_once(" (").map_or(l, |(head, _)| head).to_string())
+            .map(without_durations)
             .collect();
         steps.sort();
         (o.status.code(), steps)

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use steppe_proto::v1::coordinator_client::CoordinatorClient;
-use steppe_proto::v1::{coordinator_message, worker_message, CoordinatorMessage, Drain, Heartbeat, Hello, OutputLine, Release, WorkerMessage};
+use steppe_proto::v1::{coordinator_message, worker_message, CoordinatorMessage, Drain, Heartbeat, Hello, OutputLine, Release, Taken, WorkerMessage};
+use steppe_shared::assignment::Assignment;
+use steppe_shared::queue::{Queue, RedisQueue};
 use steppe_shared::artifacts::{ArtifactStore, LocalArtifactStore};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -21,12 +23,14 @@ use crate::wire::{assignment_from_wire, cap_line, offload_payload, result_to_wir
 pub enum WorkerError {
     #[error("cannot reach the coordinator at {url}: {source}")]
     Connect { url: String, source: tonic::transport::Error },
-    #[error("the coordinator refused the session: {0}")]
+    #[error("the coordinator refused the session: {}", .0.message())]
     Session(#[from] tonic::Status),
     #[error("the coordinator closed the session before welcoming this worker")]
     NoWelcome,
     #[error("artifact directory {dir}: {source}")]
     Artifacts { dir: String, source: std::io::Error },
+    #[error(transparent)]
+    Queue(steppe_shared::queue::QueueError),
     #[error("the token holds characters a header cannot carry")]
     Token,
     #[error("--tls-ca {path}: {source}")]
@@ -120,6 +124,103 @@ pub async fn connect(url: &str, tls_ca: Option<&std::path::Path>) -> Result<toni
     })
 }
 
+/// What every assignment this worker runs shares.
+#[derive(Clone)]
+struct Running {
+    tx: mpsc::Sender<WorkerMessage>,
+    store: Arc<dyn ArtifactStore>,
+    work_root: PathBuf,
+    cancels: Cancels,
+    /// The shared queue, for a worker that pulls (it acknowledges what it reported).
+    queue: Option<Arc<dyn Queue>>,
+}
+
+impl Running {
+    /// Runs one assignment and reports its result; `_slot` is held until then.
+    async fn run_one(self, a: Assignment, _slot: Option<tokio::sync::OwnedSemaphorePermit>) {
+        let Running { tx, store, work_root, cancels, queue } = self;
+        let cancel = cancels.register(&a.id);
+        let sink = Arc::new(Lines { tx: tx.clone(), id: a.id.clone(), dropped: Default::default() });
+        let r = execute(&a, store.clone(), &work_root, sink.clone(), cancel).await;
+        cancels.done(&a.id);
+        let dropped = sink.dropped.swap(0, std::sync::atomic::Ordering::Relaxed);
+        if dropped > 0 {
+            let note = format!("… {dropped} line(s) of live output dropped: the coordinator could not keep up (the step's record has them)");
+            let _ = tx.send(sink.message(&a.run_id, &a.step, true, note)).await;
+        }
+        let mut wire = result_to_wire(&r);
+        let offloaded = tokio::task::spawn_blocking(move || {
+            let e = offload_payload(&mut wire, store.as_ref(), &work_root).err();
+            (wire, e)
+        })
+        .await;
+        let wire = match offloaded {
+            Ok((wire, None)) => wire,
+            Ok((mut wire, Some(e))) => {
+                wire.class = steppe_proto::v1::OutcomeClass::Errored as i32;
+                wire.message = format!("{}: its output ({} bytes) could not be stored for the coordinator: {e}", a.step, wire.stdout.len() + wire.stderr.len());
+                wire.stdout.clear();
+                wire.stderr.clear();
+                wire.agent_json.clear();
+                wire
+            }
+            Err(e) => {
+                eprintln!("steppe worker: reporting {}: {e}", a.id);
+                return;
+            }
+        };
+        if tx.send(WorkerMessage { msg: Some(worker_message::Msg::Result(wire)) }).await.is_ok() {
+            if let Some(q) = queue {
+                // Reported: the entry need not come back (if the report is
+                // lost with the session, the coordinator requeues by id).
+                let _ = q.ack(&a.id).await;
+            }
+        }
+    }
+}
+
+/// Takes assignments from the shared queue while a slot is free, tells the
+/// coordinator each one it took, and hands it to the run loop. Stopped by
+/// `stop` (never cut short mid-pop: the entry would sit with nobody until
+/// its lease ran out).
+async fn pull(
+    q: Arc<dyn Queue>,
+    slots: usize,
+    out: mpsc::Sender<(Assignment, tokio::sync::OwnedSemaphorePermit)>,
+    tx: mpsc::Sender<WorkerMessage>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) {
+    use std::sync::atomic::Ordering;
+    let free = Arc::new(tokio::sync::Semaphore::new(slots.max(1)));
+    loop {
+        let Ok(permit) = free.clone().acquire_owned().await else { return };
+        if stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let a = match q.pop_within(Duration::from_secs(1)).await {
+            Ok(Some(a)) => a,
+            Ok(None) => continue,
+            Err(e) => {
+                eprintln!("steppe worker: taking from the queue: {e}");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        let taken = WorkerMessage { msg: Some(worker_message::Msg::Taken(Taken { assignment_id: a.id.clone(), epoch: a.epoch })) };
+        if tx.send(taken).await.is_err() {
+            return;
+        }
+        if stop.load(Ordering::SeqCst) {
+            // Taken just as the worker stopped taking work: the coordinator puts it back.
+            let _ = tx.send(WorkerMessage { msg: Some(worker_message::Msg::Release(Release { assignment_id: a.id })) }).await;
+            return;
+        }
+        if out.send((a, permit)).await.is_err() {
+            return;
+        }
+    }
+}
+
 /// What `steppe worker` is told on its command line.
 pub struct WorkerConfig {
     pub url: String,
@@ -134,18 +235,21 @@ pub struct WorkerConfig {
     pub stream_artifacts: bool,
     /// The CA that signed an https:// coordinator's certificate.
     pub tls_ca: Option<PathBuf>,
+    /// Take assignments from this shared queue (redis://…) instead of
+    /// having the coordinator send them.
+    pub queue: Option<String>,
 }
 
 /// Serves one coordinator until it closes the session.
 pub async fn run(config: WorkerConfig) -> Result<(), WorkerError> {
-    let WorkerConfig { url, slots, name, work_root, token, stream_artifacts, tls_ca } = config;
+    let WorkerConfig { url, slots, name, work_root, token, stream_artifacts, tls_ca, queue } = config;
     let (url, name) = (url.as_str(), name.as_str());
     let channel = connect(url, tls_ca.as_deref()).await?;
     let with_token = WithToken::new(token.as_deref())?;
     let mut client = CoordinatorClient::with_interceptor(channel.clone(), with_token.clone());
     let (tx, rx) = mpsc::channel::<WorkerMessage>(1024);
     let _ = tx
-        .send(WorkerMessage { msg: Some(worker_message::Msg::Hello(Hello { worker: name.to_string(), slots })) })
+        .send(WorkerMessage { msg: Some(worker_message::Msg::Hello(Hello { worker: name.to_string(), slots, pulls: queue.is_some() })) })
         .await;
     let mut inbound = client.session(ReceiverStream::new(rx)).await?.into_inner();
     let welcome = match inbound.message().await? {
@@ -175,7 +279,32 @@ pub async fn run(config: WorkerConfig) -> Result<(), WorkerError> {
             }
         }
     });
-    let cancels = Cancels::default();
+    let ctx = Running { tx: tx.clone(), store, work_root, cancels: Cancels::default(), queue: None };
+    // A worker started with --queue takes assignments from the shared queue itself.
+    let (pulled_tx, mut pulled) = mpsc::channel::<(Assignment, tokio::sync::OwnedSemaphorePermit)>(1);
+    let stop_pulling = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let ctx = match &queue {
+        Some(queue_url) => {
+            let lease = Duration::from_millis(welcome.queue_lease_ms.max(1000));
+            let q: Arc<dyn Queue> = Arc::new(RedisQueue::connect(queue_url, &welcome.queue_key, name, lease).await.map_err(WorkerError::Queue)?);
+            tokio::spawn(pull(q.clone(), slots as usize, pulled_tx, tx.clone(), stop_pulling.clone()));
+            let renew = q.clone();
+            tokio::spawn(async move {
+                // Lease extension: what this worker took stays its own while it runs.
+                loop {
+                    tokio::time::sleep(lease / 3).await;
+                    if let Err(e) = renew.extend_held().await {
+                        eprintln!("steppe worker: renewing queue leases: {e}");
+                    }
+                }
+            });
+            Running { queue: Some(q), ..ctx }
+        }
+        None => {
+            drop(pulled_tx);
+            ctx
+        }
+    };
     let mut running = tokio::task::JoinSet::new();
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     let mut draining = false;
@@ -192,6 +321,7 @@ pub async fn run(config: WorkerConfig) -> Result<(), WorkerError> {
             _ = sigterm => {
                 // SIGTERM drains: nothing new is taken, what runs finishes and reports.
                 draining = true;
+                stop_pulling.store(true, std::sync::atomic::Ordering::SeqCst);
                 eprintln!("steppe worker {name}: draining ({} running)", running.len());
                 let _ = tx.send(WorkerMessage { msg: Some(worker_message::Msg::Drain(Drain {})) }).await;
                 if running.is_empty() {
@@ -203,6 +333,9 @@ pub async fn run(config: WorkerConfig) -> Result<(), WorkerError> {
                     break;
                 }
             }
+            Some((a, permit)) = pulled.recv() => {
+                running.spawn(ctx.clone().run_one(a, Some(permit)));
+            }
             m = inbound.message() => {
                 // A session that ends, cleanly or not, means the coordinator is gone.
                 let Ok(Some(m)) = m else { break };
@@ -211,50 +344,17 @@ pub async fn run(config: WorkerConfig) -> Result<(), WorkerError> {
                         let _ = tx.send(WorkerMessage { msg: Some(worker_message::Msg::Release(Release { assignment_id: wa.id })) }).await;
                     }
                     Some(coordinator_message::Msg::Assignment(wa)) => {
-                        let a = assignment_from_wire(wa);
-                        let (tx, store, work_root, cancels) = (tx.clone(), store.clone(), work_root.clone(), cancels.clone());
-                        running.spawn(async move {
-                            let cancel = cancels.register(&a.id);
-                            let sink = Arc::new(Lines { tx: tx.clone(), id: a.id.clone(), dropped: Default::default() });
-                            let r = execute(&a, store.clone(), &work_root, sink.clone(), cancel).await;
-                            cancels.done(&a.id);
-                            let dropped = sink.dropped.swap(0, std::sync::atomic::Ordering::Relaxed);
-                            if dropped > 0 {
-                                let note = format!("… {dropped} line(s) of live output dropped: the coordinator could not keep up (the step's record has them)");
-                                let _ = tx.send(sink.message(&a.run_id, &a.step, true, note)).await;
-                            }
-                            let mut wire = result_to_wire(&r);
-                            let offloaded = tokio::task::spawn_blocking(move || {
-                                let e = offload_payload(&mut wire, store.as_ref(), &work_root).err();
-                                (wire, e)
-                            })
-                            .await;
-                            let wire = match offloaded {
-                                Ok((wire, None)) => wire,
-                                Ok((mut wire, Some(e))) => {
-                                    wire.class = steppe_proto::v1::OutcomeClass::Errored as i32;
-                                    wire.message = format!("{}: its output ({} bytes) could not be stored for the coordinator: {e}", a.step, wire.stdout.len() + wire.stderr.len());
-                                    wire.stdout.clear();
-                                    wire.stderr.clear();
-                                    wire.agent_json.clear();
-                                    wire
-                                }
-                                Err(e) => {
-                                    eprintln!("steppe worker: reporting {}: {e}", a.id);
-                                    return;
-                                }
-                            };
-                            let _ = tx.send(WorkerMessage { msg: Some(worker_message::Msg::Result(wire)) }).await;
-                        });
+                        running.spawn(ctx.clone().run_one(assignment_from_wire(wa), None));
                     }
                     Some(coordinator_message::Msg::Cancel(c)) => {
-                        cancels.cancel(&c.assignment_id);
+                        ctx.cancels.cancel(&c.assignment_id);
                     }
                     Some(coordinator_message::Msg::Welcome(_)) | None => {}
                 }
             }
         }
     }
+    stop_pulling.store(true, std::sync::atomic::Ordering::SeqCst);
     heartbeat.abort();
     if draining {
         // Close our side only now, and wait for the coordinator to close its
