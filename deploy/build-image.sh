@@ -4,25 +4,34 @@
 # imported as `steppe-base:SUITE` (once), then the release binary, built on
 # this host, goes on top. The host and the image must share a Debian suite
 # (the binary links the host's glibc): SUITE defaults to the host's own.
+#
+# Environment: SUITE, MIRROR; IMAGE (default steppe:latest); STEPPE_BINARY, a
+# steppe binary to put in the image instead of building the release one
+# (the tests use their own debug build).
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 suite=${SUITE:-$(. /etc/os-release && echo "$VERSION_CODENAME")}
 mirror=${MIRROR:-http://deb.debian.org/debian}
+tmp="" context=""
+trap 'rm -rf ${tmp:+"$tmp"} ${context:+"$context"}' EXIT
 
 if ! docker image inspect "steppe-base:$suite" >/dev/null 2>&1; then
   command -v debootstrap >/dev/null || { apt-get update -qq && apt-get install -y -qq debootstrap; }
   tmp=$(mktemp -d)
-  trap 'rm -rf "$tmp"' EXIT
   echo "deploy: debootstrap $suite (minbase + redis-server) from $mirror; a few minutes, once" >&2
   debootstrap --variant=minbase --include=redis-server,ca-certificates "$suite" "$tmp/root" "$mirror" >&2
   tar -C "$tmp/root" -c . | docker import - "steppe-base:$suite"
 fi
 
-(cd "$root" && cargo build --release -q -p steppe-coordinator)
-target=${CARGO_TARGET_DIR:-$root/target}
-mkdir -p "$here/context"
-cp "$target/release/steppe" "$here/context/steppe"
-docker build -q -t steppe:latest --build-arg "BASE=steppe-base:$suite" -f "$here/Dockerfile" "$here/context"
+image=${IMAGE:-steppe:latest}
+binary=${STEPPE_BINARY:-}
+if [ -z "$binary" ]; then
+  (cd "$root" && cargo build --release -q -p steppe-coordinator)
+  binary=${CARGO_TARGET_DIR:-$root/target}/release/steppe
+fi
+context=$(mktemp -d)
+cp "$binary" "$context/steppe"
+docker build -q -t "$image" --build-arg "BASE=steppe-base:$suite" -f "$here/Dockerfile" "$context" >/dev/null
 [ -f "$here/token" ] || head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$here/token"
-echo "deploy: built steppe:latest; token in deploy/token" >&2
+echo "deploy: built $image; token in deploy/token" >&2
