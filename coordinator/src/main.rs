@@ -299,6 +299,18 @@ enum Command {
     Approve(DecideArgs),
     /// Reject a parked approval: the approval step fails.
     Reject(DecideArgs),
+    /// Abort a run going on at a coordinator (one started with --detach, say);
+    /// its hooks run with their grace, as after Ctrl-C.
+    ///
+    /// Example:
+    ///   steppe cancel r-1a22a36de6b-26745 --coordinator http://10.0.0.5:7070 --token-file token
+    #[command(verbatim_doc_comment)]
+    Cancel {
+        /// The run's id (`steppe submit --detach` prints it; `steppe runs --coordinator URL` lists them).
+        run: String,
+        #[command(flatten)]
+        remote: RemoteArgs,
+    },
     /// Print the JSON Schema of the pipeline format.
     ///
     /// Generated from the same types the loader decodes into, so it cannot drift.
@@ -453,6 +465,20 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
         }
         Command::Approvals { pipeline, remote } => approvals(&History::open(pipeline.as_deref(), &remote)?),
+        Command::Cancel { run, remote } => {
+            let Some(remote) = remote.remote()? else {
+                anyhow::bail!("steppe cancel stops a run at a coordinator: add --coordinator URL (an embedded run stops with Ctrl-C)");
+            };
+            let rt = runtime()?;
+            let cancelled = rt.block_on(submit::cancel(&remote, &run))?;
+            if cancelled {
+                println!("cancelled {run}");
+                Ok(ExitCode::SUCCESS)
+            } else {
+                eprintln!("steppe: error: no run {run} is going on at {}", remote.url);
+                Ok(ExitCode::from(1))
+            }
+        }
         Command::Approve(args) => decide(&args, true),
         Command::Reject(args) => decide(&args, false),
         Command::Worker { coordinator, slots, token_file, stream_artifacts, tls_ca, queue } => {
@@ -642,7 +668,7 @@ async fn start_services_with(
             pull_queue,
         };
         let artifacts = artifacts::ArtifactService { store: local_store };
-        let runs = submit::RunService { svc: svc.clone() };
+        let runs = submit::RunService { svc: svc.clone(), active: Default::default() };
         let history = history::HistoryService { store: history_store };
         let auth = submit::TokenCheck::new(token, svc.out.clone());
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use steppe_proto::v1::runs_client::RunsClient;
 use steppe_proto::v1::runs_server::Runs;
-use steppe_proto::v1::{run_event, BundleFile, RunEvent, RunFinished, SubmitRequest};
+use steppe_proto::v1::{run_event, BundleFile, CancelReply, CancelRequest, RunEvent, RunFinished, SubmitRequest};
 use steppe_shared::outcome::{Class, Outcome};
 use steppe_shared::{load_file, LoadOptions};
 use tokio::sync::mpsc;
@@ -94,11 +94,20 @@ impl Remote {
     }
 }
 
+/// Asks the coordinator to abort a run; false if no such run is going on.
+pub async fn cancel(remote: &Remote, run_id: &str) -> anyhow::Result<bool> {
+    let mut client = RunsClient::with_interceptor(remote.channel().await?, remote.bearer()?);
+    let reply = client.cancel(CancelRequest { run_id: run_id.to_string() }).await.map_err(|s| anyhow::anyhow!("the coordinator refused: {}{}", s.message(), remote.hint(&s)))?;
+    Ok(reply.into_inner().cancelled)
+}
+
 /// The gRPC message limit.
 const SUBMISSION_MAX: usize = 4 << 20;
 
 pub struct RunService {
     pub svc: Arc<Services>,
+    /// The runs going on, by id, for `Cancel`.
+    pub active: Arc<std::sync::Mutex<HashMap<String, Arc<crate::engine::Engine>>>>,
 }
 
 type Lines = mpsc::UnboundedSender<String>;
@@ -180,8 +189,12 @@ impl RunService {
             let engine = engine.clone();
             let lines = lines.clone();
             let detach = req.detach;
+            let active = self.active.clone();
             async move {
                 let run_id = crate::run_id();
+                if let Ok(mut a) = active.lock() {
+                    a.insert(run_id.clone(), engine.clone());
+                }
                 engine.out.watch(&run_id, lines.clone());
                 let _ = started.send(run_id.clone());
                 let r = {
@@ -198,6 +211,9 @@ impl RunService {
                 };
                 engine.out.flush().await;
                 engine.out.unwatch(&run_id);
+                if let Ok(mut a) = active.lock() {
+                    a.remove(&run_id);
+                }
                 r
             }
         };
@@ -263,6 +279,16 @@ impl RunService {
 impl Runs for RunService {
     type SubmitStream = ReceiverStream<Result<RunEvent, Status>>;
 
+    async fn cancel(&self, req: Request<CancelRequest>) -> Result<Response<CancelReply>, Status> {
+        let id = req.into_inner().run_id;
+        let engine = self.active.lock().ok().and_then(|a| a.get(&id).cloned());
+        if let Some(e) = &engine {
+            e.out.note(&format!("run {id}: cancelled by request"));
+            e.abort_run(&id);
+        }
+        Ok(Response::new(CancelReply { cancelled: engine.is_some() }))
+    }
+
     async fn submit(&self, req: Request<SubmitRequest>) -> Result<Response<Self::SubmitStream>, Status> {
         let req = req.into_inner();
         let (tx, rx) = mpsc::channel(1024);
@@ -290,7 +316,7 @@ impl Runs for RunService {
                 }
             }
         });
-        let me = RunService { svc: self.svc.clone() };
+        let me = RunService { svc: self.svc.clone(), active: self.active.clone() };
         tokio::spawn(async move {
             let code = me.handle(req, &ltx, &stx).await;
             drop((ltx, stx));
@@ -335,7 +361,27 @@ pub async fn submit(remote: &Remote, path: &Path, job: Option<&str>, test: bool,
         );
     }
     let mut stream = client.submit(req).await.map_err(|s| anyhow::anyhow!("the coordinator refused the submission: {}{}", s.message(), remote.hint(&s)))?.into_inner();
-    while let Some(ev) = stream.message().await.map_err(|s| anyhow::anyhow!("the coordinator went away: {}", s.message()))? {
+    // The first Ctrl-C cancels the run and stays to show how it ends (its
+    // hooks run with their grace); a second one leaves at once.
+    let mut started: Vec<String> = Vec::new();
+    let mut interrupted = false;
+    loop {
+        let ev = tokio::select! {
+            ev = stream.message() => ev,
+            _ = tokio::signal::ctrl_c() => {
+                if interrupted {
+                    return Ok(130);
+                }
+                interrupted = true;
+                eprintln!("steppe: cancelling {} on the coordinator (Ctrl-C again to leave it to finish alone)", if started.is_empty() { "the submission".to_string() } else { started.join(", ") });
+                let mut c = client.clone();
+                for id in &started {
+                    let _ = c.cancel(CancelRequest { run_id: id.clone() }).await;
+                }
+                continue;
+            }
+        };
+        let Some(ev) = ev.map_err(|s| anyhow::anyhow!("the coordinator went away: {}", s.message()))? else { break };
         match ev.event {
             Some(run_event::Event::Line(l)) => {
                 if l.starts_with("steppe: error:") || l.starts_with("  ") && l.contains(": ") && !l.starts_with("  [") {
@@ -349,7 +395,13 @@ pub async fn submit(remote: &Remote, path: &Path, job: Option<&str>, test: bool,
                 println!("{id}");
                 return Ok(0);
             }
-            Some(run_event::Event::Started(_)) | None => {}
+            Some(run_event::Event::Started(id)) => {
+                if interrupted {
+                    let _ = client.clone().cancel(CancelRequest { run_id: id.clone() }).await;
+                }
+                started.push(id);
+            }
+            None => {}
         }
     }
     anyhow::bail!("the coordinator ended the run's stream without saying how it finished")

@@ -920,3 +920,74 @@ fn every_fixture_runs_the_same_through_a_cluster() {
     let _ = redis.kill();
     let _ = redis.wait();
 }
+
+/// `steppe cancel` aborts a detached run; Ctrl-C on a submitter cancels its
+/// run and stays to show the abort hooks; neither leaves the step running.
+#[test]
+fn cancel_and_ctrl_c_abort_a_run_at_the_coordinator() {
+    let work = scratch("cancel");
+    let pipeline = |name: &str| {
+        let started = work.join(format!("{name}.started"));
+        std::fs::write(
+            work.join(format!("{name}.yml")),
+            format!(
+                "jobs:\n- name: j\n  plan:\n  - task: long\n    run: touch {}; sleep 30\n    on_abort:\n      task: note\n      run: echo hook ran for {name}\n",
+                started.display()
+            ),
+        )
+        .expect("write");
+        started
+    };
+    let wait_for = |f: &Path| {
+        let t0 = Instant::now();
+        while !f.exists() {
+            assert!(t0.elapsed() < Duration::from_secs(20), "the step never started");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let (mut coord, url, mut lines) = serving(&["coordinator", "--listen", "127.0.0.1:0", "--state", "state"], &work);
+    std::thread::spawn(move || for _ in lines.by_ref() {});
+    let mut worker = child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(["worker", "--coordinator", &url, "--slots", "2"]).stderr(std::process::Stdio::null()).spawn().expect("worker");
+
+    let started = pipeline("detached");
+    let out = steppe(&["submit", "detached.yml", "--detach", "--coordinator", &url], &work);
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    wait_for(&started);
+    let out = steppe(&["cancel", &id, "--coordinator", &url], &work);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains(&format!("cancelled {id}")), "{}", text(&out));
+    let t0 = Instant::now();
+    loop {
+        let shown = text(&steppe(&["runs", "--run", &id, "--coordinator", &url, "--logs"], &work));
+        if shown.contains("(aborted)") {
+            assert!(shown.contains("hook ran for detached"), "the abort hook ran: {shown}");
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(15), "not aborted: {shown}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let again = steppe(&["cancel", &id, "--coordinator", &url], &work);
+    assert_eq!(again.status.code(), Some(1), "{}", text(&again));
+    assert!(text(&again).contains("no run"), "{}", text(&again));
+
+    let started = pipeline("followed");
+    let submitter = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
+        .args(["submit", "followed.yml", "--coordinator", &url])
+        .current_dir(&work)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("submit");
+    wait_for(&started);
+    // SAFETY: signalling our own child.
+    unsafe {
+        libc::kill(submitter.id() as i32, libc::SIGINT);
+    }
+    let out = submitter.wait_with_output().expect("wait");
+    assert_eq!(out.status.code(), Some(130), "{}", text(&out));
+    assert!(text(&out).contains("[note] hook ran for followed"), "the submitter stayed to see the hook: {}", text(&out));
+    let _ = coord.kill();
+    let _ = coord.wait();
+    let _ = worker.kill();
+    let _ = worker.wait();
+}
