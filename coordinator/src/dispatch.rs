@@ -10,7 +10,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use steppe_proto::v1::{coordinator_message, Cancel, CoordinatorMessage};
 use steppe_shared::assignment::{Assignment, AssignmentResult};
 use steppe_shared::outcome::StepError;
-use steppe_shared::queue::Queue;
+use steppe_shared::queue::{Pools, Queue};
 use steppe_worker::local::{Cancels, Reporter};
 use tokio::sync::mpsc;
 
@@ -36,7 +36,7 @@ pub enum DispatchMsg {
 struct DispatcherActor;
 
 pub struct DispatcherState {
-    queue: Arc<dyn Queue>,
+    pools: Arc<Pools>,
     /// Who waits for each assignment, and the assignment as last handed out
     /// (its epoch is the current one).
     pending: HashMap<String, (RpcReplyPort<AssignmentResult>, Assignment)>,
@@ -66,8 +66,18 @@ fn aborted(id: &str, why: &str) -> AssignmentResult {
 }
 
 impl DispatcherState {
+    /// The queue of a pending assignment's pool.
+    async fn queue_of(&self, id: &str) -> Option<Arc<dyn Queue>> {
+        let pool = self.pending.get(id).map(|(_, a)| a.pool.clone())?;
+        self.pools.get(&pool).await.ok()
+    }
+
     async fn cancel(&mut self, id: &str) {
-        if self.queue.remove(id).await.unwrap_or(false) {
+        let removed = match self.queue_of(id).await {
+            Some(q) => q.remove(id).await.unwrap_or(false),
+            None => false,
+        };
+        if removed {
             if let Some((p, _)) = self.pending.remove(id) {
                 let _ = p.send(aborted(id, "cancelled before it started"));
             }
@@ -88,10 +98,10 @@ impl DispatcherState {
 impl Actor for DispatcherActor {
     type Msg = DispatchMsg;
     type State = DispatcherState;
-    type Arguments = (Arc<dyn Queue>, Cancels);
+    type Arguments = (Arc<Pools>, Cancels);
 
-    async fn pre_start(&self, _me: ActorRef<Self::Msg>, (queue, local): Self::Arguments) -> Result<Self::State, ActorProcessingErr> {
-        Ok(DispatcherState { queue, pending: HashMap::new(), local, remote: HashMap::new(), cancelled: Default::default() })
+    async fn pre_start(&self, _me: ActorRef<Self::Msg>, (pools, local): Self::Arguments) -> Result<Self::State, ActorProcessingErr> {
+        Ok(DispatcherState { pools, pending: HashMap::new(), local, remote: HashMap::new(), cancelled: Default::default() })
     }
 
     async fn handle(&self, _me: ActorRef<Self::Msg>, msg: Self::Msg, st: &mut Self::State) -> Result<(), ActorProcessingErr> {
@@ -99,7 +109,11 @@ impl Actor for DispatcherActor {
             DispatchMsg::Submit(a, reply) => {
                 let id = a.id.clone();
                 st.pending.insert(id.clone(), (reply, a.clone()));
-                if let Err(e) = st.queue.push(a).await {
+                let pushed = match st.pools.get(&a.pool).await {
+                    Ok(q) => q.push(a).await,
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = pushed {
                     if let Some((p, _)) = st.pending.remove(&id) {
                         let mut r = aborted(&id, "");
                         r.result = Err(StepError::errored(format!("could not queue the step: {e}")));
@@ -115,7 +129,9 @@ impl Actor for DispatcherActor {
                 }
                 st.remote.remove(&r.assignment_id);
                 st.cancelled.remove(&r.assignment_id);
-                let _ = st.queue.ack(&r.assignment_id).await;
+                if let Some(q) = st.queue_of(&r.assignment_id).await {
+                    let _ = q.ack(&r.assignment_id).await;
+                }
                 // A result nobody waits for (a cancelled race loser, a duplicate) is dropped.
                 if let Some((p, _)) = st.pending.remove(&r.assignment_id) {
                     let _ = p.send(r);
@@ -150,7 +166,9 @@ impl Actor for DispatcherActor {
                     a.clone()
                 });
                 if let Some(a) = again {
-                    let _ = st.queue.push(a).await;
+                    if let Ok(q) = st.pools.get(&a.pool).await {
+                        let _ = q.push(a).await;
+                    }
                 }
             }
         }
@@ -161,17 +179,19 @@ impl Actor for DispatcherActor {
 /// The handle to the Dispatcher actor.
 pub struct Dispatcher {
     actor: ActorRef<DispatchMsg>,
+    /// The default pool's queue (the one local workers serve).
     pub queue: Arc<dyn Queue>,
+    pub pools: Arc<Pools>,
     /// Assignments running in this process's workers.
     pub local: Cancels,
     seq: AtomicU64,
 }
 
 impl Dispatcher {
-    pub async fn start(queue: Arc<dyn Queue>) -> Result<Arc<Self>, ractor::SpawnErr> {
+    pub async fn start(pools: Arc<Pools>) -> Result<Arc<Self>, ractor::SpawnErr> {
         let local = Cancels::default();
-        let (actor, _) = Actor::spawn(None, DispatcherActor, (queue.clone(), local.clone())).await?;
-        Ok(Arc::new(Dispatcher { actor, queue, local, seq: AtomicU64::new(0) }))
+        let (actor, _) = Actor::spawn(None, DispatcherActor, (pools.clone(), local.clone())).await?;
+        Ok(Arc::new(Dispatcher { actor, queue: pools.default_pool().clone(), pools, local, seq: AtomicU64::new(0) }))
     }
 
     /// Queues the assignment and waits for its result. Dropping the returned
@@ -246,7 +266,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_result_from_an_earlier_epoch_is_refused() {
-        let d = Dispatcher::start(Arc::new(InProcessQueue::new())).await.expect("dispatcher");
+        let d = Dispatcher::start(Arc::new(Pools::in_process(Arc::new(InProcessQueue::new())))).await.expect("dispatcher");
         let d2 = d.clone();
         let waiter = tokio::spawn(async move { d2.dispatch(Assignment::command("r", "s", "true".into())).await });
         let first = d.queue.pop().await.expect("handed out");

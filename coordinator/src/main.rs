@@ -159,6 +159,10 @@ enum Command {
         /// a lost worker took.
         #[arg(long, value_name = "URL")]
         queue: Option<String>,
+        /// The pool this worker serves: it runs only the steps of runs
+        /// submitted with the same --pool (default: the default pool).
+        #[arg(long, value_name = "NAME", default_value = "default")]
+        pool: String,
     },
     /// Serve runs for `steppe submit` and assignments for `steppe worker`s.
     ///
@@ -239,6 +243,9 @@ enum Command {
         /// With an https:// coordinator: the CA certificate (PEM) that signed its certificate.
         #[arg(long, value_name = "FILE")]
         tls_ca: Option<PathBuf>,
+        /// Run the steps on the workers of this pool (`steppe worker --pool NAME`).
+        #[arg(long, value_name = "NAME")]
+        pool: Option<String>,
         /// Answer an ask_user question ahead (SUBSTRING=ANSWER; repeatable).
         #[arg(long = "answer", value_name = "SUBSTRING=ANSWER")]
         answer: Vec<String>,
@@ -380,6 +387,9 @@ struct ExecArgs {
     answer: Vec<String>,
     #[command(flatten)]
     remote: RemoteArgs,
+    /// With --coordinator: run the steps on the workers of this pool.
+    #[arg(long, value_name = "NAME", requires = "coordinator")]
+    pool: Option<String>,
 }
 
 impl ExecArgs {
@@ -387,7 +397,7 @@ impl ExecArgs {
     fn submit(&self, path: &Path, job: Option<&str>, test: bool, vars: &VarArgs) -> Result<Option<ExitCode>> {
         let Some(remote) = self.remote.remote()? else { return Ok(None) };
         let vars = vars.resolve()?.into_iter().collect();
-        let code = runtime()?.block_on(submit::submit(&remote, path, job, test, false, vars, self.answer.clone()))?;
+        let code = runtime()?.block_on(submit::submit(&remote, path, job, test, false, self.pool.as_deref(), vars, self.answer.clone()))?;
         Ok(Some(ExitCode::from(u8::try_from(code).unwrap_or(2))))
     }
 }
@@ -481,19 +491,20 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Approve(args) => decide(&args, true),
         Command::Reject(args) => decide(&args, false),
-        Command::Worker { coordinator, slots, token_file, stream_artifacts, tls_ca, queue } => {
-            let config = steppe_worker::remote::WorkerConfig { url: coordinator, slots: 0, name: String::new(), work_root: PathBuf::new(), token: None, stream_artifacts, tls_ca, queue };
+        Command::Worker { coordinator, slots, token_file, stream_artifacts, tls_ca, queue, pool } => {
+            steppe_shared::queue::check_pool_name(&pool).map_err(|e| anyhow::anyhow!("--pool {e}"))?;
+            let config = steppe_worker::remote::WorkerConfig { url: coordinator, slots: 0, name: String::new(), work_root: PathBuf::new(), token: None, stream_artifacts, tls_ca, queue, pool };
             worker(config, slots, token_file.as_deref())
         }
         Command::Coordinator { listen, workers, state, token_file, queue, queue_lease, store, worker_lease, artifacts, tls_cert, tls_key } => {
             let tls = tls_cert.zip(tls_key);
             coordinator(listen, workers, &state, token_file.as_deref(), queue.as_deref().map(|q| (q, queue_lease)), store.as_deref(), worker_lease, artifacts.as_deref(), tls)
         }
-        Command::Submit { pipeline, job, test, detach, coordinator, token_file, tls_ca, answer, vars } => {
+        Command::Submit { pipeline, job, test, detach, coordinator, token_file, tls_ca, pool, answer, vars } => {
             let remote = submit::Remote::new(&coordinator, token_file.as_deref(), tls_ca.as_deref())?;
             let vars = vars.resolve()?.into_iter().collect();
             let rt = runtime()?;
-            let code = rt.block_on(submit::submit(&remote, &pipeline, job.as_deref(), test, detach, vars, answer))?;
+            let code = rt.block_on(submit::submit(&remote, &pipeline, job.as_deref(), test, detach, pool.as_deref(), vars, answer))?;
             Ok(ExitCode::from(u8::try_from(code).unwrap_or(2)))
         }
         Command::Schema => {
@@ -572,8 +583,8 @@ const DEFAULT_WORKER_LEASE: std::time::Duration = std::time::Duration::from_secs
 
 /// What `steppe coordinator` sets beyond embedded mode.
 struct ClusterOptions {
-    /// Where assignments wait (default: in process).
-    queue: Option<Arc<dyn steppe_shared::queue::Queue>>,
+    /// Where assignments wait, a queue per worker pool (default: in process).
+    pools: Option<steppe_shared::queue::Pools>,
     worker_lease: std::time::Duration,
     /// The shared artifact directory (default: `<state>/artifacts`).
     artifacts: Option<PathBuf>,
@@ -583,7 +594,7 @@ struct ClusterOptions {
 
 impl Default for ClusterOptions {
     fn default() -> Self {
-        ClusterOptions { queue: None, worker_lease: DEFAULT_WORKER_LEASE, artifacts: None, tls: None }
+        ClusterOptions { pools: None, worker_lease: DEFAULT_WORKER_LEASE, artifacts: None, tls: None }
     }
 }
 
@@ -605,7 +616,7 @@ async fn start_services_with(
 ) -> Result<Arc<Services>> {
     use steppe_shared::artifacts::LocalArtifactStore;
     use steppe_shared::queue::InProcessQueue;
-    let ClusterOptions { queue, worker_lease, artifacts, tls } = cluster;
+    let ClusterOptions { pools, worker_lease, artifacts, tls } = cluster;
     let artifact_dir = artifacts.unwrap_or_else(|| state.join("artifacts"));
     let local_store = LocalArtifactStore::new(&artifact_dir).with_context(|| format!("creating {}", artifact_dir.display()))?;
     let store: Arc<dyn steppe_shared::artifacts::ArtifactStore> = Arc::new(local_store.clone());
@@ -618,25 +629,27 @@ async fn start_services_with(
     let history_store = runs.clone();
     let out = Arc::new(engine::Output::start(quiet, Some(runs)).await.context("starting the event hub")?);
     let (cancel_tx, cancel_rx) = tokio::sync::watch::channel(false);
-    let queue = queue.unwrap_or_else(|| Arc::new(InProcessQueue::new()));
-    if let Some(lease) = queue.lease() {
+    let pools = Arc::new(pools.unwrap_or_else(|| steppe_shared::queue::Pools::in_process(Arc::new(InProcessQueue::new()))));
+    if let Some(lease) = pools.default_pool().lease() {
         // Lease extension: what this process took stays its own while it
         // lives, however long the step runs.
-        let (q, out) = (queue.clone(), out.clone());
+        let (pools, out) = (pools.clone(), out.clone());
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(lease / 3).await;
-                if let Err(e) = q.extend_held().await {
-                    out.note(&format!("could not renew queue leases: {e}"));
+                for q in pools.all().await {
+                    if let Err(e) = q.extend_held().await {
+                        out.note(&format!("could not renew queue leases: {e}"));
+                    }
                 }
             }
         });
     }
-    let dispatcher = dispatch::Dispatcher::start(queue).await.context("starting the dispatcher")?;
+    let dispatcher = dispatch::Dispatcher::start(pools).await.context("starting the dispatcher")?;
     let registry = registry::WorkerRegistry::start(out.clone()).await.context("starting the worker registry")?;
     steppe_worker::local::spawn_local_workers(slots, dispatcher.queue.clone(), store.clone(), work, out.clone(), dispatcher.clone(), dispatcher.local.clone());
     if slots > 0 {
-        registry.joined("local", slots as u32, false);
+        registry.joined("local", slots as u32, false, steppe_shared::queue::DEFAULT_POOL);
     }
     let svc = Arc::new(Services { store, dispatcher, out, registry, cancel_tx: Arc::new(cancel_tx), cancel_rx, state: state.to_path_buf() });
     if let Some(addr) = listen {
@@ -712,6 +725,7 @@ fn make_engine_with(
         pipeline: Arc::new(loaded.pipeline.clone()),
         dir,
         decide_with: loaded.path.display().to_string(),
+        pool: String::new(),
         store: svc.store.clone(),
         dispatcher: svc.dispatcher.clone(),
         out: svc.out.clone(),
@@ -946,10 +960,11 @@ fn coordinator(
     let rt = runtime()?;
     rt.block_on(async {
         std::fs::create_dir_all(state).with_context(|| format!("creating {}", state.display()))?;
-        let queue: Option<Arc<dyn steppe_shared::queue::Queue>> = match queue {
+        let pools = match queue {
             Some((url, lease)) if url.starts_with("redis://") || url.starts_with("rediss://") => {
                 let name = format!("coordinator-{}", std::process::id());
-                Some(Arc::new(steppe_shared::queue::RedisQueue::connect(url, QUEUE_KEY, &name, lease).await?))
+                let default = Arc::new(steppe_shared::queue::RedisQueue::connect(url, QUEUE_KEY, &name, lease).await?);
+                Some(steppe_shared::queue::Pools::redis(default, url, QUEUE_KEY, &name, lease))
             }
             Some((other, _)) => anyhow::bail!("--queue {other}: only redis:// queues are supported so far"),
             None => None,
@@ -966,7 +981,7 @@ fn coordinator(
             }
             None => None,
         };
-        let cluster = ClusterOptions { queue, worker_lease, artifacts: artifacts.map(Path::to_path_buf), tls };
+        let cluster = ClusterOptions { pools, worker_lease, artifacts: artifacts.map(Path::to_path_buf), tls };
         let svc = start_services_with(state, runs, workers, false, Some(listen), token, cluster).await?;
         tokio::signal::ctrl_c().await.ok();
         svc.out.note("steppe coordinator: stopping");

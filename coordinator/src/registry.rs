@@ -14,11 +14,12 @@ pub struct WorkerInfo {
     pub name: String,
     pub slots: u32,
     pub remote: bool,
+    pub pool: String,
     pub last_seen_ago: Duration,
 }
 
 pub enum RegistryMsg {
-    Joined { name: String, slots: u32, remote: bool },
+    Joined { name: String, slots: u32, remote: bool, pool: String },
     Heartbeat { name: String },
     Left { name: String, requeued: usize },
     /// Silent past its lease: fenced off, what it held requeued.
@@ -31,7 +32,7 @@ pub enum RegistryMsg {
 struct RegistryActor;
 
 pub struct RegistryState {
-    workers: BTreeMap<String, (u32, bool, Instant)>,
+    workers: BTreeMap<String, (u32, bool, Instant, String)>,
     hub: Arc<EventHub>,
 }
 
@@ -46,11 +47,12 @@ impl Actor for RegistryActor {
 
     async fn handle(&self, _me: ActorRef<RegistryMsg>, msg: RegistryMsg, st: &mut RegistryState) -> Result<(), ActorProcessingErr> {
         match msg {
-            RegistryMsg::Joined { name, slots, remote } => {
+            RegistryMsg::Joined { name, slots, remote, pool } => {
                 if remote {
-                    st.hub.note(&format!("worker {name} joined ({slots} slot(s))"));
+                    let in_pool = if pool == steppe_shared::queue::DEFAULT_POOL { String::new() } else { format!(", pool {pool}") };
+                    st.hub.note(&format!("worker {name} joined ({slots} slot(s){in_pool})"));
                 }
-                st.workers.insert(name, (slots, remote, Instant::now()));
+                st.workers.insert(name, (slots, remote, Instant::now(), pool));
             }
             RegistryMsg::Heartbeat { name } => {
                 if let Some(w) = st.workers.get_mut(&name) {
@@ -73,7 +75,7 @@ impl Actor for RegistryActor {
                 let list = st
                     .workers
                     .iter()
-                    .map(|(name, (slots, remote, seen))| WorkerInfo { name: name.clone(), slots: *slots, remote: *remote, last_seen_ago: seen.elapsed() })
+                    .map(|(name, (slots, remote, seen, pool))| WorkerInfo { name: name.clone(), slots: *slots, remote: *remote, pool: pool.clone(), last_seen_ago: seen.elapsed() })
                     .collect();
                 let _ = reply.send(list);
             }
@@ -94,8 +96,8 @@ impl WorkerRegistry {
         Ok(WorkerRegistry { actor })
     }
 
-    pub fn joined(&self, name: &str, slots: u32, remote: bool) {
-        let _ = self.actor.cast(RegistryMsg::Joined { name: name.to_string(), slots, remote });
+    pub fn joined(&self, name: &str, slots: u32, remote: bool, pool: &str) {
+        let _ = self.actor.cast(RegistryMsg::Joined { name: name.to_string(), slots, remote, pool: pool.to_string() });
     }
 
     pub fn heartbeat(&self, name: &str) {
@@ -130,11 +132,14 @@ mod tests {
     async fn tracks_joins_heartbeats_and_leaves() {
         let hub = Arc::new(EventHub::start(true, None).await.unwrap());
         let r = WorkerRegistry::start(hub).await.unwrap();
-        r.joined("local", 2, false);
-        r.joined("w1", 4, true);
+        r.joined("local", 2, false, "default");
+        r.joined("w1", 4, true, "gpu");
         r.heartbeat("w1");
         let list = r.list().await;
-        assert_eq!(list.iter().map(|w| (w.name.as_str(), w.slots, w.remote)).collect::<Vec<_>>(), [("local", 2, false), ("w1", 4, true)]);
+        assert_eq!(
+            list.iter().map(|w| (w.name.as_str(), w.slots, w.remote, w.pool.as_str())).collect::<Vec<_>>(),
+            [("local", 2, false, "default"), ("w1", 4, true, "gpu")]
+        );
         r.left("w1", 1);
         assert_eq!(r.list().await.len(), 1);
     }

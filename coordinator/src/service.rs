@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use steppe_proto::v1::coordinator_server::Coordinator;
 use steppe_proto::v1::{coordinator_message, worker_message, CoordinatorMessage, Welcome, WorkerMessage};
 use steppe_worker::exec::{LineSink, Stream};
+use steppe_shared::queue::{check_pool_name, pool_key, DEFAULT_POOL};
 use steppe_worker::local::Reporter;
 use steppe_worker::wire::{assignment_to_wire, restore_payload, result_from_wire};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
@@ -31,7 +32,7 @@ pub struct WorkerService {
     /// fenced: its assignments are requeued and whatever it says later is
     /// refused. Workers are told to heartbeat three times per lease.
     pub lease: std::time::Duration,
-    /// The shared queue's stream key and lease, which workers started with
+    /// The shared queue's stream key (of the default pool) and lease, which workers started with
     /// `--queue` take assignments from themselves (None: an in-process queue).
     pub pull_queue: Option<(String, std::time::Duration)>,
 }
@@ -69,8 +70,11 @@ impl Coordinator for WorkerService {
         };
         let slots = hello.slots.clamp(1, 1024) as usize;
         let name = if hello.worker.is_empty() { peer } else { hello.worker };
+        let pool = if hello.pool.is_empty() { DEFAULT_POOL.to_string() } else { hello.pool };
+        check_pool_name(&pool).map_err(Status::invalid_argument)?;
+        let queue = self.dispatcher.pools.get(&pool).await.map_err(|e| Status::unavailable(e.to_string()))?;
         let (queue_key, queue_lease_ms) = match (&self.pull_queue, hello.pulls) {
-            (Some((key, lease)), true) => (key.clone(), u64::try_from(lease.as_millis()).unwrap_or(60_000)),
+            (Some((base, lease)), true) => (pool_key(base, &pool), u64::try_from(lease.as_millis()).unwrap_or(60_000)),
             (None, true) => {
                 return Err(Status::failed_precondition(
                     "this coordinator's queue is in its own memory: start it with --queue redis://…, or start the worker without --queue",
@@ -78,7 +82,7 @@ impl Coordinator for WorkerService {
             }
             (_, false) => (String::new(), 0),
         };
-        self.registry.joined(&name, slots as u32, true);
+        self.registry.joined(&name, slots as u32, true, &pool);
         let (tx, rx) = mpsc::channel(256);
         let welcome = CoordinatorMessage {
             msg: Some(coordinator_message::Msg::Welcome(Welcome {
@@ -110,7 +114,7 @@ impl Coordinator for WorkerService {
                 if stop_seen.load(Ordering::SeqCst) {
                     return;
                 }
-                let a = match d.queue.pop_within(std::time::Duration::from_secs(1)).await {
+                let a = match queue.pop_within(std::time::Duration::from_secs(1)).await {
                     Ok(Some(a)) if stop_seen.load(Ordering::SeqCst) => {
                         // Taken just as the session stopped taking work: back it goes.
                         d.requeue(&a.id);

@@ -183,6 +183,16 @@ impl RunService {
         let (cancel_tx, cancel_rx) = tokio::sync::watch::channel(false);
         let mut engine = crate::make_engine_with(&self.svc, &loaded, answers, None, Arc::new(cancel_tx), cancel_rx);
         engine.decide_with = "--coordinator URL".into();
+        if !req.pool.is_empty() {
+            if let Err(e) = steppe_shared::queue::check_pool_name(&req.pool) {
+                let _ = lines.send(format!("steppe: error: {e}"));
+                return 2;
+            }
+            if !self.svc.registry.list().await.iter().any(|w| w.pool == req.pool) {
+                let _ = lines.send(format!("note: no worker serves pool {} yet: the steps wait for one (steppe worker --pool {})", req.pool, req.pool));
+            }
+            engine.pool = req.pool.clone();
+        }
         let engine = Arc::new(engine);
         let jobs = loaded.pipeline.jobs.clone();
         let run = |job: steppe_shared::model::Job| {
@@ -332,7 +342,8 @@ impl Runs for RunService {
 /// is sent), sends it with every file it reads, prints what comes back.
 /// With `detach`, returns as soon as the run has begun, printing its id.
 #[allow(clippy::too_many_arguments)]
-pub async fn submit(remote: &Remote, path: &Path, job: Option<&str>, test: bool, detach: bool, vars: HashMap<String, String>, answers: Vec<String>) -> anyhow::Result<i32> {
+#[allow(clippy::too_many_arguments)]
+pub async fn submit(remote: &Remote, path: &Path, job: Option<&str>, test: bool, detach: bool, pool: Option<&str>, vars: HashMap<String, String>, answers: Vec<String>) -> anyhow::Result<i32> {
     let opts = LoadOptions::from_env(vars.clone().into_iter().collect());
     let loaded = match load_file(path, &opts) {
         Ok(l) => l,
@@ -351,7 +362,10 @@ pub async fn submit(remote: &Remote, path: &Path, job: Option<&str>, test: bool,
         files.push(BundleFile { path: rel.clone(), content: std::fs::read(&full).map_err(|e| anyhow::anyhow!("{}: {e}", full.display()))? });
     }
     let mut client = RunsClient::with_interceptor(remote.channel().await?, remote.bearer()?);
-    let req = SubmitRequest { pipeline: name, files, job: job.unwrap_or_default().to_string(), vars, test, answers, detach };
+    if let Some(p) = pool {
+        steppe_shared::queue::check_pool_name(p).map_err(|e| anyhow::anyhow!("--pool {e}"))?;
+    }
+    let req = SubmitRequest { pipeline: name, files, job: job.unwrap_or_default().to_string(), vars, test, answers, detach, pool: pool.unwrap_or_default().to_string() };
     let size = prost::Message::encoded_len(&req);
     if size > SUBMISSION_MAX {
         anyhow::bail!(

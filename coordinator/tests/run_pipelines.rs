@@ -991,3 +991,53 @@ fn cancel_and_ctrl_c_abort_a_run_at_the_coordinator() {
     let _ = worker.kill();
     let _ = worker.wait();
 }
+
+/// A run submitted with --pool runs on that pool's workers only; a pool no
+/// worker serves is named when the run starts.
+#[test]
+fn pools_route_runs_to_their_workers() {
+    let work = scratch("pools");
+    std::fs::write(work.join("p.yml"), "jobs:\n- name: j\n  plan:\n  - task: where\n    run: echo ran under $PPID\n").expect("write");
+    let (mut redis, redis_url) = redis_server();
+    let (mut coord, url, mut lines) = serving(&["coordinator", "--listen", "127.0.0.1:0", "--state", "state", "--queue", &redis_url], &work);
+    std::thread::spawn(move || for _ in lines.by_ref() {});
+    let spawn = |extra: &[&str]| {
+        child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
+            .args(["worker", "--coordinator", &url, "--slots", "2"])
+            .args(extra)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("worker")
+    };
+    // The default pool's worker is sent work; the special pool's takes it from Redis itself.
+    let mut plain = spawn(&[]);
+    let mut special = spawn(&["--pool", "special", "--queue", &redis_url]);
+    let ran_under = |args: &[&str]| {
+        let mut all = vec!["submit", "p.yml", "--coordinator", &url];
+        all.extend_from_slice(args);
+        let out = steppe(&all, &work);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+        let t = text(&out);
+        t.lines().find_map(|l| l.strip_prefix("[where] ran under ")).map(str::to_string).unwrap_or_else(|| panic!("{t}"))
+    };
+    for _ in 0..3 {
+        assert_eq!(ran_under(&["--pool", "special"]), special.id().to_string());
+        assert_eq!(ran_under(&[]), plain.id().to_string());
+    }
+    let out = steppe(&["submit", "p.yml", "--coordinator", &url, "--pool", "nobody", "--detach"], &work);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let id = String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or_default().to_string();
+    let out = steppe(&["cancel", &id, "--coordinator", &url], &work);
+    assert_eq!(out.status.code(), Some(0), "the run waited for a worker of its pool: {}", text(&out));
+    let bad = steppe(&["submit", "p.yml", "--coordinator", &url, "--pool", "../x"], &work);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(text(&bad).contains("a pool name is 1 to 64 letters"), "{}", text(&bad));
+    let _ = coord.kill();
+    let _ = coord.wait();
+    for w in [&mut plain, &mut special] {
+        let _ = w.kill();
+        let _ = w.wait();
+    }
+    let _ = redis.kill();
+    let _ = redis.wait();
+}

@@ -44,6 +44,9 @@ pub struct Assignment {
     /// The step's label; output lines are prefixed with it.
     pub step: String,
     pub attempt: u32,
+    /// The worker pool it waits for ("" or "default": the default pool).
+    #[serde(default)]
+    pub pool: String,
     /// Raised each time the coordinator hands the assignment out again (a
     /// requeue); a result carrying an older epoch is refused (fencing).
     #[serde(default)]
@@ -76,6 +79,7 @@ impl Assignment {
             step: step.to_string(),
             attempt: 1,
             epoch: 0,
+            pool: String::new(),
             command,
             env: Vec::new(),
             cwd: Cwd::StepDir,

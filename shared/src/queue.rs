@@ -50,6 +50,86 @@ pub trait Queue: Send + Sync {
     }
 }
 
+/// The pool a step goes to unless its run names another.
+pub const DEFAULT_POOL: &str = "default";
+
+/// A pool name: letters, digits, `-`, `_`, `.`; at most 64 characters.
+pub fn check_pool_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) {
+        return Err(format!("pool {name:?}: a pool name is 1 to 64 letters, digits, '-', '_' or '.'"));
+    }
+    Ok(())
+}
+
+/// The Redis stream of a pool: `base` for the default pool, `base:pool` otherwise.
+pub fn pool_key(base: &str, pool: &str) -> String {
+    if pool.is_empty() || pool == DEFAULT_POOL {
+        base.to_string()
+    } else {
+        format!("{base}:{pool}")
+    }
+}
+
+type OpenPool = Box<dyn Fn(String) -> BoxFuture<'static, Result<std::sync::Arc<dyn Queue>, QueueError>> + Send + Sync>;
+
+/// One queue per worker pool, opened when first used. Workers serve one
+/// pool each (`steppe worker --pool NAME`); a run's steps go to the pool it
+/// was submitted to (`steppe submit --pool NAME`), the default one otherwise.
+pub struct Pools {
+    default: std::sync::Arc<dyn Queue>,
+    open: OpenPool,
+    others: tokio::sync::Mutex<HashMap<String, std::sync::Arc<dyn Queue>>>,
+}
+
+impl Pools {
+    /// Pools in this process's memory.
+    pub fn in_process(default: std::sync::Arc<dyn Queue>) -> Self {
+        Pools {
+            default,
+            open: Box::new(|_| Box::pin(async { Ok(std::sync::Arc::new(InProcessQueue::new()) as std::sync::Arc<dyn Queue>) })),
+            others: Default::default(),
+        }
+    }
+
+    /// Pools on Redis: a stream per pool under `base` (see [`pool_key`]).
+    pub fn redis(default: std::sync::Arc<dyn Queue>, url: &str, base: &str, consumer: &str, lease: Duration) -> Self {
+        let (url, base, consumer) = (url.to_string(), base.to_string(), consumer.to_string());
+        Pools {
+            default,
+            open: Box::new(move |pool| {
+                let (url, key, consumer) = (url.clone(), pool_key(&base, &pool), consumer.clone());
+                Box::pin(async move { Ok(std::sync::Arc::new(RedisQueue::connect(&url, &key, &consumer, lease).await?) as std::sync::Arc<dyn Queue>) })
+            }),
+            others: Default::default(),
+        }
+    }
+
+    pub fn default_pool(&self) -> &std::sync::Arc<dyn Queue> {
+        &self.default
+    }
+
+    /// The queue of `pool` ("" is the default pool).
+    pub async fn get(&self, pool: &str) -> Result<std::sync::Arc<dyn Queue>, QueueError> {
+        if pool.is_empty() || pool == DEFAULT_POOL {
+            return Ok(self.default.clone());
+        }
+        let mut others = self.others.lock().await;
+        if let Some(q) = others.get(pool) {
+            return Ok(q.clone());
+        }
+        let q = (self.open)(pool.to_string()).await?;
+        others.insert(pool.to_string(), q.clone());
+        Ok(q)
+    }
+
+    /// Every queue opened so far (for lease extension).
+    pub async fn all(&self) -> Vec<std::sync::Arc<dyn Queue>> {
+        let mut v = vec![self.default.clone()];
+        v.extend(self.others.lock().await.values().cloned());
+        v
+    }
+}
+
 /// A FIFO in this process's memory (no leases: if the process dies, so does everything it held).
 #[derive(Default)]
 pub struct InProcessQueue {
@@ -378,6 +458,21 @@ mod tests {
         q.push(a("4")).await.unwrap();
         assert_eq!(waiter.await.unwrap(), "4", "pop waits for a push");
         q.ack("4").await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn pools_keep_their_assignments_apart() {
+        let pools = Pools::in_process(std::sync::Arc::new(InProcessQueue::new()));
+        let gpu = pools.get("gpu").await.unwrap();
+        gpu.push(a("g1")).await.unwrap();
+        pools.get("").await.unwrap().push(a("d1")).await.unwrap();
+        assert_eq!(pools.default_pool().pop().await.unwrap().id, "d1", "the default pool gets only its own");
+        assert_eq!(pools.get("gpu").await.unwrap().pop().await.unwrap().id, "g1", "the same queue each time");
+        assert_eq!(pools.all().await.len(), 2);
+        assert!(check_pool_name("gpu-a100.x").is_ok());
+        assert!(check_pool_name("../etc").is_err() && check_pool_name("").is_err());
+        assert_eq!(pool_key("steppe:assignments", "default"), "steppe:assignments");
+        assert_eq!(pool_key("steppe:assignments", "gpu"), "steppe:assignments:gpu");
     }
 
     #[tokio::test]

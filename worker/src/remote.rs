@@ -238,18 +238,20 @@ pub struct WorkerConfig {
     /// Take assignments from this shared queue (redis://…) instead of
     /// having the coordinator send them.
     pub queue: Option<String>,
+    /// The pool it serves ("": the default pool).
+    pub pool: String,
 }
 
 /// Serves one coordinator until it closes the session.
 pub async fn run(config: WorkerConfig) -> Result<(), WorkerError> {
-    let WorkerConfig { url, slots, name, work_root, token, stream_artifacts, tls_ca, queue } = config;
+    let WorkerConfig { url, slots, name, work_root, token, stream_artifacts, tls_ca, queue, pool } = config;
     let (url, name) = (url.as_str(), name.as_str());
     let channel = connect(url, tls_ca.as_deref()).await?;
     let with_token = WithToken::new(token.as_deref())?;
     let mut client = CoordinatorClient::with_interceptor(channel.clone(), with_token.clone());
     let (tx, rx) = mpsc::channel::<WorkerMessage>(1024);
     let _ = tx
-        .send(WorkerMessage { msg: Some(worker_message::Msg::Hello(Hello { worker: name.to_string(), slots, pulls: queue.is_some() })) })
+        .send(WorkerMessage { msg: Some(worker_message::Msg::Hello(Hello { worker: name.to_string(), slots, pulls: queue.is_some(), pool })) })
         .await;
     let mut inbound = client.session(ReceiverStream::new(rx)).await?.into_inner();
     let welcome = match inbound.message().await? {

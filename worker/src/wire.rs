@@ -53,6 +53,8 @@ pub fn assignment_from_wire(a: v1::Assignment) -> Assignment {
         step: a.step,
         attempt: a.attempt,
         epoch: a.epoch,
+        // The pool chose the worker; the worker has no use for it.
+        pool: String::new(),
         command: a.command,
         env: a.env,
         cwd: match a.cwd {
@@ -183,6 +185,7 @@ mod tests {
             step: "build [os=linux]".into(),
             attempt: 2,
             epoch: 1,
+            pool: String::new(),
             command: "echo hi".into(),
             env: vec!["GOFLAGS".into()],
             cwd: Cwd::Host(PathBuf::from("/srv")),

@@ -36,6 +36,8 @@ pub struct Engine {
     /// What names this run's history in `steppe approve …` hints: the
     /// pipeline file, or `--coordinator URL` for a submitted run.
     pub decide_with: String,
+    /// The worker pool this pipeline's steps go to ("": the default).
+    pub pool: String,
     pub store: Arc<dyn ArtifactStore>,
     pub dispatcher: Arc<Dispatcher>,
     pub out: Arc<Output>,
@@ -243,6 +245,7 @@ impl JobRun {
             let grace = Duration::from_secs(60);
             a.timeout = Some(a.timeout.map_or(grace, |t| t.min(grace)));
         }
+        a.pool = self.engine.pool.clone();
         self.engine.dispatcher.dispatch(a).await
     }
 
