@@ -57,7 +57,8 @@ struct Cluster {
 }
 
 impl Cluster {
-    fn start(dir: &Path) -> Cluster {
+    /// `pulling`: the workers take from the Redis queue themselves (`--queue`).
+    fn start(dir: &Path, pulling: bool) -> Cluster {
         let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("port");
         let redis = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
@@ -80,9 +81,12 @@ impl Cluster {
         std::thread::spawn(move || for _ in lines.by_ref() {});
         let workers = (0..2)
             .map(|_| {
-                steppe()
-                    .args(["worker", "--coordinator", &url, "--slots", &SLOTS_PER_WORKER.to_string()])
-                    .current_dir(dir)
+                let mut w = steppe();
+                w.args(["worker", "--coordinator", &url, "--slots", &SLOTS_PER_WORKER.to_string()]);
+                if pulling {
+                    w.args(["--queue", &redis_url]);
+                }
+                w.current_dir(dir)
                     .stderr(Stdio::null())
                     .spawn()
                     .expect("spawn worker")
@@ -129,19 +133,24 @@ fn main() {
     .expect("write");
     let runs = 3;
     let local = median_by_wall((0..runs).map(|_| embedded(&dir)).collect());
-    let cluster = Cluster::start(&dir);
+    let cluster = Cluster::start(&dir, false);
     // A fresh Redis per measurement would hide nothing; the store keeps
     // every run, and `figures` reads the newest.
     let remote = median_by_wall((0..runs).map(|_| cluster.submit(&dir)).collect());
+    drop(cluster);
+    let cluster = Cluster::start(&dir, true);
+    let pulled = median_by_wall((0..runs).map(|_| cluster.submit(&dir)).collect());
     drop(cluster);
     let rate = |f: &Figures| STEPS as f64 / f.wall.as_secs_f64();
     println!("cluster: {STEPS} steps of `true`, {IN_FLIGHT} in flight, median of {runs} runs");
     let embedded_label = format!("embedded  steppe run --workers {IN_FLIGHT}");
     let cluster_label = format!("cluster   submit, Redis, 2 workers x{SLOTS_PER_WORKER}");
+    let pulled_label = format!("cluster   the same, workers --queue");
     println!("  {:<40} {:>8} {:>8} {:>8}", "", "steps/s", "p50", "p99");
-    for (label, f) in [(embedded_label, &local), (cluster_label, &remote)] {
+    for (label, f) in [(embedded_label, &local), (cluster_label, &remote), (pulled_label, &pulled)] {
         println!("  {label:<40} {:>8.0} {:>5} ms {:>5} ms", rate(f), f.p50_ms, f.p99_ms);
     }
     println!("  {:<40} {:>7.2}x", "ratio     cluster / embedded steps/s", rate(&remote) / rate(&local));
+    println!("  {:<40} {:>7.2}x", "ratio     pulling / embedded steps/s", rate(&pulled) / rate(&local));
     let _ = std::fs::remove_dir_all(&dir);
 }
