@@ -171,3 +171,62 @@ fn a_worker_cut_off_the_network_mid_step_loses_its_step_to_the_other() {
     assert_eq!(records.matches("\nslow ").count(), 1, "one step record:\n{records}");
     let _ = std::fs::remove_dir_all(&work);
 }
+
+/// `deploy/compose.yml` comes up as it is (Redis, a coordinator, two
+/// workers sharing an artifact volume) and runs the example pipeline.
+#[test]
+fn the_compose_file_comes_up_and_runs_the_example() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let id = std::process::id();
+    let image = format!("steppe-test-compose:{id}");
+    let project = format!("steppe-test-{id}");
+    let built = Command::new("sh")
+        .arg(root.join("deploy/build-image.sh"))
+        .env("STEPPE_BINARY", env!("CARGO_BIN_EXE_steppe"))
+        .env("IMAGE", &image)
+        .output()
+        .expect("sh");
+    assert!(built.status.success(), "deploy/build-image.sh: {}", String::from_utf8_lossy(&built.stderr));
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port").to_string();
+    // `docker compose` where the plugin is installed, `docker-compose` otherwise.
+    let compose = |args: &[&str]| -> Output {
+        let file = root.join("deploy/compose.yml");
+        let file = file.to_str().expect("utf8");
+        let plugin = Command::new("docker").args(["compose", "version"]).output().is_ok_and(|o| o.status.success());
+        let mut c = if plugin {
+            let mut c = Command::new("docker");
+            c.arg("compose");
+            c
+        } else {
+            Command::new("docker-compose")
+        };
+        c.args(["-f", file, "-p", &project]).args(args).env("STEPPE_IMAGE", &image).env("STEPPE_PORT", &port).output().expect("docker compose")
+    };
+    struct Down<F: Fn()>(F);
+    impl<F: Fn()> Drop for Down<F> {
+        fn drop(&mut self) {
+            (self.0)();
+        }
+    }
+    let _down = Down(|| {
+        let _ = compose(&["down", "-v", "--remove-orphans"]);
+        let _ = docker(&["image", "rm", &image]);
+    });
+    let up = compose(&["up", "-d"]);
+    assert!(up.status.success(), "compose up: {}", String::from_utf8_lossy(&up.stderr));
+    let url = format!("http://127.0.0.1:{port}");
+    let token = root.join("deploy/token");
+    let token = token.to_str().expect("utf8");
+    wait_for("both workers to join", Duration::from_secs(60), || {
+        let l = compose(&["logs", "coordinator"]);
+        String::from_utf8_lossy(&l.stdout).matches("joined").count() >= 2
+    });
+    let out = Command::new(env!("CARGO_BIN_EXE_steppe"))
+        .args(["test", "ci.yml", "--coordinator", &url, "--token-file", token])
+        .current_dir(root.join("examples"))
+        .output()
+        .expect("steppe test");
+    let t = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{t}\n{}", String::from_utf8_lossy(&compose(&["logs"]).stdout));
+    assert!(t.lines().any(|l| l.ends_with(" passed")), "{t}");
+}
