@@ -8,7 +8,7 @@
 //! Run: `cargo bench -p steppe-coordinator --bench cluster`.
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -105,6 +105,32 @@ impl Cluster {
     }
 }
 
+impl Cluster {
+    /// From `steppe cancel` starting to the step's process being gone on
+    /// the worker, for a detached run whose step sleeps.
+    fn cancel_latency(&self, dir: &Path, i: usize) -> Duration {
+        let pidfile = dir.join(format!("cancel-{i}.pid"));
+        std::fs::write(dir.join("cancel.yml"), format!("jobs:\n- name: c\n  plan:\n  - task: nap\n    run: echo $$ > {}.tmp; mv {}.tmp {}; sleep 60\n", pidfile.display(), pidfile.display(), pidfile.display()))
+            .expect("write");
+        let out = steppe().args(["submit", "cancel.yml", "--detach", "--coordinator", &self.url]).current_dir(dir).output().expect("submit");
+        let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let pid = loop {
+            if let Ok(p) = std::fs::read_to_string(&pidfile) {
+                break p.trim().to_string();
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+        let t = Instant::now();
+        let out = steppe().args(["cancel", &id, "--coordinator", &self.url]).current_dir(dir).output().expect("cancel");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        while proc_dir.exists() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        t.elapsed()
+    }
+}
+
 impl Drop for Cluster {
     fn drop(&mut self) {
         for c in self.workers.iter_mut().chain([&mut self.coordinator, &mut self.redis]) {
@@ -140,6 +166,8 @@ fn main() {
     drop(cluster);
     let cluster = Cluster::start(&dir, true);
     let pulled = median_by_wall((0..runs).map(|_| cluster.submit(&dir)).collect());
+    let mut cancels: Vec<Duration> = (0..7).map(|i| cluster.cancel_latency(&dir, i)).collect();
+    cancels.sort();
     drop(cluster);
     let rate = |f: &Figures| STEPS as f64 / f.wall.as_secs_f64();
     println!("cluster: {STEPS} steps of `true`, {IN_FLIGHT} in flight, median of {runs} runs");
@@ -152,5 +180,11 @@ fn main() {
     }
     println!("  {:<40} {:>7.2}x", "ratio     cluster / embedded steps/s", rate(&remote) / rate(&local));
     println!("  {:<40} {:>7.2}x", "ratio     pulling / embedded steps/s", rate(&pulled) / rate(&local));
+    println!(
+        "cancel: `steppe cancel` to the step's process gone on a worker, {} runs: median {} ms, max {} ms",
+        cancels.len(),
+        cancels[cancels.len() / 2].as_millis(),
+        cancels.last().map_or(0, |d| d.as_millis())
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -931,7 +931,8 @@ fn cancel_and_ctrl_c_abort_a_run_at_the_coordinator() {
         std::fs::write(
             work.join(format!("{name}.yml")),
             format!(
-                "jobs:\n- name: j\n  plan:\n  - task: long\n    run: touch {}; sleep 30\n    on_abort:\n      task: note\n      run: echo hook ran for {name}\n",
+                "jobs:\n- name: j\n  plan:\n  - task: long\n    run: echo $$ > {}.pid; touch {}; sleep 30\n    on_abort:\n      task: note\n      run: echo hook ran for {name}\n",
+                started.display(),
                 started.display()
             ),
         )
@@ -965,6 +966,14 @@ fn cancel_and_ctrl_c_abort_a_run_at_the_coordinator() {
         }
         assert!(t0.elapsed() < Duration::from_secs(15), "not aborted: {shown}");
         std::thread::sleep(Duration::from_millis(100));
+    }
+    // The cancel reached the worker: the step's process is gone, not left to finish its sleep.
+    let pid = std::fs::read_to_string(format!("{}.pid", started.display())).expect("pid");
+    let proc_dir = PathBuf::from(format!("/proc/{}", pid.trim()));
+    let t0 = Instant::now();
+    while proc_dir.exists() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the step's process {} still runs", pid.trim());
+        std::thread::sleep(Duration::from_millis(50));
     }
     let again = steppe(&["cancel", &id, "--coordinator", &url], &work);
     assert_eq!(again.status.code(), Some(1), "{}", text(&again));
