@@ -374,15 +374,17 @@ pub async fn submit(remote: &Remote, path: &Path, job: Option<&str>, test: bool,
             size as f64 / (1 << 20) as f64
         );
     }
-    let mut stream = client.submit(req).await.map_err(|s| anyhow::anyhow!("the coordinator refused the submission: {}{}", s.message(), remote.hint(&s)))?.into_inner();
     // The first Ctrl-C cancels the run and stays to show how it ends (its
-    // hooks run with their grace); a second one leaves at once.
+    // hooks run with their grace); a second one leaves at once. Caught from
+    // before the submission goes, so none falls to the default handler.
+    let mut ctrl_c = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    let mut stream = client.submit(req).await.map_err(|s| anyhow::anyhow!("the coordinator refused the submission: {}{}", s.message(), remote.hint(&s)))?.into_inner();
     let mut started: Vec<String> = Vec::new();
     let mut interrupted = false;
     loop {
         let ev = tokio::select! {
             ev = stream.message() => ev,
-            _ = tokio::signal::ctrl_c() => {
+            _ = ctrl_c.recv() => {
                 if interrupted {
                     return Ok(130);
                 }

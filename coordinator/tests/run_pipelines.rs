@@ -24,6 +24,19 @@ fn child_of_this_test(program: &str) -> Command {
     c
 }
 
+/// `steppe worker --coordinator URL` with `args`, its stderr dropped.
+fn spawn_worker(url: &str, args: &[&str]) -> std::process::Child {
+    child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(["worker", "--coordinator", url]).args(args).stderr(std::process::Stdio::null()).spawn().expect("spawn worker")
+}
+
+/// Kills and reaps every process given (what a test started and is done with).
+fn stop<'a>(children: impl IntoIterator<Item = &'a mut std::process::Child>) {
+    for c in children {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
 fn steppe(args: &[&str], dir: &Path) -> Output {
     child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
         .args(args)
@@ -473,7 +486,7 @@ fn a_vanished_submitter_aborts_its_run_on_the_worker() {
     .expect("write");
     let (mut coord, url, mut lines) = serving(&["coordinator", "--listen", "127.0.0.1:0", "--state", "state"], &work);
     std::thread::spawn(move || for _ in lines.by_ref() {});
-    let mut worker = child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(["worker", "--coordinator", &url, "--slots", "2"]).stderr(std::process::Stdio::null()).spawn().expect("worker");
+    let mut worker = spawn_worker(&url, &["--slots", "2"]);
     let mut submitter = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
         .args(["submit", "p.yml", "--coordinator", &url])
         .current_dir(&work)
@@ -523,7 +536,7 @@ fn a_silent_worker_is_fenced_and_its_late_result_refused() {
             sink.lock().expect("log").push(l);
         }
     });
-    let worker = || child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(["worker", "--coordinator", &url, "--slots", "2"]).stderr(std::process::Stdio::null()).spawn().expect("worker");
+    let worker = || spawn_worker(&url, &["--slots", "2"]);
     let mut frozen = worker();
     let submitter = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
         .args(["submit", "p.yml", "--coordinator", &url])
@@ -631,14 +644,8 @@ fn kill_9_mid_step(pulling: bool) {
     let (mut redis, redis_url) = redis_server();
     let (mut coord, url, mut lines) = serving(&["coordinator", "--listen", "127.0.0.1:0", "--state", "state", "--queue", &redis_url, "--store", &redis_url], &work);
     std::thread::spawn(move || for _ in lines.by_ref() {});
-    let worker = || {
-        let mut args = vec!["worker", "--coordinator", &url, "--slots", "1"];
-        if pulling {
-            args.extend(["--queue", &redis_url]);
-        }
-        child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(&args).stderr(std::process::Stdio::null()).spawn().expect("worker")
-    };
-    let mut workers = vec![worker(), worker()];
+    let pull: &[&str] = if pulling { &["--slots", "1", "--queue", &redis_url] } else { &["--slots", "1"] };
+    let mut workers = vec![spawn_worker(&url, pull), spawn_worker(&url, pull)];
     let submitter = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
         .args(["submit", "p.yml", "--coordinator", &url])
         .current_dir(&work)
@@ -665,14 +672,7 @@ fn kill_9_mid_step(pulling: bool) {
     assert!(t.contains("[after] done"), "{t}");
     let runs = text(&steppe(&["runs", "--coordinator", &url, "--steps"], &work));
     assert_eq!(runs.matches("\nslow ").count(), 1, "one step record: {runs}");
-    let _ = coord.kill();
-    let _ = coord.wait();
-    for w in &mut workers {
-        let _ = w.kill();
-        let _ = w.wait();
-    }
-    let _ = redis.kill();
-    let _ = redis.wait();
+    stop(workers.iter_mut().chain([&mut coord, &mut redis]));
 }
 
 #[test]
@@ -699,26 +699,13 @@ fn long_step_runs_once(pulling: bool) {
     // the entry from going to the second worker.
     let (mut coord, url, mut lines) = serving(&["coordinator", "--listen", "127.0.0.1:0", "--state", "state", "--queue", &redis_url, "--queue-lease", "1s"], &work);
     std::thread::spawn(move || for _ in lines.by_ref() {});
-    let worker = || {
-        let mut args = vec!["worker", "--coordinator", &url, "--slots", "1"];
-        if pulling {
-            args.extend(["--queue", &redis_url]);
-        }
-        child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(&args).stderr(std::process::Stdio::null()).spawn().expect("worker")
-    };
-    let mut workers = vec![worker(), worker()];
+    let pull: &[&str] = if pulling { &["--slots", "1", "--queue", &redis_url] } else { &["--slots", "1"] };
+    let mut workers = vec![spawn_worker(&url, pull), spawn_worker(&url, pull)];
     let out = steppe(&["submit", "p.yml", "--coordinator", &url], &work);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let runs: Vec<String> = std::fs::read_to_string(&ran).expect("ran").lines().map(str::to_string).collect();
     assert_eq!(runs.len(), 1, "the step ran once, not again when its lease would have run out: {runs:?}");
-    let _ = coord.kill();
-    let _ = coord.wait();
-    for w in &mut workers {
-        let _ = w.kill();
-        let _ = w.wait();
-    }
-    let _ = redis.kill();
-    let _ = redis.wait();
+    stop(workers.iter_mut().chain([&mut coord, &mut redis]));
 }
 
 #[test]
@@ -751,14 +738,7 @@ fn artifacts_and_large_results_travel_through_the_coordinator() {
     let (mut coord, url, mut lines) = serving(&["coordinator", "--listen", "127.0.0.1:0", "--state", "state"], &work);
     std::thread::spawn(move || for _ in lines.by_ref() {});
     // --stream-artifacts: as if on another host, sharing nothing with the coordinator.
-    let worker = || {
-        child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
-            .args(["worker", "--coordinator", &url, "--slots", "1", "--stream-artifacts"])
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("worker")
-    };
-    let mut workers = vec![worker(), worker()];
+    let mut workers = vec![spawn_worker(&url, &["--slots", "1", "--stream-artifacts"]), spawn_worker(&url, &["--slots", "1", "--stream-artifacts"])];
     // Bounded: a result too large for its message used to kill each worker
     // in turn and leave the run waiting for one.
     let out = child_of_this_test("timeout").args(["120", env!("CARGO_BIN_EXE_steppe"), "submit", "p.yml", "--coordinator", &url]).current_dir(&work).output().expect("submit");
@@ -779,12 +759,7 @@ fn artifacts_and_large_results_travel_through_the_coordinator() {
     let out = steppe(&["submit", "big.yml", "--coordinator", &url], &work);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("big.yml: the pipeline and the files it reads come to 5.0 MiB; a submission carries at most 4 MiB"), "{}", text(&out));
-    let _ = coord.kill();
-    let _ = coord.wait();
-    for w in &mut workers {
-        let _ = w.kill();
-        let _ = w.wait();
-    }
+    stop(workers.iter_mut().chain([&mut coord]));
 }
 
 /// A private CA and a certificate for 127.0.0.1 it signed, made with openssl.
@@ -827,10 +802,7 @@ fn tls_between_every_part() {
     let plain = steppe(&["submit", "p.yml", "--coordinator", &url.replace("https://", "http://"), "--token-file", "token"], &work);
     assert_eq!(plain.status.code(), Some(2));
     assert!(text(&plain).contains("use an https:// URL"), "{}", text(&plain));
-    let _ = coord.kill();
-    let _ = coord.wait();
-    let _ = worker.kill();
-    let _ = worker.wait();
+    stop([&mut coord, &mut worker]);
 }
 
 /// A line with its "(0.01s)"-style timings taken out.
@@ -863,14 +835,7 @@ fn every_fixture_runs_the_same_through_a_cluster() {
     std::thread::spawn(move || for _ in lines.by_ref() {});
     // One worker takes from the Redis queue itself, the other is sent work
     // over its session: both kinds share the one queue.
-    let worker = |pull: bool| {
-        let mut args = vec!["worker", "--coordinator", &url, "--slots", "4"];
-        if pull {
-            args.extend(["--queue", &redis_url]);
-        }
-        child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(&args).stderr(std::process::Stdio::null()).spawn().expect("worker")
-    };
-    let mut workers = vec![worker(true), worker(false)];
+    let mut workers = vec![spawn_worker(&url, &["--slots", "4", "--queue", &redis_url]), spawn_worker(&url, &["--slots", "4"])];
     let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
     let mut pipelines: Vec<PathBuf> = fixtures("");
     pipelines.extend(fixtures("failing"));
@@ -911,14 +876,7 @@ fn every_fixture_runs_the_same_through_a_cluster() {
     }
     assert!(differ.is_empty(), "{}", differ.join("\n\n"));
     assert!(compared_steps >= 40, "only {compared_steps} step outcomes compared");
-    let _ = coord.kill();
-    let _ = coord.wait();
-    for w in &mut workers {
-        let _ = w.kill();
-        let _ = w.wait();
-    }
-    let _ = redis.kill();
-    let _ = redis.wait();
+    stop(workers.iter_mut().chain([&mut coord, &mut redis]));
 }
 
 /// `steppe cancel` aborts a detached run; Ctrl-C on a submitter cancels its
@@ -948,7 +906,7 @@ fn cancel_and_ctrl_c_abort_a_run_at_the_coordinator() {
     };
     let (mut coord, url, mut lines) = serving(&["coordinator", "--listen", "127.0.0.1:0", "--state", "state"], &work);
     std::thread::spawn(move || for _ in lines.by_ref() {});
-    let mut worker = child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(["worker", "--coordinator", &url, "--slots", "2"]).stderr(std::process::Stdio::null()).spawn().expect("worker");
+    let mut worker = spawn_worker(&url, &["--slots", "2"]);
 
     let started = pipeline("detached");
     let out = steppe(&["submit", "detached.yml", "--detach", "--coordinator", &url], &work);
@@ -995,10 +953,7 @@ fn cancel_and_ctrl_c_abort_a_run_at_the_coordinator() {
     let out = submitter.wait_with_output().expect("wait");
     assert_eq!(out.status.code(), Some(130), "{}", text(&out));
     assert!(text(&out).contains("[note] hook ran for followed"), "the submitter stayed to see the hook: {}", text(&out));
-    let _ = coord.kill();
-    let _ = coord.wait();
-    let _ = worker.kill();
-    let _ = worker.wait();
+    stop([&mut coord, &mut worker]);
 }
 
 /// A run submitted with --pool runs on that pool's workers only; a pool no
@@ -1010,17 +965,9 @@ fn pools_route_runs_to_their_workers() {
     let (mut redis, redis_url) = redis_server();
     let (mut coord, url, mut lines) = serving(&["coordinator", "--listen", "127.0.0.1:0", "--state", "state", "--queue", &redis_url], &work);
     std::thread::spawn(move || for _ in lines.by_ref() {});
-    let spawn = |extra: &[&str]| {
-        child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
-            .args(["worker", "--coordinator", &url, "--slots", "2"])
-            .args(extra)
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("worker")
-    };
     // The default pool's worker is sent work; the special pool's takes it from Redis itself.
-    let mut plain = spawn(&[]);
-    let mut special = spawn(&["--pool", "special", "--queue", &redis_url]);
+    let mut plain = spawn_worker(&url, &["--slots", "2"]);
+    let mut special = spawn_worker(&url, &["--slots", "2", "--pool", "special", "--queue", &redis_url]);
     let ran_under = |args: &[&str]| {
         let mut all = vec!["submit", "p.yml", "--coordinator", &url];
         all.extend_from_slice(args);
@@ -1041,12 +988,5 @@ fn pools_route_runs_to_their_workers() {
     let bad = steppe(&["submit", "p.yml", "--coordinator", &url, "--pool", "../x"], &work);
     assert_eq!(bad.status.code(), Some(2));
     assert!(text(&bad).contains("a pool name is 1 to 64 letters"), "{}", text(&bad));
-    let _ = coord.kill();
-    let _ = coord.wait();
-    for w in [&mut plain, &mut special] {
-        let _ = w.kill();
-        let _ = w.wait();
-    }
-    let _ = redis.kill();
-    let _ = redis.wait();
+    stop([&mut plain, &mut special, &mut coord, &mut redis]);
 }
