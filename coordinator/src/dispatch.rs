@@ -45,6 +45,21 @@ pub struct DispatcherState {
     /// Cancelled while a worker was taking it: the cancel is sent as soon as
     /// the worker says it took it.
     cancelled: std::collections::HashSet<String>,
+    /// The ids in `pending`, readable without asking the actor.
+    wanted: Wanted,
+}
+
+/// The assignments someone here waits for. An entry outside it (left on a
+/// shared queue by a coordinator that died) belongs to no run: it is not run.
+pub type Wanted = Arc<std::sync::Mutex<std::collections::HashSet<String>>>;
+
+impl DispatcherState {
+    fn forget(&mut self, id: &str) -> Option<RpcReplyPort<AssignmentResult>> {
+        if let Ok(mut w) = self.wanted.lock() {
+            w.remove(id);
+        }
+        self.pending.remove(id).map(|(p, _)| p)
+    }
 }
 
 fn send_cancel(tx: &SessionTx, id: &str) {
@@ -78,7 +93,7 @@ impl DispatcherState {
             None => false,
         };
         if removed {
-            if let Some((p, _)) = self.pending.remove(id) {
+            if let Some(p) = self.forget(id) {
                 let _ = p.send(aborted(id, "cancelled before it started"));
             }
             return;
@@ -98,10 +113,10 @@ impl DispatcherState {
 impl Actor for DispatcherActor {
     type Msg = DispatchMsg;
     type State = DispatcherState;
-    type Arguments = (Arc<Pools>, Cancels);
+    type Arguments = (Arc<Pools>, Cancels, Wanted);
 
-    async fn pre_start(&self, _me: ActorRef<Self::Msg>, (pools, local): Self::Arguments) -> Result<Self::State, ActorProcessingErr> {
-        Ok(DispatcherState { pools, pending: HashMap::new(), local, remote: HashMap::new(), cancelled: Default::default() })
+    async fn pre_start(&self, _me: ActorRef<Self::Msg>, (pools, local, wanted): Self::Arguments) -> Result<Self::State, ActorProcessingErr> {
+        Ok(DispatcherState { pools, pending: HashMap::new(), local, remote: HashMap::new(), cancelled: Default::default(), wanted })
     }
 
     async fn handle(&self, _me: ActorRef<Self::Msg>, msg: Self::Msg, st: &mut Self::State) -> Result<(), ActorProcessingErr> {
@@ -109,12 +124,15 @@ impl Actor for DispatcherActor {
             DispatchMsg::Submit(a, reply) => {
                 let id = a.id.clone();
                 st.pending.insert(id.clone(), (reply, a.clone()));
+                if let Ok(mut w) = st.wanted.lock() {
+                    w.insert(id.clone());
+                }
                 let pushed = match st.pools.get(&a.pool).await {
                     Ok(q) => q.push(a).await,
                     Err(e) => Err(e),
                 };
                 if let Err(e) = pushed {
-                    if let Some((p, _)) = st.pending.remove(&id) {
+                    if let Some(p) = st.forget(&id) {
                         let mut r = aborted(&id, "");
                         r.result = Err(StepError::errored(format!("could not queue the step: {e}")));
                         let _ = p.send(r);
@@ -133,7 +151,7 @@ impl Actor for DispatcherActor {
                     let _ = q.ack(&r.assignment_id).await;
                 }
                 // A result nobody waits for (a cancelled race loser, a duplicate) is dropped.
-                if let Some((p, _)) = st.pending.remove(&r.assignment_id) {
+                if let Some(p) = st.forget(&r.assignment_id) {
                     let _ = p.send(r);
                 }
             }
@@ -185,13 +203,15 @@ pub struct Dispatcher {
     /// Assignments running in this process's workers.
     pub local: Cancels,
     seq: AtomicU64,
+    wanted: Wanted,
 }
 
 impl Dispatcher {
     pub async fn start(pools: Arc<Pools>) -> Result<Arc<Self>, ractor::SpawnErr> {
         let local = Cancels::default();
-        let (actor, _) = Actor::spawn(None, DispatcherActor, (pools.clone(), local.clone())).await?;
-        Ok(Arc::new(Dispatcher { actor, queue: pools.default_pool().clone(), pools, local, seq: AtomicU64::new(0) }))
+        let wanted = Wanted::default();
+        let (actor, _) = Actor::spawn(None, DispatcherActor, (pools.clone(), local.clone(), wanted.clone())).await?;
+        Ok(Arc::new(Dispatcher { actor, queue: pools.default_pool().clone(), pools, local, seq: AtomicU64::new(0), wanted }))
     }
 
     /// Queues the assignment and waits for its result. Dropping the returned
@@ -238,6 +258,10 @@ impl Dispatcher {
 impl Reporter for Dispatcher {
     fn complete(&self, r: AssignmentResult) {
         let _ = self.actor.cast(DispatchMsg::Complete(r));
+    }
+
+    fn wanted(&self, id: &str) -> bool {
+        self.wanted.lock().map(|w| w.contains(id)).unwrap_or(true)
     }
 }
 

@@ -20,7 +20,7 @@ use crate::registry::WorkerRegistry;
 
 pub struct WorkerService {
     pub dispatcher: Arc<Dispatcher>,
-    pub sink: Arc<dyn LineSink>,
+    pub sink: Arc<crate::engine::EventHub>,
     pub artifact_dir: PathBuf,
     /// The id in the artifact directory's `.steppe-store-id`: a worker that
     /// reads it there shares the directory, any other streams artifacts.
@@ -98,7 +98,7 @@ impl Coordinator for WorkerService {
         let inflight: InFlight = Arc::new(Mutex::new(HashMap::new()));
         let slots_sem = Arc::new(Semaphore::new(slots));
         let d = self.dispatcher.clone();
-        let (ptx, pflight) = (tx.clone(), inflight.clone());
+        let (ptx, pflight, hub) = (tx.clone(), inflight.clone(), self.sink.clone());
         // The puller is stopped by this flag, never aborted: a pop cut short
         // could leave a Redis entry delivered to nobody until its lease ends.
         let stopping = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -119,6 +119,12 @@ impl Coordinator for WorkerService {
                         // Taken just as the session stopped taking work: back it goes.
                         d.requeue(&a.id);
                         return;
+                    }
+                    Ok(Some(a)) if !d.wanted(&a.id) => {
+                        // Left on a shared queue by a coordinator that is gone.
+                        hub.note(&format!("dropped assignment {} ({}): no run here waits for it", a.id, a.step));
+                        let _ = queue.ack(&a.id).await;
+                        continue;
                     }
                     Ok(Some(a)) => a,
                     Ok(None) => continue,
@@ -159,6 +165,8 @@ impl Coordinator for WorkerService {
             // Once fenced: the assignments it held, which it may still report on.
             let mut fenced: Option<std::collections::HashSet<String>> = None;
             let mut silent_leases = 0u32;
+            // Taken by a pulling worker, but no run here waits for them.
+            let mut orphans = std::collections::HashSet::new();
             loop {
                 let m = match tokio::time::timeout(lease, inbound.message()).await {
                     Err(_silent) if fenced.is_some() => {
@@ -196,6 +204,7 @@ impl Coordinator for WorkerService {
                         worker_message::Msg::Line(l) => {
                             sink.line(&l.run_id, &l.step, if l.stderr { Stream::Stderr } else { Stream::Stdout }, &l.line);
                         }
+                        worker_message::Msg::Result(r) if orphans.remove(&r.assignment_id) => {}
                         worker_message::Msg::Result(mut r) => {
                             // Fencing by assignment id: only what this session holds counts.
                             if inflight.lock().ok().and_then(|mut m| m.remove(&r.assignment_id)).is_some() {
@@ -236,6 +245,13 @@ impl Coordinator for WorkerService {
                             if inflight.lock().ok().and_then(|mut m| m.remove(&r.assignment_id)).is_some() {
                                 d.requeue(&r.assignment_id);
                             }
+                        }
+                        worker_message::Msg::Taken(t) if pulls && !d.wanted(&t.assignment_id) => {
+                            // Nobody here waits for it: the worker drops it (and acknowledges it when it reports).
+                            sink.note(&format!("dropped assignment {}: no run here waits for it", t.assignment_id));
+                            orphans.insert(t.assignment_id.clone());
+                            let cancel = CoordinatorMessage { msg: Some(coordinator_message::Msg::Cancel(steppe_proto::v1::Cancel { assignment_id: t.assignment_id })) };
+                            let _ = session_tx.try_send(Ok(cancel));
                         }
                         worker_message::Msg::Taken(t) if pulls => {
                             d.running_remotely(&t.assignment_id, session_tx.clone());

@@ -990,3 +990,52 @@ fn pools_route_runs_to_their_workers() {
     assert!(text(&bad).contains("a pool name is 1 to 64 letters"), "{}", text(&bad));
     stop([&mut plain, &mut special, &mut coord, &mut redis]);
 }
+
+/// Assignments a coordinator left on the Redis queue when it died belong to
+/// no run of its successor: they are dropped, not run.
+#[test]
+fn a_dead_coordinators_queue_entries_are_not_run() {
+    let work = scratch("orphans");
+    let ran = work.join("ran");
+    std::fs::write(work.join("p.yml"), format!("jobs:\n- name: j\n  plan:\n  - task: orphan\n    run: echo ran >> {}\n", ran.display())).expect("write");
+    let (mut redis, redis_url) = redis_server();
+    let port = redis_url.trim_start_matches("redis://127.0.0.1:").trim_end_matches('/').to_string();
+    let queued = || {
+        let out = Command::new("redis-cli").args(["-p", &port, "XLEN", "steppe:assignments"]).output().expect("redis-cli");
+        String::from_utf8_lossy(&out.stdout).trim().parse::<u32>().unwrap_or(0)
+    };
+    let (mut first, url, mut lines) = serving(&["coordinator", "--listen", "127.0.0.1:0", "--state", "state", "--queue", &redis_url], &work);
+    std::thread::spawn(move || for _ in lines.by_ref() {});
+    for _ in 0..2 {
+        let out = steppe(&["submit", "p.yml", "--detach", "--coordinator", &url], &work);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    }
+    let t0 = Instant::now();
+    while queued() < 2 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the steps never reached the queue");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    stop([&mut first]);
+    let (mut second, url, lines) = serving(&["coordinator", "--listen", "127.0.0.1:0", "--state", "state2", "--queue", &redis_url], &work);
+    let (seen_tx, seen) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for l in lines.map_while(Result::ok) {
+            let _ = seen_tx.send(l);
+        }
+    });
+    let mut workers = vec![spawn_worker(&url, &["--slots", "1", "--queue", &redis_url]), spawn_worker(&url, &["--slots", "1"])];
+    let mut dropped = 0;
+    let t0 = Instant::now();
+    while dropped < 2 {
+        let l = seen.recv_timeout(Duration::from_secs(20)).expect("the second coordinator's log");
+        dropped += usize::from(l.contains("dropped assignment") && l.contains("no run here waits for it"));
+        assert!(t0.elapsed() < Duration::from_secs(20), "the orphans were not dropped");
+    }
+    assert!(!ran.exists(), "an orphaned step ran: {:?}", std::fs::read_to_string(&ran));
+    // The successor runs its own work as usual.
+    std::fs::write(work.join("mine.yml"), "jobs:\n- name: j\n  plan:\n  - task: t\n    run: echo mine\n").expect("write");
+    let out = steppe(&["submit", "mine.yml", "--coordinator", &url], &work);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(!ran.exists());
+    stop(workers.iter_mut().chain([&mut second, &mut redis]));
+}

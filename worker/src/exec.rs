@@ -86,6 +86,10 @@ async fn run_in(
     cancel: watch::Receiver<bool>,
 ) -> AssignmentResult {
     let fail = |e: StepError| AssignmentResult { assignment_id: a.id.clone(), epoch: a.epoch, exit_code: None, stdout: String::new(), stderr: String::new(), outputs: Vec::new(), result: Err(e), agent: None };
+    if *cancel.borrow() {
+        // Cancelled before it started: nothing runs.
+        return fail(StepError::aborted(format!("{}: cancelled before it started", a.step)));
+    }
     if a.cwd == Cwd::StepDir {
         for (name, r) in &a.inputs {
             let s = store.clone();

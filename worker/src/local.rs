@@ -14,13 +14,18 @@ use crate::exec::{execute, LineSink};
 
 /// Cancellation switches of the assignments running in this process, by id.
 #[derive(Clone, Default)]
-pub struct Cancels(Arc<Mutex<HashMap<String, watch::Sender<bool>>>>);
+pub struct Cancels(Arc<Mutex<HashMap<String, watch::Sender<bool>>>>, Arc<Mutex<std::collections::HashSet<String>>>);
 
 impl Cancels {
     pub(crate) fn register(&self, id: &str) -> watch::Receiver<bool> {
         let (tx, rx) = watch::channel(false);
         if let Ok(mut m) = self.0.lock() {
             m.insert(id.to_string(), tx);
+        }
+        if let Ok(mut early) = self.1.lock() {
+            if early.remove(id) {
+                self.cancel(id);
+            }
         }
         rx
     }
@@ -33,11 +38,30 @@ impl Cancels {
     pub fn cancel(&self, id: &str) -> bool {
         self.0.lock().ok().and_then(|m| m.get(id).map(|tx| tx.send(true).is_ok())).unwrap_or(false)
     }
+
+    /// As `cancel`, for an assignment that may not have started yet: if it
+    /// starts here later, it starts cancelled.
+    pub fn cancel_or_remember(&self, id: &str) {
+        if !self.cancel(id) {
+            if let Ok(mut early) = self.1.lock() {
+                // Bounded: ids for assignments that never arrive must not pile up.
+                if early.len() >= 1024 {
+                    early.clear();
+                }
+                early.insert(id.to_string());
+            }
+        }
+    }
 }
 
 /// Where finished assignments are reported.
 pub trait Reporter: Send + Sync {
     fn complete(&self, r: AssignmentResult);
+    /// Whether anyone waits for this assignment. One nobody waits for was
+    /// left on a shared queue by a coordinator that is gone: it is not run.
+    fn wanted(&self, _id: &str) -> bool {
+        true
+    }
 }
 
 /// Starts `slots` loops that take assignments from `queue`, run them and report.
@@ -63,6 +87,11 @@ pub fn spawn_local_workers(
                         continue;
                     }
                 };
+                if !reporter.wanted(&a.id) {
+                    eprintln!("steppe: dropped assignment {} ({}): no run here waits for it", a.id, a.step);
+                    let _ = queue.ack(&a.id).await;
+                    continue;
+                }
                 let cancel = cancels.register(&a.id);
                 let r = execute(&a, store.clone(), &work_root, sink.clone(), cancel).await;
                 cancels.done(&a.id);

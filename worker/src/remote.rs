@@ -349,7 +349,8 @@ pub async fn run(config: WorkerConfig) -> Result<(), WorkerError> {
                         running.spawn(ctx.clone().run_one(assignment_from_wire(wa), None));
                     }
                     Some(coordinator_message::Msg::Cancel(c)) => {
-                        ctx.cancels.cancel(&c.assignment_id);
+                        // A worker that pulls may hear of a cancel before it starts the step.
+                        ctx.cancels.cancel_or_remember(&c.assignment_id);
                     }
                     Some(coordinator_message::Msg::Welcome(_)) | None => {}
                 }
