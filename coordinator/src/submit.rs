@@ -101,6 +101,61 @@ pub async fn cancel(remote: &Remote, run_id: &str) -> anyhow::Result<bool> {
     Ok(reply.into_inner().cancelled)
 }
 
+fn bundle_file(full: &Path, rel: &str) -> anyhow::Result<BundleFile> {
+    use std::os::unix::fs::PermissionsExt;
+    let content = std::fs::read(full).map_err(|e| anyhow::anyhow!("{}: {e}", full.display()))?;
+    let executable = std::fs::metadata(full).is_ok_and(|m| m.permissions().mode() & 0o111 != 0);
+    Ok(BundleFile { path: rel.to_string(), content, executable })
+}
+
+/// How much of the pipeline's directory beyond the files the loader read
+/// goes with a submission (at most; less when those files are large).
+const DIRECTORY_BUDGET: usize = 3 << 20;
+
+/// Adds the other files of the pipeline's directory (resource `check`s run
+/// there, and may read them), smallest first, within [`DIRECTORY_BUDGET`];
+/// hidden entries, symlinks and build output are left out. Returns how many
+/// files did not fit.
+fn bundle_directory(dir: &Path, files: &mut Vec<BundleFile>) -> usize {
+    let have: std::collections::HashSet<PathBuf> = files.iter().map(|f| dir.join(&f.path)).filter_map(|p| p.canonicalize().ok()).collect();
+    let mut found: Vec<(u64, PathBuf, String)> = Vec::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(dir.join(&rel)) else { continue };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with('.') || matches!(name.as_ref(), "target" | "node_modules") {
+                continue;
+            }
+            let Ok(meta) = std::fs::symlink_metadata(e.path()) else { continue };
+            let r = rel.join(&*name);
+            if meta.is_dir() {
+                // Bounded: a huge tree is not walked to the bottom.
+                if found.len() < 10_000 {
+                    stack.push(r);
+                }
+            } else if meta.is_file() && !e.path().canonicalize().is_ok_and(|p| have.contains(&p)) {
+                found.push((meta.len(), e.path(), r.to_string_lossy().into_owned()));
+            }
+        }
+    }
+    found.sort();
+    let read: usize = files.iter().map(|f| f.content.len() + f.path.len()).sum();
+    let mut budget = DIRECTORY_BUDGET.min((SUBMISSION_MAX - (512 << 10)).saturating_sub(read));
+    let mut left_out = 0;
+    for (len, full, rel) in found {
+        match usize::try_from(len).ok().filter(|l| *l <= budget).and_then(|_| bundle_file(&full, &rel).ok()) {
+            Some(f) => {
+                budget -= f.content.len().min(budget);
+                files.push(f);
+            }
+            None => left_out += 1,
+        }
+    }
+    left_out
+}
+
 /// The gRPC message limit.
 const SUBMISSION_MAX: usize = 4 << 20;
 
@@ -144,6 +199,10 @@ fn unpack(root: &Path, pipeline: &str, files: &[BundleFile]) -> Result<PathBuf, 
             std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
         }
         std::fs::write(&full, &f.content).map_err(|e| format!("{}: {e}", full.display()))?;
+        if f.executable {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&full, std::fs::Permissions::from_mode(0o755)).map_err(|e| format!("{}: {e}", full.display()))?;
+        }
     }
     if Path::new(pipeline).components().count() != 1 {
         return Err(format!("pipeline name {pipeline:?} must be a file name"));
@@ -356,10 +415,17 @@ pub async fn submit(remote: &Remote, path: &Path, job: Option<&str>, test: bool,
         }
     };
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let mut files = vec![BundleFile { path: name.clone(), content: std::fs::read(path)? }];
+    let mut files = vec![bundle_file(path, &name)?];
     for rel in &loaded.read_files {
-        let full = loaded.dir.join(rel);
-        files.push(BundleFile { path: rel.clone(), content: std::fs::read(&full).map_err(|e| anyhow::anyhow!("{}: {e}", full.display()))? });
+        files.push(bundle_file(&loaded.dir.join(rel), rel)?);
+    }
+    let left_out = bundle_directory(&loaded.dir, &mut files);
+    if left_out > 0 {
+        eprintln!(
+            "steppe: note: {left_out} file(s) of {} not sent (a submission carries at most {} MiB); a resource check that reads them will not find them on the coordinator",
+            loaded.dir.display(),
+            DIRECTORY_BUDGET >> 20
+        );
     }
     let mut client = RunsClient::with_interceptor(remote.channel().await?, remote.bearer()?);
     if let Some(p) = pool {

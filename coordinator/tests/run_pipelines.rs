@@ -1039,3 +1039,28 @@ fn a_dead_coordinators_queue_entries_are_not_run() {
     assert!(!ran.exists());
     stop(workers.iter_mut().chain([&mut second, &mut redis]));
 }
+
+/// A resource `check` runs in the pipeline's directory; submitted, it finds
+/// the directory's other files (and their executable bit) on the coordinator.
+#[test]
+fn a_submitted_check_reads_the_pipelines_directory() {
+    let work = scratch("check-dir");
+    std::fs::create_dir_all(work.join("scripts")).expect("mkdir");
+    std::fs::write(work.join("scripts/versions.sh"), "#!/bin/sh\nprintf '[{\"v\": \"%s\"}]' \"$(cat releases.txt)\"\n").expect("write");
+    std::fs::set_permissions(work.join("scripts/versions.sh"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+    std::fs::write(work.join("releases.txt"), "7.1").expect("write");
+    std::fs::write(
+        work.join("p.yml"),
+        "resource_types:\n- name: release\n  config:\n    check: ./scripts/versions.sh\n    in: echo {{ .version.v | shellquote }} > v\nresources:\n- name: rel\n  type: release\n  source: {}\njobs:\n- name: j\n  plan:\n  - get: rel\n  - task: show\n    inputs: [rel]\n    run: cat rel/v\n",
+    )
+    .expect("write");
+    let embedded = steppe(&["run", "p.yml"], &work);
+    assert_eq!(embedded.status.code(), Some(0), "{}", text(&embedded));
+    let (mut coord, url, mut lines) = serving(&["coordinator", "--listen", "127.0.0.1:0", "--state", ".state"], &work);
+    std::thread::spawn(move || for _ in lines.by_ref() {});
+    let mut worker = spawn_worker(&url, &["--slots", "1"]);
+    let out = steppe(&["submit", "p.yml", "--coordinator", &url], &work);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("[show] 7.1"), "{}", text(&out));
+    stop([&mut coord, &mut worker]);
+}
