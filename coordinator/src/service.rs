@@ -165,8 +165,6 @@ impl Coordinator for WorkerService {
             // Once fenced: the assignments it held, which it may still report on.
             let mut fenced: Option<std::collections::HashSet<String>> = None;
             let mut silent_leases = 0u32;
-            // Taken by a pulling worker, but no run here waits for them.
-            let mut orphans = std::collections::HashSet::new();
             loop {
                 let m = match tokio::time::timeout(lease, inbound.message()).await {
                     Err(_silent) if fenced.is_some() => {
@@ -204,7 +202,6 @@ impl Coordinator for WorkerService {
                         worker_message::Msg::Line(l) => {
                             sink.line(&l.run_id, &l.step, if l.stderr { Stream::Stderr } else { Stream::Stdout }, &l.line);
                         }
-                        worker_message::Msg::Result(r) if orphans.remove(&r.assignment_id) => {}
                         worker_message::Msg::Result(mut r) => {
                             // Fencing by assignment id: only what this session holds counts.
                             if inflight.lock().ok().and_then(|mut m| m.remove(&r.assignment_id)).is_some() {
@@ -247,17 +244,18 @@ impl Coordinator for WorkerService {
                             }
                         }
                         worker_message::Msg::Taken(t) if pulls && !d.wanted(&t.assignment_id) => {
-                            // Nobody here waits for it: the worker drops it (and acknowledges it when it reports).
+                            // Nobody here waits for it: the worker drops it unrun.
                             sink.note(&format!("dropped assignment {}: no run here waits for it", t.assignment_id));
-                            orphans.insert(t.assignment_id.clone());
                             let cancel = CoordinatorMessage { msg: Some(coordinator_message::Msg::Cancel(steppe_proto::v1::Cancel { assignment_id: t.assignment_id })) };
-                            let _ = session_tx.try_send(Ok(cancel));
+                            let _ = session_tx.send(Ok(cancel)).await;
                         }
                         worker_message::Msg::Taken(t) if pulls => {
                             d.running_remotely(&t.assignment_id, session_tx.clone());
                             if let Ok(mut m) = inflight.lock() {
-                                m.insert(t.assignment_id, None);
+                                m.insert(t.assignment_id.clone(), None);
                             }
+                            let confirm = CoordinatorMessage { msg: Some(coordinator_message::Msg::Confirm(steppe_proto::v1::Confirm { assignment_id: t.assignment_id })) };
+                            let _ = session_tx.send(Ok(confirm)).await;
                         }
                         worker_message::Msg::Taken(_) => {}
                         worker_message::Msg::Hello(_) => {}

@@ -112,6 +112,9 @@ fn bundle_file(full: &Path, rel: &str) -> anyhow::Result<BundleFile> {
 /// goes with a submission (at most; less when those files are large).
 const DIRECTORY_BUDGET: usize = 3 << 20;
 
+/// And at most this many of its files.
+const DIRECTORY_FILES: usize = 2_000;
+
 /// Adds the other files of the pipeline's directory (resource `check`s run
 /// there, and may read them), smallest first, within [`DIRECTORY_BUDGET`];
 /// hidden entries, symlinks and build output are left out. Returns how many
@@ -144,10 +147,14 @@ fn bundle_directory(dir: &Path, files: &mut Vec<BundleFile>) -> usize {
     let read: usize = files.iter().map(|f| f.content.len() + f.path.len()).sum();
     let mut budget = DIRECTORY_BUDGET.min((SUBMISSION_MAX - (512 << 10)).saturating_sub(read));
     let mut left_out = 0;
+    let mut added = 0;
     for (len, full, rel) in found {
-        match usize::try_from(len).ok().filter(|l| *l <= budget).and_then(|_| bundle_file(&full, &rel).ok()) {
+        // What a file costs in the message: its bytes, its path, the framing.
+        let cost = usize::try_from(len).unwrap_or(usize::MAX).saturating_add(rel.len() + 16);
+        match Some(cost).filter(|c| *c <= budget && added < DIRECTORY_FILES).and_then(|_| bundle_file(&full, &rel).ok()) {
             Some(f) => {
-                budget -= f.content.len().min(budget);
+                budget -= (f.content.len() + rel.len() + 16).min(budget);
+                added += 1;
                 files.push(f);
             }
             None => left_out += 1,

@@ -698,13 +698,15 @@ fn long_step_runs_once(pulling: bool) {
     // A 1s queue lease under a 4s step: only the coordinator's renewals keep
     // the entry from going to the second worker.
     let (mut coord, url, mut lines) = serving(&["coordinator", "--listen", "127.0.0.1:0", "--state", "state", "--queue", &redis_url, "--queue-lease", "1s"], &work);
-    std::thread::spawn(move || for _ in lines.by_ref() {});
+    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let keep = log.clone();
+    std::thread::spawn(move || lines.map_while(Result::ok).for_each(|l| keep.lock().expect("log").push(l)));
     let pull: &[&str] = if pulling { &["--slots", "1", "--queue", &redis_url] } else { &["--slots", "1"] };
     let mut workers = vec![spawn_worker(&url, pull), spawn_worker(&url, pull)];
     let out = steppe(&["submit", "p.yml", "--coordinator", &url], &work);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let runs: Vec<String> = std::fs::read_to_string(&ran).expect("ran").lines().map(str::to_string).collect();
-    assert_eq!(runs.len(), 1, "the step ran once, not again when its lease would have run out: {runs:?}");
+    assert_eq!(runs.len(), 1, "the step ran once, not again when its lease would have run out: {runs:?}\n{}", log.lock().expect("log").join("\n"));
     stop(workers.iter_mut().chain([&mut coord, &mut redis]));
 }
 

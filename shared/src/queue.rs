@@ -211,6 +211,9 @@ pub struct RedisQueue {
     lease: Duration,
     /// Assignment id → stream entry id, for entries this process pushed or took.
     entries: Mutex<HashMap<String, String>>,
+    /// The ids among them this consumer took: the leases it renews. (An
+    /// entry it only pushed is renewed by whoever took it, or comes back.)
+    taken: Mutex<std::collections::HashSet<String>>,
 }
 
 impl RedisQueue {
@@ -226,7 +229,17 @@ impl RedisQueue {
                 return Err(err(e));
             }
         }
-        Ok(RedisQueue { url: url.to_string(), client, conn, key: key.to_string(), group, consumer: consumer.to_string(), lease, entries: Mutex::new(HashMap::new()) })
+        Ok(RedisQueue {
+            url: url.to_string(),
+            client,
+            conn,
+            key: key.to_string(),
+            group,
+            consumer: consumer.to_string(),
+            lease,
+            entries: Mutex::new(HashMap::new()),
+            taken: Default::default(),
+        })
     }
 
     fn err(&self, e: redis::RedisError) -> QueueError {
@@ -242,6 +255,9 @@ impl RedisQueue {
         let a: Assignment = serde_json::from_str(&raw).map_err(|e| QueueError::Corrupt(format!("entry {entry}: {e}")))?;
         if let Ok(mut m) = self.entries.lock() {
             m.insert(a.id.clone(), entry);
+        }
+        if let Ok(mut t) = self.taken.lock() {
+            t.insert(a.id.clone());
         }
         Ok(a)
     }
@@ -279,6 +295,11 @@ fn parse_entries(v: &redis::Value) -> Vec<Entry> {
 impl Queue for RedisQueue {
     fn push(&self, a: Assignment) -> BoxFuture<'_, Result<(), QueueError>> {
         let taken = self.entry_of(&a.id);
+        // Before the XADD: once it is in, a consumer of this process may
+        // take it at once, and its take must stay recorded.
+        if let Ok(mut t) = self.taken.lock() {
+            t.remove(&a.id);
+        }
         Box::pin(async move {
             let body = serde_json::to_string(&a).map_err(|e| QueueError::Corrupt(e.to_string()))?;
             let mut c = self.conn.clone();
@@ -378,6 +399,9 @@ impl Queue for RedisQueue {
             if let Ok(mut m) = self.entries.lock() {
                 m.remove(&id);
             }
+            if let Ok(mut t) = self.taken.lock() {
+                t.remove(&id);
+            }
             Ok(())
         })
     }
@@ -402,14 +426,14 @@ impl Queue for RedisQueue {
     }
 
     fn extend_held(&self) -> BoxFuture<'_, Result<(), QueueError>> {
-        let held: Vec<String> = self.entries.lock().map(|m| m.values().cloned().collect()).unwrap_or_default();
+        let taken = self.taken.lock().map(|t| t.clone()).unwrap_or_default();
+        let held: Vec<String> = self.entries.lock().map(|m| m.iter().filter(|(id, _)| taken.contains(*id)).map(|(_, e)| e.clone()).collect()).unwrap_or_default();
         Box::pin(async move {
             if held.is_empty() {
                 return Ok(());
             }
             let mut c = self.conn.clone();
-            // XCLAIM with no minimum idle time resets an entry's idle clock;
-            // entries not pending (pushed, not yet taken) are skipped by Redis.
+            // XCLAIM with no minimum idle time resets an entry's idle clock.
             for ids in held.chunks(512) {
                 let _: redis::Value = redis::cmd("XCLAIM")
                     .arg(&self.key)

@@ -14,18 +14,13 @@ use crate::exec::{execute, LineSink};
 
 /// Cancellation switches of the assignments running in this process, by id.
 #[derive(Clone, Default)]
-pub struct Cancels(Arc<Mutex<HashMap<String, watch::Sender<bool>>>>, Arc<Mutex<std::collections::HashSet<String>>>);
+pub struct Cancels(Arc<Mutex<HashMap<String, watch::Sender<bool>>>>);
 
 impl Cancels {
     pub(crate) fn register(&self, id: &str) -> watch::Receiver<bool> {
         let (tx, rx) = watch::channel(false);
         if let Ok(mut m) = self.0.lock() {
             m.insert(id.to_string(), tx);
-        }
-        if let Ok(mut early) = self.1.lock() {
-            if early.remove(id) {
-                self.cancel(id);
-            }
         }
         rx
     }
@@ -37,20 +32,6 @@ impl Cancels {
     /// Kills the assignment's command if it runs here; true if it did.
     pub fn cancel(&self, id: &str) -> bool {
         self.0.lock().ok().and_then(|m| m.get(id).map(|tx| tx.send(true).is_ok())).unwrap_or(false)
-    }
-
-    /// As `cancel`, for an assignment that may not have started yet: if it
-    /// starts here later, it starts cancelled.
-    pub fn cancel_or_remember(&self, id: &str) {
-        if !self.cancel(id) {
-            if let Ok(mut early) = self.1.lock() {
-                // Bounded: ids for assignments that never arrive must not pile up.
-                if early.len() >= 1024 {
-                    early.clear();
-                }
-                early.insert(id.to_string());
-            }
-        }
     }
 }
 

@@ -137,9 +137,8 @@ struct Running {
 
 impl Running {
     /// Runs one assignment and reports its result; `_slot` is held until then.
-    async fn run_one(self, a: Assignment, _slot: Option<tokio::sync::OwnedSemaphorePermit>) {
+    async fn run_one(self, a: Assignment, cancel: tokio::sync::watch::Receiver<bool>, _slot: Option<tokio::sync::OwnedSemaphorePermit>) {
         let Running { tx, store, work_root, cancels, queue } = self;
-        let cancel = cancels.register(&a.id);
         let sink = Arc::new(Lines { tx: tx.clone(), id: a.id.clone(), dropped: Default::default() });
         let r = execute(&a, store.clone(), &work_root, sink.clone(), cancel).await;
         cancels.done(&a.id);
@@ -179,15 +178,14 @@ impl Running {
     }
 }
 
-/// Takes assignments from the shared queue while a slot is free, tells the
-/// coordinator each one it took, and hands it to the run loop. Stopped by
+/// Takes assignments from the shared queue while a slot is free and hands
+/// each to the run loop (which tells the coordinator it took it). Stopped by
 /// `stop` (never cut short mid-pop: the entry would sit with nobody until
 /// its lease ran out).
 async fn pull(
     q: Arc<dyn Queue>,
     slots: usize,
     out: mpsc::Sender<(Assignment, tokio::sync::OwnedSemaphorePermit)>,
-    tx: mpsc::Sender<WorkerMessage>,
     stop: Arc<std::sync::atomic::AtomicBool>,
 ) {
     use std::sync::atomic::Ordering;
@@ -206,13 +204,10 @@ async fn pull(
                 continue;
             }
         };
-        let taken = WorkerMessage { msg: Some(worker_message::Msg::Taken(Taken { assignment_id: a.id.clone(), epoch: a.epoch })) };
-        if tx.send(taken).await.is_err() {
-            return;
-        }
         if stop.load(Ordering::SeqCst) {
-            // Taken just as the worker stopped taking work: the coordinator puts it back.
-            let _ = tx.send(WorkerMessage { msg: Some(worker_message::Msg::Release(Release { assignment_id: a.id })) }).await;
+            // Taken just as the worker stopped taking work: straight back on
+            // the queue (the push retires the entry this worker took).
+            let _ = q.push(a).await;
             return;
         }
         if out.send((a, permit)).await.is_err() {
@@ -289,7 +284,7 @@ pub async fn run(config: WorkerConfig) -> Result<(), WorkerError> {
         Some(queue_url) => {
             let lease = Duration::from_millis(welcome.queue_lease_ms.max(1000));
             let q: Arc<dyn Queue> = Arc::new(RedisQueue::connect(queue_url, &welcome.queue_key, name, lease).await.map_err(WorkerError::Queue)?);
-            tokio::spawn(pull(q.clone(), slots as usize, pulled_tx, tx.clone(), stop_pulling.clone()));
+            tokio::spawn(pull(q.clone(), slots as usize, pulled_tx, stop_pulling.clone()));
             let renew = q.clone();
             tokio::spawn(async move {
                 // Lease extension: what this worker took stays its own while it runs.
@@ -308,6 +303,7 @@ pub async fn run(config: WorkerConfig) -> Result<(), WorkerError> {
         }
     };
     let mut running = tokio::task::JoinSet::new();
+    let mut awaiting: std::collections::HashMap<String, (Assignment, tokio::sync::OwnedSemaphorePermit)> = Default::default();
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     let mut draining = false;
     loop {
@@ -336,7 +332,11 @@ pub async fn run(config: WorkerConfig) -> Result<(), WorkerError> {
                 }
             }
             Some((a, permit)) = pulled.recv() => {
-                running.spawn(ctx.clone().run_one(a, Some(permit)));
+                // Taken from the queue; it runs once the coordinator confirms
+                // (awaited before the coordinator hears of it, so no Confirm is missed).
+                let taken = WorkerMessage { msg: Some(worker_message::Msg::Taken(Taken { assignment_id: a.id.clone(), epoch: a.epoch })) };
+                awaiting.insert(a.id.clone(), (a, permit));
+                let _ = tx.send(taken).await;
             }
             m = inbound.message() => {
                 // A session that ends, cleanly or not, means the coordinator is gone.
@@ -346,12 +346,28 @@ pub async fn run(config: WorkerConfig) -> Result<(), WorkerError> {
                         let _ = tx.send(WorkerMessage { msg: Some(worker_message::Msg::Release(Release { assignment_id: wa.id })) }).await;
                     }
                     Some(coordinator_message::Msg::Assignment(wa)) => {
-                        running.spawn(ctx.clone().run_one(assignment_from_wire(wa), None));
+                        // Registered here, not in the task: a cancel read next must find it.
+                        let a = assignment_from_wire(wa);
+                        let cancel = ctx.cancels.register(&a.id);
+                        running.spawn(ctx.clone().run_one(a, cancel, None));
                     }
-                    Some(coordinator_message::Msg::Cancel(c)) => {
-                        // A worker that pulls may hear of a cancel before it starts the step.
-                        ctx.cancels.cancel_or_remember(&c.assignment_id);
+                    Some(coordinator_message::Msg::Confirm(c)) => {
+                        if let Some((a, permit)) = awaiting.remove(&c.assignment_id) {
+                            let cancel = ctx.cancels.register(&a.id);
+                            running.spawn(ctx.clone().run_one(a, cancel, Some(permit)));
+                        }
                     }
+                    Some(coordinator_message::Msg::Cancel(c)) => match awaiting.remove(&c.assignment_id) {
+                        // Taken but not confirmed: nobody waits for it; it goes unrun.
+                        Some((a, _slot)) => {
+                            if let Some(q) = &ctx.queue {
+                                let _ = q.ack(&a.id).await;
+                            }
+                        }
+                        None => {
+                            ctx.cancels.cancel(&c.assignment_id);
+                        }
+                    },
                     Some(coordinator_message::Msg::Welcome(_)) | None => {}
                 }
             }
