@@ -173,7 +173,7 @@ fn main() {
     println!("cluster: {STEPS} steps of `true`, {IN_FLIGHT} in flight, median of {runs} runs");
     let embedded_label = format!("embedded  steppe run --workers {IN_FLIGHT}");
     let cluster_label = format!("cluster   submit, Redis, 2 workers x{SLOTS_PER_WORKER}");
-    let pulled_label = format!("cluster   the same, workers --queue");
+    let pulled_label = "cluster   the same, workers --queue".to_string();
     println!("  {:<40} {:>8} {:>8} {:>8}", "", "steps/s", "p50", "p99");
     for (label, f) in [(embedded_label, &local), (cluster_label, &remote), (pulled_label, &pulled)] {
         println!("  {label:<40} {:>8.0} {:>5} ms {:>5} ms", rate(f), f.p50_ms, f.p99_ms);

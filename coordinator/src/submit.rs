@@ -408,7 +408,6 @@ impl Runs for RunService {
 /// is sent), sends it with every file it reads, prints what comes back.
 /// With `detach`, returns as soon as the run has begun, printing its id.
 #[allow(clippy::too_many_arguments)]
-#[allow(clippy::too_many_arguments)]
 pub async fn submit(remote: &Remote, path: &Path, job: Option<&str>, test: bool, detach: bool, pool: Option<&str>, vars: HashMap<String, String>, answers: Vec<String>) -> anyhow::Result<i32> {
     let opts = LoadOptions::from_env(vars.clone().into_iter().collect());
     let loaded = match load_file(path, &opts) {

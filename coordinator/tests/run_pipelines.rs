@@ -645,7 +645,7 @@ fn kill_9_mid_step(pulling: bool) {
     let (mut coord, url, mut lines) = serving(&["coordinator", "--listen", "127.0.0.1:0", "--state", "state", "--queue", &redis_url, "--store", &redis_url], &work);
     std::thread::spawn(move || for _ in lines.by_ref() {});
     let pull: &[&str] = if pulling { &["--slots", "1", "--queue", &redis_url] } else { &["--slots", "1"] };
-    let mut workers = vec![spawn_worker(&url, pull), spawn_worker(&url, pull)];
+    let mut workers = [spawn_worker(&url, pull), spawn_worker(&url, pull)];
     let submitter = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
         .args(["submit", "p.yml", "--coordinator", &url])
         .current_dir(&work)
@@ -697,12 +697,12 @@ fn long_step_runs_once(pulling: bool) {
     let (mut redis, redis_url) = redis_server();
     // A 1s queue lease under a 4s step: only the coordinator's renewals keep
     // the entry from going to the second worker.
-    let (mut coord, url, mut lines) = serving(&["coordinator", "--listen", "127.0.0.1:0", "--state", "state", "--queue", &redis_url, "--queue-lease", "1s"], &work);
+    let (mut coord, url, lines) = serving(&["coordinator", "--listen", "127.0.0.1:0", "--state", "state", "--queue", &redis_url, "--queue-lease", "1s"], &work);
     let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let keep = log.clone();
     std::thread::spawn(move || lines.map_while(Result::ok).for_each(|l| keep.lock().expect("log").push(l)));
     let pull: &[&str] = if pulling { &["--slots", "1", "--queue", &redis_url] } else { &["--slots", "1"] };
-    let mut workers = vec![spawn_worker(&url, pull), spawn_worker(&url, pull)];
+    let mut workers = [spawn_worker(&url, pull), spawn_worker(&url, pull)];
     let out = steppe(&["submit", "p.yml", "--coordinator", &url], &work);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let runs: Vec<String> = std::fs::read_to_string(&ran).expect("ran").lines().map(str::to_string).collect();
@@ -837,7 +837,7 @@ fn every_fixture_runs_the_same_through_a_cluster() {
     std::thread::spawn(move || for _ in lines.by_ref() {});
     // One worker takes from the Redis queue itself, the other is sent work
     // over its session: both kinds share the one queue.
-    let mut workers = vec![spawn_worker(&url, &["--slots", "4", "--queue", &redis_url]), spawn_worker(&url, &["--slots", "4"])];
+    let mut workers = [spawn_worker(&url, &["--slots", "4", "--queue", &redis_url]), spawn_worker(&url, &["--slots", "4"])];
     let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
     let mut pipelines: Vec<PathBuf> = fixtures("");
     pipelines.extend(fixtures("failing"));
@@ -1025,7 +1025,7 @@ fn a_dead_coordinators_queue_entries_are_not_run() {
             let _ = seen_tx.send(l);
         }
     });
-    let mut workers = vec![spawn_worker(&url, &["--slots", "1", "--queue", &redis_url]), spawn_worker(&url, &["--slots", "1"])];
+    let mut workers = [spawn_worker(&url, &["--slots", "1", "--queue", &redis_url]), spawn_worker(&url, &["--slots", "1"])];
     let mut dropped = 0;
     let t0 = Instant::now();
     while dropped < 2 {
