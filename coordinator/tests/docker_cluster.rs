@@ -36,6 +36,18 @@ impl Drop for Cleanup {
     }
 }
 
+/// `deploy/build-image.sh` as `image`: the base made by debootstrap (once
+/// per engine), with this build's binary.
+fn build_image(root: &Path, image: &str) {
+    let built = Command::new("sh")
+        .arg(root.join("deploy/build-image.sh"))
+        .env("STEPPE_BINARY", env!("CARGO_BIN_EXE_steppe"))
+        .env("IMAGE", image)
+        .output()
+        .expect("sh");
+    assert!(built.status.success(), "deploy/build-image.sh: {}", String::from_utf8_lossy(&built.stderr));
+}
+
 fn logs(container: &str) -> String {
     let out = docker(&["logs", container]);
     format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
@@ -57,14 +69,7 @@ fn a_worker_cut_off_the_network_mid_step_loses_its_step_to_the_other() {
     let name = |role: &str| format!("steppe-test-{id}-{role}");
     let mut cleanup = Cleanup { containers: Vec::new(), network: network.clone(), image: image.clone() };
 
-    // The image: the base made by debootstrap (once per engine), with this build's binary.
-    let built = Command::new("sh")
-        .arg(root.join("deploy/build-image.sh"))
-        .env("STEPPE_BINARY", env!("CARGO_BIN_EXE_steppe"))
-        .env("IMAGE", &image)
-        .output()
-        .expect("sh");
-    assert!(built.status.success(), "deploy/build-image.sh: {}", String::from_utf8_lossy(&built.stderr));
+    build_image(&root, &image);
 
     let work: PathBuf = std::env::temp_dir().join(format!("steppe-docker-{id}"));
     let _ = std::fs::remove_dir_all(&work);
@@ -180,13 +185,7 @@ fn the_compose_file_comes_up_and_runs_the_example() {
     let id = std::process::id();
     let image = format!("steppe-test-compose:{id}");
     let project = format!("steppe-test-{id}");
-    let built = Command::new("sh")
-        .arg(root.join("deploy/build-image.sh"))
-        .env("STEPPE_BINARY", env!("CARGO_BIN_EXE_steppe"))
-        .env("IMAGE", &image)
-        .output()
-        .expect("sh");
-    assert!(built.status.success(), "deploy/build-image.sh: {}", String::from_utf8_lossy(&built.stderr));
+    build_image(&root, &image);
     let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port").to_string();
     // `docker compose` where the plugin is installed, `docker-compose` otherwise.
     let compose = |args: &[&str]| -> Output {
