@@ -197,8 +197,6 @@ impl Actor for DispatcherActor {
 /// The handle to the Dispatcher actor.
 pub struct Dispatcher {
     actor: ActorRef<DispatchMsg>,
-    /// The default pool's queue (the one local workers serve).
-    pub queue: Arc<dyn Queue>,
     pub pools: Arc<Pools>,
     /// Assignments running in this process's workers.
     pub local: Cancels,
@@ -211,7 +209,7 @@ impl Dispatcher {
         let local = Cancels::default();
         let wanted = Wanted::default();
         let (actor, _) = Actor::spawn(None, DispatcherActor, (pools.clone(), local.clone(), wanted.clone())).await?;
-        Ok(Arc::new(Dispatcher { actor, queue: pools.default_pool().clone(), pools, local, seq: AtomicU64::new(0), wanted }))
+        Ok(Arc::new(Dispatcher { actor, pools, local, seq: AtomicU64::new(0), wanted }))
     }
 
     /// Queues the assignment and waits for its result. Dropping the returned
@@ -293,11 +291,11 @@ mod tests {
         let d = Dispatcher::start(Arc::new(Pools::in_process(Arc::new(InProcessQueue::new())))).await.expect("dispatcher");
         let d2 = d.clone();
         let waiter = tokio::spawn(async move { d2.dispatch(Assignment::command("r", "s", "true".into())).await });
-        let first = d.queue.pop().await.expect("handed out");
+        let first = d.pools.default_pool().pop().await.expect("handed out");
         assert_eq!(first.epoch, 0);
         // Its worker was lost: handed out again, with the next epoch.
         d.requeue(&first.id);
-        let second = d.queue.pop().await.expect("handed out again");
+        let second = d.pools.default_pool().pop().await.expect("handed out again");
         assert_eq!((second.id.as_str(), second.epoch), (first.id.as_str(), 1));
         // The lost worker answers late: refused; the current holder's answer counts.
         d.complete(result(&first.id, 0, "stale"));

@@ -634,20 +634,18 @@ async fn start_services_with(
         // Lease extension: what this process took stays its own while it
         // lives, however long the step runs.
         let (pools, out) = (pools.clone(), out.clone());
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(lease / 3).await;
-                for q in pools.all().await {
-                    if let Err(e) = q.extend_held().await {
-                        out.note(&format!("could not renew queue leases: {e}"));
-                    }
-                }
-            }
-        });
+        steppe_shared::queue::keep_leases(
+            lease,
+            move || {
+                let pools = pools.clone();
+                Box::pin(async move { pools.all().await })
+            },
+            move |e| out.note(&format!("could not renew queue leases: {e}")),
+        );
     }
     let dispatcher = dispatch::Dispatcher::start(pools).await.context("starting the dispatcher")?;
     let registry = registry::WorkerRegistry::start(out.clone()).await.context("starting the worker registry")?;
-    steppe_worker::local::spawn_local_workers(slots, dispatcher.queue.clone(), store.clone(), work, out.clone(), dispatcher.clone(), dispatcher.local.clone());
+    steppe_worker::local::spawn_local_workers(slots, dispatcher.pools.default_pool().clone(), store.clone(), work, out.clone(), dispatcher.clone(), dispatcher.local.clone());
     if slots > 0 {
         registry.joined("local", slots as u32, false, steppe_shared::queue::DEFAULT_POOL);
     }
@@ -669,7 +667,7 @@ async fn start_services_with(
             });
         }
         let store_id = local_store.store_id().with_context(|| format!("marking {}", artifact_dir.display()))?;
-        let pull_queue = svc.dispatcher.queue.lease().map(|lease| (QUEUE_KEY.to_string(), lease));
+        let pull_queue = svc.dispatcher.pools.default_pool().lease().map(|lease| (QUEUE_KEY.to_string(), lease));
         let workers = service::WorkerService {
             dispatcher: svc.dispatcher.clone(),
             sink: svc.out.clone(),

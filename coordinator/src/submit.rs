@@ -55,10 +55,6 @@ pub fn read_token(file: Option<&Path>) -> anyhow::Result<Option<String>> {
     Ok(Some(t))
 }
 
-pub fn bearer(token: Option<&str>) -> anyhow::Result<WithToken> {
-    WithToken::new(token).map_err(|e| anyhow::anyhow!("{e}"))
-}
-
 /// A coordinator as the client commands reach it (`--coordinator URL
 /// [--token-file F] [--tls-ca F]`).
 pub struct Remote {
@@ -77,7 +73,7 @@ impl Remote {
     }
 
     pub fn bearer(&self) -> anyhow::Result<WithToken> {
-        bearer(self.token.as_deref())
+        Ok(WithToken::new(self.token.as_deref())?)
     }
 
     /// What to try when a call failed the way a TLS mismatch fails.

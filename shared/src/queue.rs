@@ -70,6 +70,25 @@ pub fn pool_key(base: &str, pool: &str) -> String {
     }
 }
 
+/// Lease extension for a taker that lives: every third of `lease`, renews
+/// what it took from each of `queues()` (asked afresh each time: pools open
+/// as they are used); `report` hears of each failure. Runs until the process ends.
+pub fn keep_leases<F>(lease: Duration, queues: F, report: impl Fn(QueueError) + Send + 'static)
+where
+    F: Fn() -> BoxFuture<'static, Vec<std::sync::Arc<dyn Queue>>> + Send + 'static,
+{
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(lease / 3).await;
+            for q in queues().await {
+                if let Err(e) = q.extend_held().await {
+                    report(e);
+                }
+            }
+        }
+    });
+}
+
 type OpenPool = Box<dyn Fn(String) -> BoxFuture<'static, Result<std::sync::Arc<dyn Queue>, QueueError>> + Send + Sync>;
 
 /// One queue per worker pool, opened when first used. Workers serve one

@@ -9,7 +9,7 @@ use std::time::Duration;
 use steppe_proto::v1::coordinator_client::CoordinatorClient;
 use steppe_proto::v1::{coordinator_message, worker_message, CoordinatorMessage, Drain, Heartbeat, Hello, OutputLine, Release, Taken, WorkerMessage};
 use steppe_shared::assignment::Assignment;
-use steppe_shared::queue::{Queue, RedisQueue};
+use steppe_shared::queue::{keep_leases, Queue, RedisQueue};
 use steppe_shared::artifacts::{ArtifactStore, LocalArtifactStore};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -285,16 +285,16 @@ pub async fn run(config: WorkerConfig) -> Result<(), WorkerError> {
             let lease = Duration::from_millis(welcome.queue_lease_ms.max(1000));
             let q: Arc<dyn Queue> = Arc::new(RedisQueue::connect(queue_url, &welcome.queue_key, name, lease).await.map_err(WorkerError::Queue)?);
             tokio::spawn(pull(q.clone(), slots as usize, pulled_tx, stop_pulling.clone()));
+            // What this worker took stays its own while it runs.
             let renew = q.clone();
-            tokio::spawn(async move {
-                // Lease extension: what this worker took stays its own while it runs.
-                loop {
-                    tokio::time::sleep(lease / 3).await;
-                    if let Err(e) = renew.extend_held().await {
-                        eprintln!("steppe worker: renewing queue leases: {e}");
-                    }
-                }
-            });
+            keep_leases(
+                lease,
+                move || {
+                    let q = renew.clone();
+                    Box::pin(async move { vec![q] })
+                },
+                |e| eprintln!("steppe worker: renewing queue leases: {e}"),
+            );
             Running { queue: Some(q), ..ctx }
         }
         None => {
