@@ -207,23 +207,22 @@ impl Coordinator for WorkerService {
                             if inflight.lock().ok().and_then(|mut m| m.remove(&r.assignment_id)).is_some() {
                                 if r.payload.is_some() {
                                     let (store, id, epoch) = (store.clone(), r.assignment_id.clone(), r.epoch);
+                                    let unreadable = |e: &dyn std::fmt::Display| format!("the step's output could not be read back: {e}");
                                     r = match tokio::task::spawn_blocking(move || {
-                                        let e = restore_payload(&mut r, store.as_ref(), &std::env::temp_dir()).err();
-                                        (r, e)
+                                        if let Err(e) = restore_payload(&mut r, store.as_ref(), &std::env::temp_dir()) {
+                                            r.class = steppe_proto::v1::OutcomeClass::Errored as i32;
+                                            r.message = unreadable(&e);
+                                        }
+                                        r
                                     })
                                     .await
                                     {
-                                        Ok((r, None)) => r,
-                                        Ok((mut r, Some(e))) => {
-                                            r.class = steppe_proto::v1::OutcomeClass::Errored as i32;
-                                            r.message = format!("the step's output could not be read back: {e}");
-                                            r
-                                        }
+                                        Ok(r) => r,
                                         Err(e) => steppe_proto::v1::AssignmentResult {
                                             assignment_id: id,
                                             epoch,
                                             class: steppe_proto::v1::OutcomeClass::Errored as i32,
-                                            message: format!("the step's output could not be read back: {e}"),
+                                            message: unreadable(&e),
                                             ..Default::default()
                                         },
                                     };

@@ -148,21 +148,20 @@ impl Running {
             let _ = tx.send(sink.message(&a.run_id, &a.step, true, note)).await;
         }
         let mut wire = result_to_wire(&r);
+        let step = a.step.clone();
         let offloaded = tokio::task::spawn_blocking(move || {
-            let e = offload_payload(&mut wire, store.as_ref(), &work_root).err();
-            (wire, e)
-        })
-        .await;
-        let wire = match offloaded {
-            Ok((wire, None)) => wire,
-            Ok((mut wire, Some(e))) => {
+            if let Err(e) = offload_payload(&mut wire, store.as_ref(), &work_root) {
                 wire.class = steppe_proto::v1::OutcomeClass::Errored as i32;
-                wire.message = format!("{}: its output ({} bytes) could not be stored for the coordinator: {e}", a.step, wire.stdout.len() + wire.stderr.len());
+                wire.message = format!("{step}: its output ({} bytes) could not be stored for the coordinator: {e}", wire.stdout.len() + wire.stderr.len());
                 wire.stdout.clear();
                 wire.stderr.clear();
                 wire.agent_json.clear();
-                wire
             }
+            wire
+        })
+        .await;
+        let wire = match offloaded {
+            Ok(wire) => wire,
             Err(e) => {
                 eprintln!("steppe worker: reporting {}: {e}", a.id);
                 return;
