@@ -124,9 +124,9 @@ enum Command {
     },
     /// Run steps for a coordinator: a worker in its own process.
     ///
-    /// Connects to the coordinator's worker service (a `steppe run --listen ADDR`),
-    /// takes assignments from its queue, runs each in a fresh directory of its
-    /// declared inputs, and streams output lines and results back. Exits when
+    /// Connects to a coordinator (`steppe coordinator`, or `steppe run --listen
+    /// ADDR`), takes assignments from its queue, runs each in a fresh directory
+    /// of its declared inputs, and streams output lines and results back. Exits when
     /// the coordinator closes the session; SIGTERM drains (finishes what it
     /// runs, takes nothing new). Artifacts come from the coordinator's artifact
     /// directory when this host shares it (checked, not assumed), otherwise
@@ -135,42 +135,15 @@ enum Command {
     /// Example:
     ///   steppe worker --coordinator http://127.0.0.1:7070 --slots 4
     #[command(verbatim_doc_comment)]
-    Worker {
-        /// The coordinator's URL.
-        #[arg(long, value_name = "URL")]
-        coordinator: String,
-        /// Assignments run at once (default: one per core).
-        #[arg(long, value_name = "N")]
-        slots: Option<u32>,
-        /// A file holding the token the coordinator requires.
-        #[arg(long, value_name = "FILE")]
-        token_file: Option<PathBuf>,
-        /// Fetch and store artifacts through the coordinator even when its
-        /// artifact directory is visible here (a slow or unreliable mount).
-        #[arg(long)]
-        stream_artifacts: bool,
-        /// With an https:// coordinator: the CA certificate (PEM) that signed
-        /// its certificate (default: the system's roots).
-        #[arg(long, value_name = "FILE")]
-        tls_ca: Option<PathBuf>,
-        /// Take assignments from the coordinator's Redis queue directly
-        /// (redis://HOST:PORT/, the coordinator's --queue) instead of having
-        /// them sent over the session; the queue's lease brings back what
-        /// a lost worker took.
-        #[arg(long, value_name = "URL")]
-        queue: Option<String>,
-        /// The pool this worker serves: it runs only the steps of runs
-        /// submitted with the same --pool (default: the default pool).
-        #[arg(long, value_name = "NAME", default_value = "default")]
-        pool: String,
-    },
+    Worker(WorkerArgs),
     /// Serve runs for `steppe submit` and assignments for `steppe worker`s.
     ///
     /// A long-lived coordinator: pipelines are submitted to it (with every file
     /// they read), their steps go on its queue, and workers anywhere take them.
     /// With --token-file every call (submissions and worker sessions) must carry
-    /// that token. History lives in DIR/steppe.db, artifacts in DIR/artifacts
-    /// (which workers on other hosts must share).
+    /// that token. History lives in DIR/steppe.db (or --store), artifacts in
+    /// DIR/artifacts (or --artifacts): workers that see the directory use it,
+    /// others get artifacts through the coordinator.
     ///
     /// Example:
     ///   steppe coordinator --listen 127.0.0.1:7070 --token-file token
@@ -368,6 +341,38 @@ impl RemoteArgs {
     }
 }
 
+/// `steppe worker`'s flags.
+#[derive(Args, Debug)]
+struct WorkerArgs {
+    /// The coordinator's URL.
+    #[arg(long, value_name = "URL")]
+    coordinator: String,
+    /// Assignments run at once (default: one per core).
+    #[arg(long, value_name = "N")]
+    slots: Option<u32>,
+    /// A file holding the token the coordinator requires.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// Fetch and store artifacts through the coordinator even when its
+    /// artifact directory is visible here (a slow or unreliable mount).
+    #[arg(long)]
+    stream_artifacts: bool,
+    /// With an https:// coordinator: the CA certificate (PEM) that signed
+    /// its certificate (default: the system's roots).
+    #[arg(long, value_name = "FILE")]
+    tls_ca: Option<PathBuf>,
+    /// Take assignments from the coordinator's Redis queue directly
+    /// (redis://HOST:PORT/, the coordinator's --queue) instead of having
+    /// them sent over the session; the queue's lease brings back what
+    /// a lost worker took.
+    #[arg(long, value_name = "URL")]
+    queue: Option<String>,
+    /// The pool this worker serves: it runs only the steps of runs
+    /// submitted with the same --pool (default: the default pool).
+    #[arg(long, value_name = "NAME", default_value = "default")]
+    pool: String,
+}
+
 #[derive(Args, Debug, Default)]
 struct ExecArgs {
     /// Worker slots in this process: steps that may run at once (default: one
@@ -491,11 +496,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Approve(args) => decide(&args, true),
         Command::Reject(args) => decide(&args, false),
-        Command::Worker { coordinator, slots, token_file, stream_artifacts, tls_ca, queue, pool } => {
-            steppe_shared::queue::check_pool_name(&pool).map_err(|e| anyhow::anyhow!("--pool {e}"))?;
-            let config = steppe_worker::remote::WorkerConfig { url: coordinator, slots: 0, name: String::new(), work_root: PathBuf::new(), token: None, stream_artifacts, tls_ca, queue, pool };
-            worker(config, slots, token_file.as_deref())
-        }
+        Command::Worker(args) => worker(args),
         Command::Coordinator { listen, workers, state, token_file, queue, queue_lease, store, worker_lease, artifacts, tls_cert, tls_key } => {
             let tls = tls_cert.zip(tls_key);
             coordinator(listen, workers, &state, token_file.as_deref(), queue.as_deref().map(|q| (q, queue_lease)), store.as_deref(), worker_lease, artifacts.as_deref(), tls)
@@ -989,21 +990,20 @@ fn coordinator(
     Ok(ExitCode::SUCCESS)
 }
 
-/// `steppe worker`: `config` as the command line gave it; slots, name, work
-/// directory and token are settled here.
-fn worker(config: steppe_worker::remote::WorkerConfig, slots: Option<u32>, token_file: Option<&Path>) -> Result<ExitCode> {
-    if let Some(q) = config.queue.as_deref().filter(|q| !q.starts_with("redis://") && !q.starts_with("rediss://")) {
+fn worker(args: WorkerArgs) -> Result<ExitCode> {
+    let WorkerArgs { coordinator: url, slots, token_file, stream_artifacts, tls_ca, queue, pool } = args;
+    steppe_shared::queue::check_pool_name(&pool).map_err(|e| anyhow::anyhow!("--pool {e}"))?;
+    if let Some(q) = queue.as_deref().filter(|q| !q.starts_with("redis://") && !q.starts_with("rediss://")) {
         anyhow::bail!("--queue {q}: a worker takes from a Redis queue (redis://HOST:PORT/)");
     }
-    let url = config.url.clone();
-    let token = submit::read_token(token_file)?;
+    let token = submit::read_token(token_file.as_deref())?;
     let rt = runtime()?;
     let slots = slots.unwrap_or(cores() as u32);
     let name = format!("{}:{}", std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".into()), std::process::id());
     let work = std::env::temp_dir().join(format!("steppe-worker-{}", std::process::id()));
     std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
     eprintln!("steppe worker {name}: connecting to {url} with {slots} slot(s)");
-    let config = steppe_worker::remote::WorkerConfig { slots, name: name.clone(), work_root: work.clone(), token, ..config };
+    let config = steppe_worker::remote::WorkerConfig { url, slots, name: name.clone(), work_root: work.clone(), token, stream_artifacts, tls_ca, queue, pool };
     rt.block_on(steppe_worker::remote::run(config))?;
     let _ = std::fs::remove_dir_all(&work);
     eprintln!("steppe worker {name}: the coordinator closed the session");
