@@ -53,14 +53,6 @@ pub struct DispatcherState {
 /// shared queue by a coordinator that died) belongs to no run: it is not run.
 pub type Wanted = Arc<std::sync::Mutex<std::collections::HashSet<String>>>;
 
-impl DispatcherState {
-    fn forget(&mut self, id: &str) -> Option<RpcReplyPort<AssignmentResult>> {
-        if let Ok(mut w) = self.wanted.lock() {
-            w.remove(id);
-        }
-        self.pending.remove(id).map(|(p, _)| p)
-    }
-}
 
 fn send_cancel(tx: &SessionTx, id: &str) {
     let msg = CoordinatorMessage { msg: Some(coordinator_message::Msg::Cancel(Cancel { assignment_id: id.to_string() })) };
@@ -81,6 +73,14 @@ fn aborted(id: &str, why: &str) -> AssignmentResult {
 }
 
 impl DispatcherState {
+    /// Nobody waits for it any more: whoever did is handed back.
+    fn forget(&mut self, id: &str) -> Option<RpcReplyPort<AssignmentResult>> {
+        if let Ok(mut w) = self.wanted.lock() {
+            w.remove(id);
+        }
+        self.pending.remove(id).map(|(p, _)| p)
+    }
+
     /// The queue of a pending assignment's pool.
     async fn queue_of(&self, id: &str) -> Option<Arc<dyn Queue>> {
         let pool = self.pending.get(id).map(|(_, a)| a.pool.clone())?;
