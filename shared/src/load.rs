@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use crate::builtins;
+use crate::confine;
 use crate::de::decode;
 use crate::model::{FileRef, Fix, Message, Pipeline, Step, StepKind};
 use crate::source::{Diagnostic, Diagnostics, Mark, SourceFiles};
@@ -22,6 +23,13 @@ pub struct LoadOptions {
     pub vars: Vars,
     /// `$STEPPE_MODEL` (or `$STEPS_MODEL`): the model of agents that name none (before `defaults.model`).
     pub env_model: Option<String>,
+    /// The pipeline goes to a coordinator (`steppe submit`) or came from a
+    /// submitter: paths of the host that loads it (an MCP server's
+    /// absolute `cwd`) are refused, as the coordinator refuses them.
+    pub submission: bool,
+    /// Every file the pipeline names must lie inside this directory, by
+    /// text and through symlinks (a coordinator's unpacked submission).
+    pub root: Option<PathBuf>,
 }
 
 impl LoadOptions {
@@ -32,6 +40,8 @@ impl LoadOptions {
             env_model: ["STEPPE_MODEL", "STEPS_MODEL"]
                 .iter()
                 .find_map(|v| std::env::var(v).ok().filter(|m| !m.is_empty())),
+            submission: false,
+            root: None,
         }
     }
 }
@@ -139,20 +149,44 @@ fn whole_file_error(path: &Path, message: String) -> Diagnostics {
 
 /// Loads and validates the pipeline at `path`.
 pub fn load_file(path: &Path, opts: &LoadOptions) -> Result<Loaded, Diagnostics> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| whole_file_error(path, format!("cannot read the pipeline: {e}")))?;
+    let bytes = confine::read_capped(path, confine::FILE_CAP)
+        .map_err(|e| whole_file_error(path, format!("cannot read the pipeline: it {e}")))?;
+    let text = String::from_utf8(bytes)
+        .map_err(|_| whole_file_error(path, "cannot read the pipeline: it is not UTF-8 text".into()))?;
     load_str(&text, path, opts)
 }
 
-/// Loads and validates pipeline `text` as if read from `path`.
+/// The stack a load runs on. Decoding and validation recurse over the tree
+/// (bounded by [`yaml::MAX_DEPTH`]); a caller's thread (a tokio worker has
+/// 2 MiB) need not have room for that.
+const LOAD_STACK: usize = 64 << 20;
+
+/// Loads and validates pipeline `text` as if read from `path`, on a thread
+/// of its own: a panic in the loader is reported as a diagnostic of this
+/// load, and its recursion never meets the caller's stack limit.
 pub fn load_str(text: &str, path: &Path, opts: &LoadOptions) -> Result<Loaded, Diagnostics> {
-    READS.with(|r| r.borrow_mut().clear());
-    let mut loaded = load_str_inner(text, path, opts)?;
-    loaded.read_files = READS.with(|r| std::mem::take(&mut *r.borrow_mut()));
-    Ok(loaded)
+    let outcome = std::thread::scope(|s| {
+        std::thread::Builder::new()
+            .name("steppe-load".into())
+            .stack_size(LOAD_STACK)
+            .spawn_scoped(s, || load_here(text, path, opts))
+            .map(|h| h.join())
+    });
+    match outcome {
+        Ok(Ok(r)) => r,
+        Ok(Err(panic)) => {
+            let what = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            Err(whole_file_error(path, format!("cannot read the pipeline: the loader failed on it ({what}); please report this file")))
+        }
+        Err(e) => Err(whole_file_error(path, format!("cannot read the pipeline: starting the loader: {e}"))),
+    }
 }
 
-fn load_str_inner(text: &str, path: &Path, opts: &LoadOptions) -> Result<Loaded, Diagnostics> {
+fn load_here(text: &str, path: &Path, opts: &LoadOptions) -> Result<Loaded, Diagnostics> {
     let dir = path
         .parent()
         .map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p })
@@ -160,7 +194,8 @@ fn load_str_inner(text: &str, path: &Path, opts: &LoadOptions) -> Result<Loaded,
         .to_path_buf();
     let mut files = SourceFiles::default();
     let file_id = files.add(path);
-    let text = substitute(text, &opts.vars);
+    let text = substitute_bounded(text, &opts.vars).map_err(|m| whole_file_error(path, m))?;
+    let mut reader = FileReader { dir: dir.clone(), root: opts.root.clone(), inlined: 0, reads: Vec::new(), cache: HashMap::new() };
     let (root, yaml_problems) = yaml::parse(&text, file_id).map_err(|e| {
         Diagnostics(vec![Diagnostic {
             file: path.to_path_buf(),
@@ -182,7 +217,7 @@ fn load_str_inner(text: &str, path: &Path, opts: &LoadOptions) -> Result<Loaded,
 
     // Includes first, so positions and decoding cover the included documents.
     let mut include_problems = Vec::new();
-    inline_includes(&mut root, &dir, &mut files, opts, &mut include_problems);
+    inline_includes(&mut root, &mut reader, &mut files, opts, &mut include_problems);
     let map = SourceMap::build(&root);
     let mut report = Report::new(&files, &map);
     for p in yaml_problems {
@@ -204,7 +239,7 @@ fn load_str_inner(text: &str, path: &Path, opts: &LoadOptions) -> Result<Loaded,
         return Err(Diagnostics(report.diags));
     };
 
-    resolve_files(&mut pipeline, &dir, &mut report);
+    resolve_files(&mut pipeline, &mut reader, &mut report);
     if !report.diags.is_empty() {
         return Err(Diagnostics(report.diags));
     }
@@ -223,8 +258,77 @@ fn load_str_inner(text: &str, path: &Path, opts: &LoadOptions) -> Result<Loaded,
         dir,
         files,
         source_map: map,
-        read_files: Vec::new(),
+        read_files: reader.reads,
     })
+}
+
+/// The most text `((vars))` substitution may make of a pipeline.
+const SUBSTITUTED_CAP: usize = 16 << 20;
+
+fn substitute_bounded(text: &str, vars: &Vars) -> Result<String, String> {
+    let grown: usize = crate::vars::find_refs(text)
+        .iter()
+        .filter_map(|(_, name)| vars.get(*name).map(String::len))
+        .fold(text.len(), usize::saturating_add);
+    if grown > SUBSTITUTED_CAP {
+        return Err(format!(
+            "substituting ((vars)) would make the pipeline {grown} bytes, over the limit of {SUBSTITUTED_CAP}: a variable holding a large value is used many times"
+        ));
+    }
+    Ok(substitute(text, vars))
+}
+
+/// The most text the loader inlines from files (each use counts: a file
+/// named by a thousand steps is inlined a thousand times).
+const INLINED_CAP: u64 = 64 << 20;
+
+/// Reads the files a pipeline names (includes and `*_file` fields): relative
+/// to its directory, confined to `root` when there is one, regular files of
+/// bounded size only, and within [`INLINED_CAP`] in all.
+struct FileReader {
+    dir: PathBuf,
+    root: Option<PathBuf>,
+    inlined: u64,
+    /// Files read besides the pipeline, relative to `dir`, first read first.
+    reads: Vec<String>,
+    cache: HashMap<String, String>,
+}
+
+impl FileReader {
+    /// The text of `rel`; `key` names the field in messages.
+    fn read(&mut self, rel: &str, key: &str) -> Result<String, String> {
+        let text = match self.cache.get(rel) {
+            Some(t) => t.clone(),
+            None => {
+                let t = confine::read_text(&self.dir, rel, self.root.as_deref(), "the submission", confine::FILE_CAP).map_err(|e| match e {
+                    confine::PathError::Missing => format!("{key}: no such file relative to the pipeline directory: {rel}"),
+                    confine::PathError::Escapes { .. } => format!(
+                        "{key}: \"{rel}\" leads outside the submission: a submitted pipeline may only name files sent with it (steppe submit sends every file the pipeline reads)"
+                    ),
+                    confine::PathError::Absolute { .. } => format!(
+                        "{key}: \"{rel}\" must be relative to the pipeline directory: absolute paths are refused, so a pipeline loads the same on every machine and coordinator"
+                    ),
+                    e => format!("{key}: \"{rel}\" {e}"),
+                })?;
+                if !self.reads.iter().any(|r| r == rel) {
+                    self.reads.push(rel.to_string());
+                }
+                self.cache.insert(rel.to_string(), t.clone());
+                t
+            }
+        };
+        self.inlined = self.inlined.saturating_add(text.len() as u64);
+        if self.inlined > INLINED_CAP {
+            return Err(format!(
+                "{key}: {rel}: the text read from files comes to over {} MiB in all (each use counts); inline less, or read large inputs in a step",
+                INLINED_CAP >> 20
+            ));
+        }
+        if text.trim().is_empty() {
+            return Err(format!("{key}: {rel} is empty"));
+        }
+        Ok(text)
+    }
 }
 
 /// Inlines whole-document `file:` includes of `tasks:` and `agents:` entries,
@@ -232,7 +336,7 @@ fn load_str_inner(text: &str, path: &Path, opts: &LoadOptions) -> Result<Loaded,
 /// if either says so.
 fn inline_includes(
     root: &mut Node,
-    dir: &Path,
+    reader: &mut FileReader,
     files: &mut SourceFiles,
     opts: &LoadOptions,
     problems: &mut Vec<(Mark, String, String)>,
@@ -251,25 +355,22 @@ fn inline_includes(
             let Some(rel) = file_node.as_str().map(str::to_string) else { continue };
             let mark = file_node.mark;
             let fpath = format!("{entry_path}.file");
-            if Path::new(&rel).is_absolute() {
-                problems.push((mark, fpath, format!("file: \"{rel}\" must be relative to the pipeline directory")));
-                continue;
-            }
-            let full = dir.join(&rel);
-            note_read(&rel);
-            let text = match std::fs::read_to_string(&full) {
+            let text = match reader.read(&rel, "file") {
                 Ok(t) => t,
-                Err(_) => {
-                    problems.push((mark, fpath, format!("file: no such file relative to the pipeline directory: {rel}")));
+                Err(e) => {
+                    problems.push((mark, fpath, e));
                     continue;
                 }
             };
-            if text.trim().is_empty() {
-                problems.push((mark, fpath, format!("file: {rel} is empty")));
-                continue;
-            }
-            let id = files.add(&full);
-            let doc = match yaml::parse(&substitute(&text, &opts.vars), id) {
+            let id = files.add(&reader.dir.join(&rel));
+            let text = match substitute_bounded(&text, &opts.vars) {
+                Ok(t) => t,
+                Err(e) => {
+                    problems.push((mark, fpath, format!("{rel}: {e}")));
+                    continue;
+                }
+            };
+            let doc = match yaml::parse(&text, id) {
                 Ok((Some(doc), dup)) => {
                     for d in dup {
                         problems.push((d.mark, fpath.clone(), d.message));
@@ -317,38 +418,12 @@ fn inline_includes(
     }
 }
 
-thread_local! {
-    /// Files a load read besides the pipeline, relative to its directory.
-    static READS: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-fn note_read(rel: &str) {
-    READS.with(|r| {
-        let mut r = r.borrow_mut();
-        if !r.iter().any(|x| x == rel) {
-            r.push(rel.to_string());
-        }
-    });
-}
-
-/// Reads a `*_file` path relative to the pipeline directory.
-fn read_relative(dir: &Path, rel: &str, key: &str) -> Result<String, String> {
-    note_read(rel);
-    let full = dir.join(rel);
-    let text = std::fs::read_to_string(&full)
-        .map_err(|_| format!("{key}: no such file relative to the pipeline directory: {rel}"))?;
-    if text.trim().is_empty() {
-        return Err(format!("{key}: {rel} is empty"));
-    }
-    Ok(text)
-}
-
 /// Resolves an inline field and its `_file` twin into the inline field.
 fn twin(
     inline: &mut Option<String>,
     file: &Option<String>,
     names: (&str, &str),
-    dir: &Path,
+    rd: &mut FileReader,
     path: &str,
     r: &mut Report,
 ) {
@@ -357,7 +432,7 @@ fn twin(
         r.err(&format!("{path}.{}", names.1), format!("{}: and {}: are mutually exclusive", names.0, names.1));
         return;
     }
-    match read_relative(dir, rel, names.1) {
+    match rd.read(rel, names.1) {
         Ok(t) => *inline = Some(t),
         Err(e) => r.err(&format!("{path}.{}", names.1), e),
     }
@@ -368,7 +443,7 @@ fn resolve_message_list(
     prompt_file: &Option<FileRef>,
     messages: &Option<Vec<String>>,
     message_files: &Option<Vec<FileRef>>,
-    dir: &Path,
+    rd: &mut FileReader,
     path: &str,
     r: &mut Report,
 ) -> Vec<Message> {
@@ -389,11 +464,7 @@ fn resolve_message_list(
     let mut out = Vec::new();
     let mut read = |f: &FileRef, key: &str, out: &mut Vec<Message>| match f {
         FileRef::Path(rel) => {
-            if Path::new(rel).is_absolute() {
-                r.err(key, format!("\"{rel}\" must be relative to the pipeline directory"));
-                return;
-            }
-            match read_relative(dir, rel, key.rsplit('.').next().unwrap_or(key)) {
+            match rd.read(rel, key.rsplit('.').next().unwrap_or(key)) {
                 Ok(t) => out.push(Message::Text(t)),
                 Err(e) => r.err(key, e),
             }
@@ -420,7 +491,7 @@ fn resolve_message_list(
     out
 }
 
-fn resolve_fix(fix: &mut Option<Fix>, dir: &Path, path: &str, r: &mut Report) {
+fn resolve_fix(fix: &mut Option<Fix>, rd: &mut FileReader, path: &str, r: &mut Report) {
     if let Some(Fix::Spec(spec)) = fix {
         let p = format!("{path}.fix");
         spec.resolved_messages = resolve_message_list(
@@ -428,19 +499,19 @@ fn resolve_fix(fix: &mut Option<Fix>, dir: &Path, path: &str, r: &mut Report) {
             &spec.prompt_file,
             &spec.messages,
             &spec.message_files,
-            dir,
+            rd,
             &p,
             r,
         );
     }
 }
 
-fn resolve_step(s: &mut Step, dir: &Path, path: &str, r: &mut Report) {
+fn resolve_step(s: &mut Step, rd: &mut FileReader, path: &str, r: &mut Report) {
     let kind = s.kind();
     if s.run_file.is_some() && kind.is_some_and(|k| k != StepKind::Task) {
         r.err(&format!("{path}.run_file"), "run_file: is only valid on task steps");
     } else {
-        twin(&mut s.run, &s.run_file, ("run", "run_file"), dir, path, r);
+        twin(&mut s.run, &s.run_file, ("run", "run_file"), rd, path, r);
     }
     let has_messages = s.prompt.is_some() || s.prompt_file.is_some() || s.messages.is_some() || s.message_files.is_some();
     if kind.is_some_and(|k| k != StepKind::Agent) && has_messages {
@@ -458,13 +529,13 @@ fn resolve_step(s: &mut Step, dir: &Path, path: &str, r: &mut Report) {
             &s.prompt_file,
             &s.messages,
             &s.message_files,
-            dir,
+            rd,
             path,
             r,
         );
     }
-    resolve_fix(&mut s.fix, dir, path, r);
-    for_each_child_mut(s, path, &mut |c, p| resolve_step(c, dir, p, r));
+    resolve_fix(&mut s.fix, rd, path, r);
+    for_each_child_mut(s, path, &mut |c, p| resolve_step(c, rd, p, r));
 }
 
 /// Calls `f` on every nested step (plan children and hooks) with its path.
@@ -507,11 +578,11 @@ pub(crate) fn for_each_child_mut(s: &mut Step, path: &str, f: &mut dyn FnMut(&mu
     }
 }
 
-fn resolve_files(p: &mut Pipeline, dir: &Path, r: &mut Report) {
+fn resolve_files(p: &mut Pipeline, rd: &mut FileReader, r: &mut Report) {
     for (i, t) in p.tasks.iter_mut().enumerate() {
         let path = format!("tasks[{i}]");
-        twin(&mut t.run, &t.run_file, ("run", "run_file"), dir, &path, r);
-        resolve_fix(&mut t.fix, dir, &path, r);
+        twin(&mut t.run, &t.run_file, ("run", "run_file"), rd, &path, r);
+        resolve_fix(&mut t.fix, rd, &path, r);
     }
     for (i, a) in p.agents.iter_mut().enumerate() {
         let path = format!("agents[{i}]");
@@ -535,25 +606,25 @@ fn resolve_files(p: &mut Pipeline, dir: &Path, r: &mut Report) {
                 continue;
             }
         }
-        twin(&mut a.system, &a.system_file, ("system", "system_file"), dir, &path, r);
+        twin(&mut a.system, &a.system_file, ("system", "system_file"), rd, &path, r);
     }
     for (i, t) in p.resource_types.iter_mut().enumerate() {
         let path = format!("resource_types[{i}].config");
         if let Some(c) = &mut t.config {
-            twin(&mut c.check, &c.check_file, ("check", "check_file"), dir, &path, r);
-            twin(&mut c.in_, &c.in_file, ("in", "in_file"), dir, &path, r);
-            twin(&mut c.out, &c.out_file, ("out", "out_file"), dir, &path, r);
+            twin(&mut c.check, &c.check_file, ("check", "check_file"), rd, &path, r);
+            twin(&mut c.in_, &c.in_file, ("in", "in_file"), rd, &path, r);
+            twin(&mut c.out, &c.out_file, ("out", "out_file"), rd, &path, r);
             if let Some(e) = &mut c.expr {
                 let path = format!("{path}.expr");
-                twin(&mut e.check, &e.check_file, ("check", "check_file"), dir, &path, r);
-                twin(&mut e.in_, &e.in_file, ("in", "in_file"), dir, &path, r);
-                twin(&mut e.out, &e.out_file, ("out", "out_file"), dir, &path, r);
+                twin(&mut e.check, &e.check_file, ("check", "check_file"), rd, &path, r);
+                twin(&mut e.in_, &e.in_file, ("in", "in_file"), rd, &path, r);
+                twin(&mut e.out, &e.out_file, ("out", "out_file"), rd, &path, r);
             }
         }
     }
     for (j, job) in p.jobs.iter_mut().enumerate() {
         for (i, s) in job.plan.iter_mut().enumerate() {
-            resolve_step(s, dir, &format!("jobs[{j}].plan[{i}]"), r);
+            resolve_step(s, rd, &format!("jobs[{j}].plan[{i}]"), r);
         }
         for (key, h) in [
             ("on_success", &mut job.on_success),
@@ -563,7 +634,7 @@ fn resolve_files(p: &mut Pipeline, dir: &Path, r: &mut Report) {
             ("ensure", &mut job.ensure),
         ] {
             if let Some(h) = h {
-                resolve_step(h, dir, &format!("jobs[{j}].{key}"), r);
+                resolve_step(h, rd, &format!("jobs[{j}].{key}"), r);
             }
         }
     }

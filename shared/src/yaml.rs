@@ -4,7 +4,7 @@
 //! anchors, aliases and `<<` merge keys resolved here so that everything
 //! downstream sees plain mappings, sequences and scalars.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use saphyr_parser::{Event, Parser, ScalarStyle, Span, SpannedEventReceiver};
 
@@ -145,8 +145,39 @@ pub struct YamlError {
     pub message: String,
 }
 
+/// How deeply mappings and sequences may nest. Everything downstream
+/// (decoding, validation, the plan walker) recurses over the tree, so this
+/// bounds their stack; real pipelines stay far below it.
+pub const MAX_DEPTH: usize = 128;
+
+/// How many nodes a document may hold once its aliases are expanded: an
+/// alias copies its anchor's whole tree, so a few hundred bytes of nested
+/// aliases could otherwise ask for billions of nodes.
+pub const MAX_NODES: usize = 500_000;
+
+/// How much scalar text a document may hold once its aliases are expanded.
+pub const MAX_TEXT: usize = 64 << 20;
+
+/// What a subtree weighs: its nodes and the bytes of its scalars.
+#[derive(Debug, Clone, Copy, Default)]
+struct Size {
+    nodes: usize,
+    bytes: usize,
+}
+
+impl std::ops::AddAssign for Size {
+    fn add_assign(&mut self, o: Size) {
+        self.nodes = self.nodes.saturating_add(o.nodes);
+        self.bytes = self.bytes.saturating_add(o.bytes);
+    }
+}
+
+const ONE: Size = Size { nodes: 1, bytes: 0 };
+
 /// Parses the first document of `text`. An empty document parses as `None`.
 /// Duplicate keys are reported in `problems` and the first occurrence is kept.
+/// A document nested deeper than [`MAX_DEPTH`] or larger than [`MAX_NODES`]
+/// is an error at the node that crossed the limit.
 pub fn parse(text: &str, file: FileId) -> Result<(Option<Node>, Vec<YamlError>), YamlError> {
     let mut builder = Builder {
         file,
@@ -154,6 +185,8 @@ pub fn parse(text: &str, file: FileId) -> Result<(Option<Node>, Vec<YamlError>),
         anchors: HashMap::new(),
         root: None,
         problems: Vec::new(),
+        total: Size::default(),
+        fatal: None,
     };
     let mut parser = Parser::new_from_str(text);
     parser.load(&mut builder, false).map_err(|e| YamlError {
@@ -164,6 +197,9 @@ pub fn parse(text: &str, file: FileId) -> Result<(Option<Node>, Vec<YamlError>),
         },
         message: e.info().to_string(),
     })?;
+    if let Some(f) = builder.fatal {
+        return Err(f);
+    }
     Ok((builder.root, builder.problems))
 }
 
@@ -172,21 +208,29 @@ enum Frame {
         items: Vec<Node>,
         mark: Mark,
         anchor: usize,
+        /// This collection's weight, itself included.
+        size: Size,
     },
     Map {
         entries: Vec<(Node, Node)>,
         key: Option<Node>,
         mark: Mark,
         anchor: usize,
+        size: Size,
     },
 }
 
 struct Builder {
     file: FileId,
     stack: Vec<Frame>,
-    anchors: HashMap<usize, Node>,
+    /// Anchored nodes and how many nodes each holds.
+    anchors: HashMap<usize, (Node, Size)>,
     root: Option<Node>,
     problems: Vec<YamlError>,
+    /// The document so far, alias copies included.
+    total: Size,
+    /// A limit was crossed: the rest of the document is ignored.
+    fatal: Option<YamlError>,
 }
 
 impl Builder {
@@ -198,9 +242,25 @@ impl Builder {
         }
     }
 
-    fn complete(&mut self, node: Node, anchor: usize) {
+    /// Counts `n` more; false (and the document abandoned) past a limit.
+    fn grow(&mut self, n: Size, mark: Mark, alias: bool) -> bool {
+        self.total += n;
+        if self.total.nodes <= MAX_NODES && self.total.bytes <= MAX_TEXT {
+            return true;
+        }
+        let what = if self.total.nodes > MAX_NODES { format!("{MAX_NODES} nodes") } else { format!("{} MiB of text", MAX_TEXT >> 20) };
+        let message = if alias {
+            format!("this alias expands the document past {what} (an alias copies its anchor's whole tree); use fewer or smaller aliases")
+        } else {
+            format!("the document holds more than {what}; split the pipeline")
+        };
+        self.fatal = Some(YamlError { mark, message });
+        false
+    }
+
+    fn complete(&mut self, node: Node, anchor: usize, size: Size) {
         if anchor != 0 {
-            self.anchors.insert(anchor, node.clone());
+            self.anchors.insert(anchor, (node.clone(), size));
         }
         match self.stack.last_mut() {
             None => {
@@ -208,11 +268,17 @@ impl Builder {
                     self.root = Some(node);
                 }
             }
-            Some(Frame::Seq { items, .. }) => items.push(node),
-            Some(Frame::Map { entries, key, .. }) => match key.take() {
-                None => *key = Some(node),
-                Some(k) => entries.push((k, node)),
-            },
+            Some(Frame::Seq { items, size: s, .. }) => {
+                *s += size;
+                items.push(node);
+            }
+            Some(Frame::Map { entries, key, size: s, .. }) => {
+                *s += size;
+                match key.take() {
+                    None => *key = Some(node),
+                    Some(k) => entries.push((k, node)),
+                }
+            }
         }
     }
 
@@ -222,12 +288,13 @@ impl Builder {
         let is_merge = |k: &Node| matches!(&k.kind, NodeKind::Scalar(s) if s.plain && s.text == "<<");
         let has_merge = entries.iter().any(|(k, _)| is_merge(k));
         let mut out: Vec<(Node, Node)> = Vec::with_capacity(entries.len());
-        let explicit: Vec<String> = entries
+        let explicit: HashSet<String> = entries
             .iter()
             .filter(|(k, _)| !is_merge(k))
             .filter_map(|(k, _)| k.as_str().map(str::to_string))
             .collect();
-        let mut seen: Vec<String> = Vec::new();
+        // Key → index in `out`, for duplicate reports.
+        let mut seen: HashMap<String, usize> = HashMap::new();
         for (k, v) in entries {
             if has_merge && is_merge(&k) {
                 let sources: Vec<Node> = match v.kind {
@@ -251,10 +318,10 @@ impl Builder {
                     };
                     for (mk, mv) in src_entries {
                         let name = mk.as_str().unwrap_or_default().to_string();
-                        if explicit.contains(&name) || seen.contains(&name) {
+                        if explicit.contains(&name) || seen.contains_key(&name) {
                             continue;
                         }
-                        seen.push(name);
+                        seen.insert(name, out.len());
                         out.push((mk, mv));
                     }
                 }
@@ -262,28 +329,48 @@ impl Builder {
             }
             if let Some(name) = k.as_str() {
                 // Merged keys never collide here: explicit keys are skipped when merging.
-                if seen.iter().any(|s| s == name) {
-                    let first = out.iter().find(|(ok, _)| ok.as_str() == Some(name));
-                    let line = first.map(|(ok, _)| ok.mark.line).unwrap_or(0);
+                if let Some(&first) = seen.get(name) {
+                    let line = out.get(first).map(|(ok, _)| ok.mark.line).unwrap_or(0);
                     self.problems.push(YamlError {
                         mark: k.mark,
                         message: format!("duplicate key \"{name}\" (first set on line {line})"),
                     });
                     continue;
                 }
-                seen.push(name.to_string());
+                seen.insert(name.to_string(), out.len());
             }
             out.push((k, v));
         }
         out
     }
+
+    /// Opens a collection, unless that nests too deep.
+    fn open(&mut self, frame: Frame, mark: Mark) {
+        if self.stack.len() >= MAX_DEPTH {
+            self.fatal = Some(YamlError {
+                mark,
+                message: format!("mappings and lists nest more than {MAX_DEPTH} levels deep here; flatten the document"),
+            });
+            return;
+        }
+        if self.grow(ONE, mark, false) {
+            self.stack.push(frame);
+        }
+    }
 }
 
 impl<'input> SpannedEventReceiver<'input> for Builder {
     fn on_event(&mut self, ev: Event<'input>, span: Span) {
+        if self.fatal.is_some() {
+            return;
+        }
         let mark = self.mark(&span);
         match ev {
             Event::Scalar(text, style, anchor, tag) => {
+                let size = Size { nodes: 1, bytes: text.len() };
+                if !self.grow(size, mark, false) {
+                    return;
+                }
                 let node = Node {
                     kind: NodeKind::Scalar(Scalar {
                         text: text.into_owned(),
@@ -292,27 +379,36 @@ impl<'input> SpannedEventReceiver<'input> for Builder {
                     }),
                     mark,
                 };
-                self.complete(node, anchor);
+                self.complete(node, anchor, size);
             }
-            Event::SequenceStart(anchor, _) => self.stack.push(Frame::Seq {
-                items: Vec::new(),
+            Event::SequenceStart(anchor, _) => self.open(
+                Frame::Seq {
+                    items: Vec::new(),
+                    mark,
+                    anchor,
+                    size: ONE,
+                },
                 mark,
-                anchor,
-            }),
-            Event::MappingStart(anchor, _) => self.stack.push(Frame::Map {
-                entries: Vec::new(),
-                key: None,
+            ),
+            Event::MappingStart(anchor, _) => self.open(
+                Frame::Map {
+                    entries: Vec::new(),
+                    key: None,
+                    mark,
+                    anchor,
+                    size: ONE,
+                },
                 mark,
-                anchor,
-            }),
+            ),
             Event::SequenceEnd => {
-                if let Some(Frame::Seq { items, mark, anchor }) = self.stack.pop() {
+                if let Some(Frame::Seq { items, mark, anchor, size }) = self.stack.pop() {
                     self.complete(
                         Node {
                             kind: NodeKind::Seq(items),
                             mark,
                         },
                         anchor,
+                        size,
                     );
                 }
             }
@@ -321,6 +417,7 @@ impl<'input> SpannedEventReceiver<'input> for Builder {
                     entries,
                     mark,
                     anchor,
+                    size,
                     ..
                 }) = self.stack.pop()
                 {
@@ -331,28 +428,35 @@ impl<'input> SpannedEventReceiver<'input> for Builder {
                             mark,
                         },
                         anchor,
+                        size,
                     );
                 }
             }
             Event::Alias(id) => {
-                let node = match self.anchors.get(&id) {
-                    Some(n) => n.clone(),
+                let size = self.anchors.get(&id).map(|(_, size)| *size);
+                // Counted before the copy is made.
+                if size.is_some_and(|size| !self.grow(size, mark, true)) {
+                    return;
+                }
+                let (node, size) = match self.anchors.get(&id) {
+                    Some((n, size)) => (n.clone(), *size),
                     None => {
                         self.problems.push(YamlError {
                             mark,
                             message: "alias names an unknown anchor".into(),
                         });
-                        Node {
+                        let n = Node {
                             kind: NodeKind::Scalar(Scalar {
                                 text: String::new(),
                                 plain: true,
                                 tagged: false,
                             }),
                             mark,
-                        }
+                        };
+                        (n, ONE)
                     }
                 };
-                self.complete(node, 0);
+                self.complete(node, 0, size);
             }
             Event::Nothing
             | Event::StreamStart
@@ -408,6 +512,54 @@ mod tests {
         assert_eq!(resolve_plain("1.2.3"), Resolved::Str);
         assert_eq!(resolve_plain("30s"), Resolved::Str);
         assert_eq!(resolve_plain("yes"), Resolved::Str);
+    }
+
+    #[test]
+    fn nesting_past_the_limit_is_an_error_in_block_and_flow_style() {
+        let flow = "[".repeat(MAX_DEPTH + 1) + &"]".repeat(MAX_DEPTH + 1);
+        let e = parse(&flow, 0).unwrap_err();
+        assert!(e.message.contains("nest more than"), "{e:?}");
+        assert_eq!((e.mark.line, e.mark.col), (1, MAX_DEPTH as u32 + 1));
+        let mut block = String::new();
+        for i in 0..=MAX_DEPTH {
+            block.push_str(&format!("{}k{i}:\n", "  ".repeat(i)));
+        }
+        let e = parse(&block, 0).unwrap_err();
+        assert!(e.message.contains("nest more than"), "{e:?}");
+        let ok = "[".repeat(MAX_DEPTH) + &"]".repeat(MAX_DEPTH);
+        assert!(parse(&ok, 0).is_ok(), "at the limit is fine");
+    }
+
+    #[test]
+    fn an_alias_bomb_is_refused_before_it_is_expanded() {
+        let mut doc = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
+        for i in 1..12 {
+            let p = i - 1;
+            doc.push_str(&format!("a{i}: &a{i} [*a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}]\n"));
+        }
+        let e = parse(&doc, 0).unwrap_err();
+        assert!(e.message.contains("alias expands the document past"), "{e:?}");
+        // Text counts too: one large scalar copied many times.
+        let big = "y".repeat(1 << 20);
+        let mut doc = format!("a: &a {big}\nb: [");
+        doc.push_str(&vec!["*a"; 100].join(", "));
+        doc.push_str("]\n");
+        let e = parse(&doc, 0).unwrap_err();
+        assert!(e.message.contains("MiB of text"), "{e:?}");
+    }
+
+    #[test]
+    fn a_wide_mapping_parses_in_linear_time() {
+        // Quadratic duplicate detection would take minutes here.
+        let mut doc = String::new();
+        for i in 0..200_000 {
+            doc.push_str(&format!("k{i}: v\n"));
+        }
+        doc.push_str("k7: again\n");
+        let (n, problems) = parse(&doc, 0).unwrap();
+        assert_eq!(n.unwrap().entries().unwrap().len(), 200_000);
+        assert_eq!(problems.len(), 1);
+        assert!(problems[0].message.contains("duplicate key \"k7\" (first set on line 8)"), "{problems:?}");
     }
 
     #[test]

@@ -46,6 +46,9 @@ impl<'p> Cx<'p, '_, '_> {
 }
 
 /// Runs every rule against a decoded pipeline, reporting into `r`.
+/// The most cells one `across:` step runs (the product of its axes).
+pub const MAX_ACROSS_CELLS: usize = 10_000;
+
 pub fn validate(p: &Pipeline, opts: &LoadOptions, r: &mut Report) {
     let mut cx = Cx {
         p,

@@ -86,6 +86,11 @@ pub(crate) fn check(cx: &mut Cx) {
                 cx.err(&path, format!("mcp server \"{}\": args and cwd apply only to a command: server", s.name));
             }
         }
+        if let (Some(cwd), true) = (&s.cwd, cx.opts.submission) {
+            if let Err(e) = crate::confine::check_relative(cwd, "the step's directory").and_then(|climb| if climb > 0 { Err(crate::confine::PathError::Escapes { root: "the step's directory" }) } else { Ok(0) }) {
+                cx.err(&format!("{path}.cwd"), format!("mcp server \"{}\": cwd \"{cwd}\" {e}: a pipeline sent to a coordinator may not name paths of the hosts that run it", s.name));
+            }
+        }
         if let Some(a) = &s.auth {
             let kind = a.type_.as_deref().unwrap_or("none");
             let ap = format!("{path}.auth");

@@ -1084,17 +1084,20 @@ fn check_across(cx: &mut Cx, s: &Step, across: &[crate::model::AcrossVar], path:
     if across.is_empty() {
         cx.err(&ap, "across: must declare at least one var");
     }
-    let mut vars = Vec::new();
+    let mut vars = HashSet::new();
+    let cells = across.iter().filter_map(|a| a.values.as_ref().map(Vec::len)).fold(1usize, usize::saturating_mul);
+    if cells > crate::validate::MAX_ACROSS_CELLS {
+        cx.err(&ap, format!("across: its values make {cells} cells; one across step runs at most {} (split it, or feed the values from a file in steps)", crate::validate::MAX_ACROSS_CELLS));
+    }
     for (i, a) in across.iter().enumerate() {
         let p = format!("{ap}[{i}]");
         let Some(v) = a.var.as_deref().filter(|v| !v.is_empty()) else {
             cx.err(&p, format!("across[{i}] needs a var:"));
             continue;
         };
-        if vars.contains(&v) {
+        if !vars.insert(v) {
             cx.err(&format!("{p}.var"), format!("across declares var \"{v}\" twice"));
         }
-        vars.push(v);
         match (&a.values, &a.from_file) {
             (None, None) => cx.err(&p, format!("across[{i}] ({v}) has no values: and no from_file:")),
             (Some(_), Some(_)) => cx.err(&p, format!("across[{i}] ({v}) sets both values: and from_file:; pick one")),
