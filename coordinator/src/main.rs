@@ -1,6 +1,24 @@
 //! The `steppe` command line.
 
+/// `println!` that never panics: a closed stdout (`steppe runs | head`)
+/// makes the rest of the output go nowhere instead of ending in a panic.
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($t)*);
+    }};
+}
+
+/// `eprintln!` that never panics.
+macro_rules! warn {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($t)*);
+    }};
+}
+
 mod artifacts;
+mod bundle;
 mod dispatch;
 mod engine;
 mod history;
@@ -159,11 +177,13 @@ enum Command {
         /// Where the coordinator keeps history, artifacts and submissions.
         #[arg(long, value_name = "DIR", default_value = ".steppe-coordinator")]
         state: PathBuf,
-        #[arg(long, value_name = "FILE")]
+        /// A file holding the token every client and worker must present.
+        #[arg(long, value_name = "FILE", env = "STEPPE_TOKEN_FILE")]
         token_file: Option<PathBuf>,
         /// The queue assignments wait on: redis://HOST:PORT/ (Redis Streams,
-        /// leased) instead of this process's memory.
-        #[arg(long, value_name = "URL")]
+        /// leased) instead of this process's memory. Keep a password out of
+        /// the command line: --redis-password-file, or the URL in $STEPPE_QUEUE.
+        #[arg(long, value_name = "URL", env = "STEPPE_QUEUE", hide_env_values = true)]
         queue: Option<String>,
         /// How long a queue entry stays with whoever took it unless renewed.
         /// The coordinator renews what it holds every third of this, so a
@@ -173,8 +193,13 @@ enum Command {
         queue_lease: std::time::Duration,
         /// Where history lives: redis://HOST:PORT/ instead of DIR/steppe.db, so
         /// a restarted (or another) coordinator sees the same runs and versions.
-        #[arg(long, value_name = "URL")]
+        /// (Or the URL in $STEPPE_STORE.)
+        #[arg(long, value_name = "URL", env = "STEPPE_STORE", hide_env_values = true)]
         store: Option<String>,
+        /// A file holding the Redis password, for --queue and --store URLs
+        /// that carry none (so it never shows in `ps`).
+        #[arg(long, value_name = "FILE", env = "STEPPE_REDIS_PASSWORD_FILE")]
+        redis_password_file: Option<PathBuf>,
         /// A worker silent this long (no heartbeat; they come every 5s) is
         /// fenced: its steps run elsewhere and its late results are refused.
         #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = parse_lease)]
@@ -195,8 +220,17 @@ enum Command {
     /// Run a pipeline on a coordinator and follow it like `steppe run`.
     ///
     /// Loads the pipeline here first (so problems show before anything is sent),
-    /// sends it with every file it reads, and prints the run's output as it
-    /// happens. Exits like `steppe run` (or, with --test, like `steppe test`).
+    /// sends it with every file it reads (includes, run_file:, prompt files …)
+    /// and nothing else of its directory unless you name it: --include GLOB, or
+    /// a checked-in .steppe-include listing one glob per line (resource checks
+    /// run in a copy of what was sent). Says how many files and bytes go, then
+    /// prints the run's output as it happens. Exits like `steppe run` (or, with
+    /// --test, like `steppe test`). The coordinator deletes the files when the
+    /// run ends; its history stays.
+    ///
+    /// Examples:
+    ///   steppe submit ci.yml --job build --coordinator http://10.0.0.5:7070 --token-file token
+    ///   steppe submit ci.yml --include 'scripts/*.sh' --include fixtures --coordinator …
     #[command(verbatim_doc_comment)]
     Submit {
         pipeline: PathBuf,
@@ -222,6 +256,11 @@ enum Command {
         /// Answer an ask_user question ahead (SUBSTRING=ANSWER; repeatable).
         #[arg(long = "answer", value_name = "SUBSTRING=ANSWER")]
         answer: Vec<String>,
+        /// Also send these files (a glob relative to the pipeline's
+        /// directory; a directory sends everything under it; repeatable).
+        /// Lines of a checked-in .steppe-include beside the pipeline add more.
+        #[arg(long, value_name = "GLOB")]
+        include: Vec<String>,
         #[command(flatten)]
         vars: VarArgs,
     },
@@ -351,7 +390,7 @@ struct WorkerArgs {
     #[arg(long, value_name = "N")]
     slots: Option<u32>,
     /// A file holding the token the coordinator requires.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", env = "STEPPE_TOKEN_FILE")]
     token_file: Option<PathBuf>,
     /// Fetch and store artifacts through the coordinator even when its
     /// artifact directory is visible here (a slow or unreliable mount).
@@ -364,9 +403,12 @@ struct WorkerArgs {
     /// Take assignments from the coordinator's Redis queue directly
     /// (redis://HOST:PORT/, the coordinator's --queue) instead of having
     /// them sent over the session; the queue's lease brings back what
-    /// a lost worker took.
-    #[arg(long, value_name = "URL")]
+    /// a lost worker took. (Or the URL in $STEPPE_QUEUE.)
+    #[arg(long, value_name = "URL", env = "STEPPE_QUEUE", hide_env_values = true)]
     queue: Option<String>,
+    /// A file holding the Redis password, for a --queue URL that carries none.
+    #[arg(long, value_name = "FILE", env = "STEPPE_REDIS_PASSWORD_FILE")]
+    redis_password_file: Option<PathBuf>,
     /// The pool this worker serves: it runs only the steps of runs
     /// submitted with the same --pool (default: the default pool).
     #[arg(long, value_name = "NAME", default_value = "default")]
@@ -395,6 +437,9 @@ struct ExecArgs {
     /// With --coordinator: run the steps on the workers of this pool.
     #[arg(long, value_name = "NAME", requires = "coordinator")]
     pool: Option<String>,
+    /// With --coordinator: also send these files (see `steppe submit --help`).
+    #[arg(long, value_name = "GLOB", requires = "coordinator")]
+    include: Vec<String>,
 }
 
 impl ExecArgs {
@@ -402,7 +447,8 @@ impl ExecArgs {
     fn submit(&self, path: &Path, job: Option<&str>, test: bool, vars: &VarArgs) -> Result<Option<ExitCode>> {
         let Some(remote) = self.remote.remote()? else { return Ok(None) };
         let vars = vars.resolve()?.into_iter().collect();
-        let code = runtime()?.block_on(submit::submit(&remote, path, job, test, false, self.pool.as_deref(), vars, self.answer.clone()))?;
+        let o = submit::SubmitOptions { job: job.map(str::to_string), test, pool: self.pool.clone(), vars, answers: self.answer.clone(), include: self.include.clone(), ..Default::default() };
+        let code = runtime()?.block_on(submit::submit(&remote, path, o))?;
         Ok(Some(ExitCode::from(u8::try_from(code).unwrap_or(2))))
     }
 }
@@ -457,7 +503,7 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("steppe: error: {e:#}");
+            warn!("steppe: error: {}", steppe_shared::secrets::mask_urls(&format!("{e:#}")));
             ExitCode::from(2)
         }
     }
@@ -487,29 +533,31 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let rt = runtime()?;
             let cancelled = rt.block_on(submit::cancel(&remote, &run))?;
             if cancelled {
-                println!("cancelled {run}");
+                say!("cancelled {run}");
                 Ok(ExitCode::SUCCESS)
             } else {
-                eprintln!("steppe: error: no run {run} is going on at {}", remote.url);
+                warn!("steppe: error: no run {run} is going on at {}", remote.url);
                 Ok(ExitCode::from(1))
             }
         }
         Command::Approve(args) => decide(&args, true),
         Command::Reject(args) => decide(&args, false),
         Command::Worker(args) => worker(args),
-        Command::Coordinator { listen, workers, state, token_file, queue, queue_lease, store, worker_lease, artifacts, tls_cert, tls_key } => {
+        Command::Coordinator { listen, workers, state, token_file, queue, queue_lease, store, redis_password_file, worker_lease, artifacts, tls_cert, tls_key } => {
             let tls = tls_cert.zip(tls_key);
+            let (queue, store) = with_redis_password(queue, store, redis_password_file.as_deref())?;
             coordinator(listen, workers, &state, token_file.as_deref(), queue.as_deref().map(|q| (q, queue_lease)), store.as_deref(), worker_lease, artifacts.as_deref(), tls)
         }
-        Command::Submit { pipeline, job, test, detach, coordinator, token_file, tls_ca, pool, answer, vars } => {
+        Command::Submit { pipeline, job, test, detach, coordinator, token_file, tls_ca, pool, answer, include, vars } => {
             let remote = submit::Remote::new(&coordinator, token_file.as_deref(), tls_ca.as_deref())?;
             let vars = vars.resolve()?.into_iter().collect();
             let rt = runtime()?;
-            let code = rt.block_on(submit::submit(&remote, &pipeline, job.as_deref(), test, detach, pool.as_deref(), vars, answer))?;
+            let o = submit::SubmitOptions { job, test, detach, pool, vars, answers: answer, include };
+            let code = rt.block_on(submit::submit(&remote, &pipeline, o))?;
             Ok(ExitCode::from(u8::try_from(code).unwrap_or(2)))
         }
         Command::Schema => {
-            println!("{}", schema::pipeline_schema_json());
+            say!("{}", schema::pipeline_schema_json());
             Ok(ExitCode::SUCCESS)
         }
     }
@@ -525,9 +573,9 @@ fn validate(path: &Path, syntax_only: bool, vars: &VarArgs) -> Result<ExitCode> 
         let problems = machine::check(&loaded, opts.env_model.as_deref());
         if !problems.is_empty() {
             for d in &problems {
-                eprintln!("{d}");
+                warn!("{d}");
             }
-            eprintln!(
+            warn!(
                 "steppe: error: {} problem(s) with this machine for {} (the file itself is valid; --syntax-only skips these checks)",
                 problems.len(),
                 path.display()
@@ -537,7 +585,7 @@ fn validate(path: &Path, syntax_only: bool, vars: &VarArgs) -> Result<ExitCode> 
     }
     let p = &loaded.pipeline;
     let user_agents = p.agents.iter().filter(|a| !(a.name.starts_with("@builtin/") && a.source.is_none() && a.file.is_none())).count();
-    println!(
+    say!(
         "ok: {} ({} job(s), {} resource(s), {} agent(s))",
         path.display(),
         p.jobs.len(),
@@ -555,9 +603,9 @@ fn load_or_report(path: &Path, vars: &VarArgs) -> Result<Result<steppe_shared::L
 fn load_reporting(path: &Path, opts: &LoadOptions) -> Result<steppe_shared::Loaded, ExitCode> {
     load_file(path, opts).map_err(|diags| {
         for d in diags.iter() {
-            eprintln!("{d}");
+            warn!("{d}");
         }
-        eprintln!("steppe: error: {} problem(s) in {}", diags.len(), path.display());
+        warn!("steppe: error: {} problem(s) in {}", diags.len(), path.display());
         ExitCode::from(2)
     })
 }
@@ -574,6 +622,9 @@ pub struct Services {
     pub cancel_rx: tokio::sync::watch::Receiver<bool>,
     /// Where submitted pipelines are unpacked.
     pub state: PathBuf,
+    /// This process's scratch directory (step directories, temporaries);
+    /// the command that made it removes it.
+    pub scratch: PathBuf,
 }
 
 /// The Redis stream assignments wait on (workers started with --queue read it too).
@@ -600,15 +651,17 @@ impl Default for ClusterOptions {
 }
 
 /// Starts the shared parts; `state` holds artifacts (and submissions), `db` the run store.
-async fn start_services(state: &Path, db: &Path, slots: usize, quiet: bool, listen: Option<std::net::SocketAddr>, token: Option<String>) -> Result<Arc<Services>> {
+async fn start_services(state: &Path, db: &Path, scratch: &Path, slots: usize, quiet: bool, listen: Option<std::net::SocketAddr>) -> Result<Arc<Services>> {
     let runs: Arc<dyn steppe_shared::store::Store> = Arc::new(steppe_shared::store::SqliteStore::open(db)?);
-    start_services_with(state, runs, slots, quiet, listen, token, ClusterOptions::default()).await
+    start_services_with(state, runs, scratch, slots, quiet, listen, None, ClusterOptions::default()).await
 }
 
 /// As [`start_services`], on `queue` (the in-process queue when `None`).
+#[allow(clippy::too_many_arguments)]
 async fn start_services_with(
     state: &Path,
     runs: Arc<dyn steppe_shared::store::Store>,
+    scratch: &Path,
     slots: usize,
     quiet: bool,
     listen: Option<std::net::SocketAddr>,
@@ -622,7 +675,7 @@ async fn start_services_with(
     let local_store = LocalArtifactStore::new(&artifact_dir).with_context(|| format!("creating {}", artifact_dir.display()))?;
     let store: Arc<dyn steppe_shared::artifacts::ArtifactStore> = Arc::new(local_store.clone());
     let artifact_dir = artifact_dir.canonicalize().unwrap_or(artifact_dir);
-    let work = std::env::temp_dir().join(format!("steppe-work-{}", std::process::id()));
+    let work = scratch.join("steps");
     std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
     if slots == 0 && listen.is_none() {
         anyhow::bail!("--workers 0 leaves nobody to run steps; add --listen ADDR and start `steppe worker`s");
@@ -650,7 +703,7 @@ async fn start_services_with(
     if slots > 0 {
         registry.joined("local", slots as u32, false, steppe_shared::queue::DEFAULT_POOL);
     }
-    let svc = Arc::new(Services { store, dispatcher, out, registry, cancel_tx: Arc::new(cancel_tx), cancel_rx, state: state.to_path_buf() });
+    let svc = Arc::new(Services { store, dispatcher, out, registry, cancel_tx: Arc::new(cancel_tx), cancel_rx, state: state.to_path_buf(), scratch: scratch.to_path_buf() });
     if let Some(addr) = listen {
         let listener = std::net::TcpListener::bind(addr).with_context(|| format!("--listen {addr}"))?;
         listener.set_nonblocking(true)?;
@@ -697,7 +750,7 @@ async fn start_services_with(
                 .serve_with_incoming(incoming)
                 .await;
             if let Err(e) = r {
-                eprintln!("steppe: worker service stopped: {e}");
+                warn!("steppe: worker service stopped: {e}");
             }
         });
     }
@@ -734,6 +787,8 @@ fn make_engine_with(
         scripted: scripted.as_ref().map(|(p, _)| p.clone()),
         scripted_fallback: scripted.and_then(|(_, f)| f),
         answers,
+        submission: None,
+        scratch: svc.scratch.clone(),
     }
 }
 
@@ -748,16 +803,8 @@ fn parse_answers(answers: &[String]) -> Result<Vec<(String, String)>> {
 }
 
 /// Builds the engine of embedded mode: services under the pipeline's `.steppe/`.
-async fn engine(loaded: &steppe_shared::Loaded, exec: &ExecArgs, scripted: Option<(String, Option<String>)>) -> Result<Arc<engine::Engine>> {
-    let svc = start_services(
-        &loaded.dir.join(".steppe"),
-        &steppe_shared::store::db_path(&loaded.path),
-        exec.workers.unwrap_or_else(cores),
-        exec.quiet,
-        exec.listen,
-        None,
-    )
-    .await?;
+async fn engine(loaded: &steppe_shared::Loaded, exec: &ExecArgs, scratch: &Path, scripted: Option<(String, Option<String>)>) -> Result<Arc<engine::Engine>> {
+    let svc = start_services(&loaded.dir.join(".steppe"), &steppe_shared::store::db_path(&loaded.path), scratch, exec.workers.unwrap_or_else(cores), exec.quiet, exec.listen).await?;
     Ok(make_engine(&svc, loaded, parse_answers(&exec.answer)?, scripted))
 }
 
@@ -777,20 +824,30 @@ async fn run_one_as(engine: &Arc<engine::Engine>, job: &steppe_shared::model::Jo
     tokio::select! {
         r = &mut fut => r,
         _ = tokio::signal::ctrl_c() => {
-            eprintln!("steppe: interrupted; stopping (hooks get their grace)");
+            warn!("steppe: interrupted; stopping (hooks get their grace)");
             engine.abort();
             fut.await
         }
     }
 }
 
+/// This process's scratch directory, removed when the command returns (and
+/// swept by the next steppe to start, if this one is killed).
+fn scratch() -> Result<steppe_shared::scratch::Scratch> {
+    steppe_shared::scratch::Scratch::create("work").context("creating a scratch directory under the system's temp dir")
+}
+
 fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")
 }
 
+/// A run's id: its start time, this process, and a count, so two runs begun
+/// in the same millisecond (two submissions at once) never share one.
 fn run_id() -> String {
+    static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0);
-    format!("r-{t:x}-{}", std::process::id())
+    let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("r-{t:x}-{}-{n}", std::process::id())
 }
 
 fn run_job(path: &Path, job: Option<&str>, exec: &ExecArgs, vars: &VarArgs) -> Result<ExitCode> {
@@ -821,19 +878,20 @@ fn run_job(path: &Path, job: Option<&str>, exec: &ExecArgs, vars: &VarArgs) -> R
             anyhow::bail!("{} has {} jobs; pick one with --job ({})", path.display(), jobs.len(), names.join(", "));
         }
     };
+    let scratch = scratch()?;
     let rt = runtime()?;
     let result = rt.block_on(async {
-        let engine = engine(&loaded, exec, None).await?;
+        let engine = engine(&loaded, exec, scratch.path(), None).await?;
         anyhow::Ok(run_one(&engine, &job).await)
     })?;
     let outcome = steppe_shared::outcome::Outcome::of(&result.result);
     if !exec.quiet {
-        println!("execution: [{}]", result.log.join(", "));
+        say!("execution: [{}]", result.log.join(", "));
     }
     match &result.result {
-        Ok(()) => println!("job {} succeeded", job.name),
+        Ok(()) => say!("job {} succeeded", job.name),
         Err(e) => {
-            println!("job {} {}: {}", job.name, outcome.word(), e.message);
+            say!("job {} {}: {}", job.name, outcome.word(), e.message);
         }
     }
     Ok(ExitCode::from(outcome.exit_code()))
@@ -881,17 +939,18 @@ fn test(path: &Path, script: Option<&Path>, dump: Option<&Path>, exec: &ExecArgs
         None => None,
     };
     let targets = model.as_ref().map(|m| (m.base_url.clone(), fallback.as_ref().map(|f| f.base_url.clone())));
-    let engine = rt.block_on(engine(&loaded, exec, targets))?;
+    let scratch = scratch()?;
+    let engine = rt.block_on(engine(&loaded, exec, scratch.path(), targets))?;
     let jobs = loaded.pipeline.jobs.clone();
     let mut failures: Vec<(String, String)> = Vec::new();
     let mut aborted = false;
     for job in &jobs {
         let result = rt.block_on(run_one(&engine, job));
         match result.result {
-            Ok(()) => println!("PASS {}", job.name),
+            Ok(()) => say!("PASS {}", job.name),
             Err(e) => {
                 aborted |= e.class == steppe_shared::outcome::Class::Aborted;
-                println!("FAIL {}: {}", job.name, e.message);
+                say!("FAIL {}: {}", job.name, e.message);
                 failures.push((job.name.clone(), e.message));
             }
         }
@@ -902,7 +961,7 @@ fn test(path: &Path, script: Option<&Path>, dump: Option<&Path>, exec: &ExecArgs
     if let Some(want) = loaded.pipeline.assert.as_ref().and_then(|a| a.execution.as_ref()) {
         let got: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
         if want != &got {
-            eprintln!("steppe: error: pipeline assert.execution mismatch\n  want: [{}]\n  got:  [{}]", want.join(", "), got.join(", "));
+            warn!("steppe: error: pipeline assert.execution mismatch\n  want: [{}]\n  got:  [{}]", want.join(", "), got.join(", "));
             return Ok(ExitCode::from(2));
         }
     }
@@ -920,20 +979,20 @@ fn test(path: &Path, script: Option<&Path>, dump: Option<&Path>, exec: &ExecArgs
         }
         if !problems.is_empty() {
             for p in &problems {
-                println!("FAIL scenario: {p}");
+                say!("FAIL scenario: {p}");
             }
-            eprintln!("steppe: error: the scenario could not answer {} request(s)", problems.len());
+            warn!("steppe: error: the scenario could not answer {} request(s)", problems.len());
             return Ok(ExitCode::from(2));
         }
     }
     if !failures.is_empty() {
-        eprintln!("steppe: error: test: {} job(s) failed:", failures.len());
+        warn!("steppe: error: test: {} job(s) failed:", failures.len());
         for (j, e) in &failures {
-            eprintln!("  {j}: {e}");
+            warn!("  {j}: {e}");
         }
         return Ok(ExitCode::from(2));
     }
-    println!("{}/{} passed", jobs.len(), jobs.len());
+    say!("{}/{} passed", jobs.len(), jobs.len());
     Ok(ExitCode::SUCCESS)
 }
 
@@ -956,9 +1015,12 @@ fn coordinator(
     tls: Option<(PathBuf, PathBuf)>,
 ) -> Result<ExitCode> {
     let token = submit::read_token(token_file)?;
+    let scratch = scratch()?;
     let rt = runtime()?;
     rt.block_on(async {
         std::fs::create_dir_all(state).with_context(|| format!("creating {}", state.display()))?;
+        // Submissions of a coordinator that died: their runs died with it.
+        let _ = std::fs::remove_dir_all(state.join("submissions"));
         let pools = match queue {
             Some((url, lease)) if url.starts_with("redis://") || url.starts_with("rediss://") => {
                 let name = format!("coordinator-{}", std::process::id());
@@ -981,7 +1043,7 @@ fn coordinator(
             None => None,
         };
         let cluster = ClusterOptions { pools, worker_lease, artifacts: artifacts.map(Path::to_path_buf), tls };
-        let svc = start_services_with(state, runs, workers, false, Some(listen), token, cluster).await?;
+        let svc = start_services_with(state, runs, scratch.path(), workers, false, Some(listen), token, cluster).await?;
         tokio::signal::ctrl_c().await.ok();
         svc.out.note("steppe coordinator: stopping");
         svc.out.flush().await;
@@ -990,8 +1052,17 @@ fn coordinator(
     Ok(ExitCode::SUCCESS)
 }
 
+/// Puts the password of `--redis-password-file` into Redis URLs that carry none.
+fn with_redis_password(queue: Option<String>, store: Option<String>, file: Option<&Path>) -> Result<(Option<String>, Option<String>)> {
+    let Some(file) = file else { return Ok((queue, store)) };
+    let password = steppe_shared::secrets::read_file(file, "--redis-password-file").map_err(anyhow::Error::msg)?;
+    let add = |u: Option<String>| u.map(|u| if u.starts_with("redis") { steppe_shared::secrets::with_password(&u, &password) } else { u });
+    Ok((add(queue), add(store)))
+}
+
 fn worker(args: WorkerArgs) -> Result<ExitCode> {
-    let WorkerArgs { coordinator: url, slots, token_file, stream_artifacts, tls_ca, queue, pool } = args;
+    let WorkerArgs { coordinator: url, slots, token_file, stream_artifacts, tls_ca, queue, redis_password_file, pool } = args;
+    let (queue, _) = with_redis_password(queue, None, redis_password_file.as_deref())?;
     steppe_shared::queue::check_pool_name(&pool).map_err(|e| anyhow::anyhow!("--pool {e}"))?;
     if let Some(q) = queue.as_deref().filter(|q| !q.starts_with("redis://") && !q.starts_with("rediss://")) {
         anyhow::bail!("--queue {q}: a worker takes from a Redis queue (redis://HOST:PORT/)");
@@ -1000,13 +1071,12 @@ fn worker(args: WorkerArgs) -> Result<ExitCode> {
     let rt = runtime()?;
     let slots = slots.unwrap_or(cores() as u32);
     let name = format!("{}:{}", std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".into()), std::process::id());
-    let work = std::env::temp_dir().join(format!("steppe-worker-{}", std::process::id()));
-    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
-    eprintln!("steppe worker {name}: connecting to {url} with {slots} slot(s)");
+    let scratch = steppe_shared::scratch::Scratch::create("worker").context("creating a scratch directory under the system's temp dir")?;
+    let work = scratch.path().to_path_buf();
+    warn!("steppe worker {name}: connecting to {url} with {slots} slot(s)");
     let config = steppe_worker::remote::WorkerConfig { url, slots, name: name.clone(), work_root: work.clone(), token, stream_artifacts, tls_ca, queue, pool };
     rt.block_on(steppe_worker::remote::run(config))?;
-    let _ = std::fs::remove_dir_all(&work);
-    eprintln!("steppe worker {name}: the coordinator closed the session");
+    warn!("steppe worker {name}: the coordinator closed the session");
     Ok(ExitCode::SUCCESS)
 }
 
@@ -1058,21 +1128,21 @@ impl History {
 
 fn runs(h: &History, job: Option<&str>, limit: usize, steps: bool, run: Option<&str>, logs: bool, transcript: bool) -> Result<ExitCode> {
     let Some(store) = &h.store else {
-        println!("no runs recorded for {}", h.label);
+        say!("no runs recorded for {}", h.label);
         return Ok(ExitCode::SUCCESS);
     };
     if !steps && !logs && run.is_none() {
         let rows = store.runs(job, limit)?;
         if rows.is_empty() {
-            println!("no runs recorded for {}", h.label);
+            say!("no runs recorded for {}", h.label);
             return Ok(ExitCode::SUCCESS);
         }
-        println!("{:<26} {:<20} {:<21} {:>9}  OUTCOME", "RUN", "JOB", "STARTED", "DURATION");
+        say!("{:<26} {:<20} {:<21} {:>9}  OUTCOME", "RUN", "JOB", "STARTED", "DURATION");
         for r in rows {
             let dur = r.finished_ms.map(|f| fmt_ms(f - r.started_ms)).unwrap_or_else(|| "-".into());
             let outcome = r.outcome.clone().unwrap_or_else(|| "running".into());
             let msg = if r.message.is_empty() { String::new() } else { format!(": {}", r.message.lines().next().unwrap_or_default()) };
-            println!("{:<26} {:<20} {:<21} {:>9}  {outcome}{msg}", r.id, r.job, fmt_time(r.started_ms), dur);
+            say!("{:<26} {:<20} {:<21} {:>9}  {outcome}{}", r.id, shown(&r.job), fmt_time(r.started_ms), dur, shown(&msg));
         }
         return Ok(ExitCode::SUCCESS);
     }
@@ -1080,16 +1150,16 @@ fn runs(h: &History, job: Option<&str>, limit: usize, steps: bool, run: Option<&
         Some(id) => store.run(id)?.with_context(|| format!("no run {id} in the history of {}", h.label))?,
         None => store.runs(job, 1)?.into_iter().next().with_context(|| format!("no runs recorded for {}", h.label))?,
     };
-    println!("run {} of job {} ({})", record.id, record.job, record.outcome.as_deref().unwrap_or("running"));
+    say!("run {} of job {} ({})", record.id, shown(&record.job), record.outcome.as_deref().unwrap_or("running"));
     if steps || !logs {
-        println!("{:<40} {:<10} {:>9} {:>5} {:>9}", "STEP", "OUTCOME", "DURATION", "EXIT", "TOKENS");
+        say!("{:<40} {:<10} {:>9} {:>5} {:>9}", "STEP", "OUTCOME", "DURATION", "EXIT", "TOKENS");
         for s in store.steps(&record.id)? {
             let exit = s.exit_code.map(|c| c.to_string()).unwrap_or_else(|| "-".into());
             let tokens = s.tokens.map(thousands).unwrap_or_else(|| "-".into());
-            println!("{:<40} {:<10} {:>9} {:>5} {:>9}", s.name, s.outcome, fmt_ms(s.duration_ms), exit, tokens);
+            say!("{:<40} {:<10} {:>9} {:>5} {:>9}", shown(&s.name), s.outcome, fmt_ms(s.duration_ms), exit, tokens);
             let detail: serde_json::Value = s.detail.as_deref().and_then(|d| serde_json::from_str(d).ok()).unwrap_or_default();
             if let Some(v) = detail.get("verdict").and_then(|v| v.as_str()) {
-                println!("    verdict: {v}");
+                say!("    verdict: {}", shown(v));
             }
             if transcript {
                 for e in detail.get("transcript").and_then(|t| t.as_array()).into_iter().flatten() {
@@ -1097,40 +1167,41 @@ fn runs(h: &History, job: Option<&str>, limit: usize, steps: bool, run: Option<&
                     let name = e.get("name").and_then(|v| v.as_str()).unwrap_or_default();
                     let content = e.get("content").and_then(|v| v.as_str()).unwrap_or_default();
                     let short: String = content.chars().take(300).collect();
-                    println!("    {kind:<8} {name} {short}");
+                    say!("    {kind:<8} {} {}", shown(name), shown(&short));
                 }
             }
             for d in detail.get("denials").and_then(|d| d.as_array()).into_iter().flatten() {
-                println!(
-                    "    denied: {} {} — {}",
-                    d.get("tool").and_then(|v| v.as_str()).unwrap_or_default(),
-                    d.get("path").and_then(|v| v.as_str()).unwrap_or_default(),
-                    d.get("reason").and_then(|v| v.as_str()).unwrap_or_default()
-                );
+                let field = |k: &str| shown(d.get(k).and_then(|v| v.as_str()).unwrap_or_default()).into_owned();
+                say!("    denied: {} {} — {}", field("tool"), field("path"), field("reason"));
             }
         }
     }
     if logs {
         for l in store.logs(&record.id)? {
-            println!("[{}]{} {}", l.step, if l.stderr { " (stderr)" } else { "" }, l.line);
+            say!("[{}]{} {}", shown(&l.step), if l.stderr { " (stderr)" } else { "" }, l.line);
         }
     }
     Ok(ExitCode::SUCCESS)
 }
 
+/// A name or a model's words, with control characters shown, not obeyed.
+fn shown(s: &str) -> std::borrow::Cow<'_, str> {
+    steppe_shared::printable::escape_controls(s)
+}
+
 fn approvals(h: &History) -> Result<ExitCode> {
     let Some(store) = &h.store else {
-        println!("no approvals pending for {}", h.label);
+        say!("no approvals pending for {}", h.label);
         return Ok(ExitCode::SUCCESS);
     };
     let pending = store.pending_approvals()?;
     if pending.is_empty() {
-        println!("no approvals pending for {}", h.label);
+        say!("no approvals pending for {}", h.label);
         return Ok(ExitCode::SUCCESS);
     }
-    println!("{:<4} {:<20} {:<21} MESSAGE", "ID", "JOB", "REQUESTED");
+    say!("{:<4} {:<20} {:<21} MESSAGE", "ID", "JOB", "REQUESTED");
     for a in pending {
-        println!("{:<4} {:<20} {:<21} {}", a.id, a.job, fmt_time(a.requested_ms), a.message);
+        say!("{:<4} {:<20} {:<21} {}", a.id, a.job, fmt_time(a.requested_ms), a.message);
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -1164,7 +1235,7 @@ fn decide(args: &DecideArgs, approve: bool) -> Result<ExitCode> {
     if !store.decide_approval(id, approve, reason, &approver)? {
         anyhow::bail!("approval {id} was decided by someone else just now");
     }
-    println!("{} approval {id}", if approve { "approved" } else { "rejected" });
+    say!("{} approval {id}", if approve { "approved" } else { "rejected" });
     Ok(ExitCode::SUCCESS)
 }
 
@@ -1173,10 +1244,10 @@ fn scripted_model(script: &Path, listen: std::net::SocketAddr) -> Result<ExitCod
     let rt = runtime()?;
     rt.block_on(async {
         let m = scripted::serve(sc.model, listen).await?;
-        println!("scripted model serving {} on {}", script.display(), m.base_url);
+        say!("scripted model serving {} on {}", script.display(), m.base_url);
         tokio::signal::ctrl_c().await.ok();
         for p in m.failures() {
-            eprintln!("unanswered: {p}");
+            warn!("unanswered: {p}");
         }
         anyhow::Ok(())
     })?;
@@ -1197,24 +1268,24 @@ fn thousands(n: i64) -> String {
 
 fn runs_cost(h: &History, job: Option<&str>, limit: usize, run: Option<&str>) -> Result<ExitCode> {
     let Some(store) = &h.store else {
-        println!("no runs recorded for {}", h.label);
+        say!("no runs recorded for {}", h.label);
         return Ok(ExitCode::SUCCESS);
     };
     match run {
         None => {
-            println!("{:<26} {:>12} {:>11} {:>6}", "RUN", "TOKENS", "COST", "STEPS");
+            say!("{:<26} {:>12} {:>11} {:>6}", "RUN", "TOKENS", "COST", "STEPS");
             for r in store.runs(job, limit)? {
                 let steps = store.steps(&r.id)?;
                 let agent: Vec<_> = steps.iter().filter(|s| s.tokens.is_some()).collect();
                 let tokens: i64 = agent.iter().filter_map(|s| s.tokens).sum();
                 // Hosted providers report tokens, not dollars: no cost is recorded, which is not $0.00.
-                println!("{:<26} {:>12} {:>11} {:>6}", r.id, thousands(tokens), "unpriced", agent.len());
+                say!("{:<26} {:>12} {:>11} {:>6}", r.id, thousands(tokens), "unpriced", agent.len());
             }
         }
         Some(id) => {
-            println!("{:<40} {:>12} {:>9}", "STEP", "TOKENS", "DURATION");
+            say!("{:<40} {:>12} {:>9}", "STEP", "TOKENS", "DURATION");
             for s in store.steps(id)?.into_iter().filter(|s| s.tokens.is_some()) {
-                println!("{:<40} {:>12} {:>9}", s.name, thousands(s.tokens.unwrap_or(0)), fmt_ms(s.duration_ms));
+                say!("{:<40} {:>12} {:>9}", s.name, thousands(s.tokens.unwrap_or(0)), fmt_ms(s.duration_ms));
             }
         }
     }
@@ -1223,7 +1294,7 @@ fn runs_cost(h: &History, job: Option<&str>, limit: usize, run: Option<&str>) ->
 
 fn runs_events(h: &History, job: Option<&str>, run: Option<&str>) -> Result<ExitCode> {
     let Some(store) = &h.store else {
-        println!("no runs recorded for {}", h.label);
+        say!("no runs recorded for {}", h.label);
         return Ok(ExitCode::SUCCESS);
     };
     let id = match run {
@@ -1231,7 +1302,7 @@ fn runs_events(h: &History, job: Option<&str>, run: Option<&str>) -> Result<Exit
         None => store.runs(job, 1)?.into_iter().next().map(|r| r.id).with_context(|| format!("no runs recorded for {}", h.label))?,
     };
     for (kind, step, message) in store.events(&id)? {
-        println!("{kind:<8} {step:<30} {message}");
+        say!("{kind:<8} {step:<30} {message}");
     }
     Ok(ExitCode::SUCCESS)
 }

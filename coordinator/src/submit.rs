@@ -3,12 +3,12 @@
 //! `steppe run`/`steppe test` print, then the same exit code.
 
 use std::collections::HashMap;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use steppe_proto::v1::runs_client::RunsClient;
 use steppe_proto::v1::runs_server::Runs;
-use steppe_proto::v1::{run_event, BundleFile, CancelReply, CancelRequest, RunEvent, RunFinished, SubmitRequest};
+use steppe_proto::v1::{run_event, CancelReply, CancelRequest, RunEvent, RunFinished, SubmitRequest};
 use steppe_shared::outcome::{Class, Outcome};
 use steppe_shared::{load_file, LoadOptions};
 use tokio::sync::mpsc;
@@ -36,7 +36,8 @@ impl tonic::service::Interceptor for TokenCheck {
     fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
         let Some(want) = &self.token else { return Ok(req) };
         let got = req.metadata().get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-        if got == Some(want.as_str()) {
+        // In constant time: how much of a guess matched must not show in how long the refusal took.
+        if got.is_some_and(|g| bool::from(subtle::ConstantTimeEq::ct_eq(g.as_bytes(), want.as_bytes()))) {
             return Ok(req);
         }
         let peer = req.remote_addr().map(|a| a.to_string()).unwrap_or_else(|| "unknown".into());
@@ -46,13 +47,7 @@ impl tonic::service::Interceptor for TokenCheck {
 }
 
 pub fn read_token(file: Option<&Path>) -> anyhow::Result<Option<String>> {
-    let Some(f) = file else { return Ok(None) };
-    let t = std::fs::read_to_string(f).map_err(|e| anyhow::anyhow!("--token-file {}: {e}", f.display()))?;
-    let t = t.trim().to_string();
-    if t.is_empty() {
-        anyhow::bail!("--token-file {} is empty", f.display());
-    }
-    Ok(Some(t))
+    file.map(|f| steppe_shared::secrets::read_file(f, "--token-file")).transpose().map_err(anyhow::Error::msg)
 }
 
 /// A coordinator as the client commands reach it (`--coordinator URL
@@ -97,71 +92,6 @@ pub async fn cancel(remote: &Remote, run_id: &str) -> anyhow::Result<bool> {
     Ok(reply.into_inner().cancelled)
 }
 
-fn bundle_file(full: &Path, rel: &str) -> anyhow::Result<BundleFile> {
-    use std::os::unix::fs::PermissionsExt;
-    let content = std::fs::read(full).map_err(|e| anyhow::anyhow!("{}: {e}", full.display()))?;
-    let executable = std::fs::metadata(full).is_ok_and(|m| m.permissions().mode() & 0o111 != 0);
-    Ok(BundleFile { path: rel.to_string(), content, executable })
-}
-
-/// How much of the pipeline's directory beyond the files the loader read
-/// goes with a submission (at most; less when those files are large).
-const DIRECTORY_BUDGET: usize = 3 << 20;
-
-/// And at most this many of its files.
-const DIRECTORY_FILES: usize = 2_000;
-
-/// Adds the other files of the pipeline's directory (resource `check`s run
-/// there, and may read them), smallest first, within [`DIRECTORY_BUDGET`];
-/// hidden entries, symlinks and build output are left out. Returns how many
-/// files did not fit.
-fn bundle_directory(dir: &Path, files: &mut Vec<BundleFile>) -> usize {
-    let have: std::collections::HashSet<PathBuf> = files.iter().map(|f| dir.join(&f.path)).filter_map(|p| p.canonicalize().ok()).collect();
-    let mut found: Vec<(u64, PathBuf, String)> = Vec::new();
-    let mut stack = vec![PathBuf::new()];
-    while let Some(rel) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(dir.join(&rel)) else { continue };
-        for e in entries.flatten() {
-            let name = e.file_name();
-            let name = name.to_string_lossy();
-            if name.starts_with('.') || matches!(name.as_ref(), "target" | "node_modules") {
-                continue;
-            }
-            let Ok(meta) = std::fs::symlink_metadata(e.path()) else { continue };
-            let r = rel.join(&*name);
-            if meta.is_dir() {
-                // Bounded: a huge tree is not walked to the bottom.
-                if found.len() < 10_000 {
-                    stack.push(r);
-                }
-            } else if meta.is_file() && !e.path().canonicalize().is_ok_and(|p| have.contains(&p)) {
-                found.push((meta.len(), e.path(), r.to_string_lossy().into_owned()));
-            }
-        }
-    }
-    found.sort();
-    let read: usize = files.iter().map(|f| f.content.len() + f.path.len()).sum();
-    let mut budget = DIRECTORY_BUDGET.min((SUBMISSION_MAX - (512 << 10)).saturating_sub(read));
-    let mut left_out = 0;
-    let mut added = 0;
-    for (len, full, rel) in found {
-        // What a file costs in the message: its bytes, its path, the framing.
-        let cost = usize::try_from(len).unwrap_or(usize::MAX).saturating_add(rel.len() + 16);
-        match Some(cost).filter(|c| *c <= budget && added < DIRECTORY_FILES).and_then(|_| bundle_file(&full, &rel).ok()) {
-            Some(f) => {
-                budget -= (f.content.len() + rel.len() + 16).min(budget);
-                added += 1;
-                files.push(f);
-            }
-            None => left_out += 1,
-        }
-    }
-    left_out
-}
-
-/// The gRPC message limit.
-const SUBMISSION_MAX: usize = 4 << 20;
-
 pub struct RunService {
     pub svc: Arc<Services>,
     /// The runs going on, by id, for `Cancel`.
@@ -170,68 +100,36 @@ pub struct RunService {
 
 type Lines = mpsc::UnboundedSender<String>;
 
-/// Where a bundle unpacks: nested deep enough that `..` paths stay inside `root`.
-fn unpack(root: &Path, pipeline: &str, files: &[BundleFile]) -> Result<PathBuf, String> {
-    let mut depth = 0usize;
-    for f in files {
-        let p = Path::new(&f.path);
-        if p.is_absolute() {
-            return Err(format!("bundle path {:?} must be relative", f.path));
-        }
-        let mut level: isize = 0;
-        for c in p.components() {
-            match c {
-                Component::ParentDir => level -= 1,
-                Component::Normal(_) => level += 1,
-                Component::CurDir => {}
-                _ => return Err(format!("bundle path {:?} is not a plain relative path", f.path)),
-            }
-            depth = depth.max((-level).max(0) as usize);
-        }
-    }
-    if depth > 16 {
-        return Err("bundle paths climb more than 16 directories".into());
-    }
-    let mut dir = root.to_path_buf();
-    for i in 0..depth {
-        dir.push(format!("d{i}"));
-    }
-    for f in files {
-        let full = dir.join(&f.path);
-        if let Some(parent) = full.parent() {
-            std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
-        }
-        std::fs::write(&full, &f.content).map_err(|e| format!("{}: {e}", full.display()))?;
-        if f.executable {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&full, std::fs::Permissions::from_mode(0o755)).map_err(|e| format!("{}: {e}", full.display()))?;
-        }
-    }
-    if Path::new(pipeline).components().count() != 1 {
-        return Err(format!("pipeline name {pipeline:?} must be a file name"));
-    }
-    Ok(dir.join(pipeline))
-}
-
 impl RunService {
-    async fn handle(&self, req: SubmitRequest, lines: &Lines, started: &Lines) -> i32 {
-        let id = crate::run_id();
-        let root = self.svc.state.join("submissions").join(&id);
-        let path = match unpack(&root, &req.pipeline, &req.files) {
+    /// Runs one submission whose files go under `root`.
+    async fn handle(&self, req: SubmitRequest, root: &Path, lines: &Lines, started: &Lines) -> i32 {
+        let id = root.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let (path, sub_dir) = match crate::bundle::unpack(root, &id, &req.pipeline, &req.files) {
             Ok(p) => p,
             Err(e) => {
                 let _ = lines.send(format!("steppe: error: {e}"));
                 return 2;
             }
         };
-        let opts = LoadOptions { vars: req.vars.clone().into_iter().collect(), ..LoadOptions::from_env(Default::default()) };
-        let loaded = match load_file(&path, &opts) {
-            Ok(l) => l,
-            Err(diags) => {
+        // Every path the pipeline names must stay inside what was sent.
+        let opts = LoadOptions { vars: req.vars.clone().into_iter().collect(), submission: true, root: Some(root.to_path_buf()), ..LoadOptions::from_env(Default::default()) };
+        let loaded = match tokio::task::spawn_blocking(move || load_file(&path, &opts)).await {
+            Ok(Ok(l)) => l,
+            Ok(Err(diags)) => {
+                // Named as the submitter knows them, not where they sit here.
+                let base = root.join(&sub_dir);
                 for d in diags.iter() {
+                    let mut d = d.clone();
+                    if let Ok(rel) = d.file.strip_prefix(&base) {
+                        d.file = rel.to_path_buf();
+                    }
                     let _ = lines.send(d.to_string());
                 }
                 let _ = lines.send(format!("steppe: error: {} problem(s) in {}", diags.len(), req.pipeline));
+                return 2;
+            }
+            Err(e) => {
+                let _ = lines.send(format!("steppe: error: loading {}: {e}", req.pipeline));
                 return 2;
             }
         };
@@ -245,6 +143,7 @@ impl RunService {
         let (cancel_tx, cancel_rx) = tokio::sync::watch::channel(false);
         let mut engine = crate::make_engine_with(&self.svc, &loaded, answers, None, Arc::new(cancel_tx), cancel_rx);
         engine.decide_with = "--coordinator URL".into();
+        engine.submission = Some(Arc::new(crate::engine::Submission::new(root.to_path_buf(), sub_dir, self.svc.store.clone())));
         if !req.pool.is_empty() {
             if let Err(e) = steppe_shared::queue::check_pool_name(&req.pool) {
                 let _ = lines.send(format!("steppe: error: {e}"));
@@ -390,7 +289,20 @@ impl Runs for RunService {
         });
         let me = RunService { svc: self.svc.clone(), active: self.active.clone() };
         tokio::spawn(async move {
-            let code = me.handle(req, &ltx, &stx).await;
+            use futures::FutureExt;
+            let root = me.svc.state.join("submissions").join(crate::run_id());
+            // A panic handling this submission fails it, and only it.
+            let code = match std::panic::AssertUnwindSafe(me.handle(req, &root, &ltx, &stx)).catch_unwind().await {
+                Ok(code) => code,
+                Err(panic) => {
+                    let what = panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default();
+                    me.svc.out.note(&format!("steppe coordinator: a submission failed inside the coordinator: {what}"));
+                    let _ = ltx.send(format!("steppe: error: the coordinator failed handling this submission ({what}); it goes on serving others"));
+                    2
+                }
+            };
+            // Its files go with it (history stays); usually the engine took them already.
+            let _ = std::fs::remove_dir_all(&root);
             drop((ltx, stx));
             let _ = forward.await;
             let fin = RunFinished { exit_code: code, message: String::new() };
@@ -400,44 +312,51 @@ impl Runs for RunService {
     }
 }
 
+/// What a submission asks of the coordinator, besides the pipeline.
+#[derive(Debug, Default)]
+pub struct SubmitOptions {
+    pub job: Option<String>,
+    /// Run every job and check the asserts (`steppe test`).
+    pub test: bool,
+    /// Return as soon as the run has begun, printing its id.
+    pub detach: bool,
+    pub pool: Option<String>,
+    pub vars: HashMap<String, String>,
+    pub answers: Vec<String>,
+    /// Extra files to send (globs relative to the pipeline's directory).
+    pub include: Vec<String>,
+}
+
 /// `steppe submit`: loads the pipeline here (so problems show before anything
-/// is sent), sends it with every file it reads, prints what comes back.
-/// With `detach`, returns as soon as the run has begun, printing its id.
-#[allow(clippy::too_many_arguments)]
-pub async fn submit(remote: &Remote, path: &Path, job: Option<&str>, test: bool, detach: bool, pool: Option<&str>, vars: HashMap<String, String>, answers: Vec<String>) -> anyhow::Result<i32> {
-    let opts = LoadOptions::from_env(vars.clone().into_iter().collect());
+/// is sent), sends it with every file it reads and what `--include` or
+/// `.steppe-include` add, prints what comes back.
+pub async fn submit(remote: &Remote, path: &Path, o: SubmitOptions) -> anyhow::Result<i32> {
+    let SubmitOptions { job, test, detach, pool, vars, answers, include } = o;
+    let (job, pool) = (job.as_deref(), pool.as_deref());
+    let opts = LoadOptions { submission: true, ..LoadOptions::from_env(vars.clone().into_iter().collect()) };
     let loaded = match load_file(path, &opts) {
         Ok(l) => l,
         Err(diags) => {
             for d in diags.iter() {
-                eprintln!("{d}");
+                warn!("{d}");
             }
-            eprintln!("steppe: error: {} problem(s) in {}", diags.len(), path.display());
+            warn!("steppe: error: {} problem(s) in {}", diags.len(), path.display());
             return Ok(2);
         }
     };
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let mut files = vec![bundle_file(path, &name)?];
-    for rel in &loaded.read_files {
-        files.push(bundle_file(&loaded.dir.join(rel), rel)?);
-    }
-    let left_out = bundle_directory(&loaded.dir, &mut files);
-    if left_out > 0 {
-        eprintln!(
-            "steppe: note: {left_out} file(s) of {} not sent (a submission carries at most {} MiB); a resource check that reads them will not find them on the coordinator",
-            loaded.dir.display(),
-            DIRECTORY_BUDGET >> 20
-        );
-    }
+    let bundle = crate::bundle::collect(path, &loaded, &include)?;
+    warn!("steppe: sending {} to {}", bundle.summary(), remote.url);
+    let name = bundle.files.first().map(|f| f.path.clone()).unwrap_or_default();
+    let files = bundle.files;
     let mut client = RunsClient::with_interceptor(remote.channel().await?, remote.bearer()?);
     if let Some(p) = pool {
         steppe_shared::queue::check_pool_name(p).map_err(|e| anyhow::anyhow!("--pool {e}"))?;
     }
     let req = SubmitRequest { pipeline: name, files, job: job.unwrap_or_default().to_string(), vars, test, answers, detach, pool: pool.unwrap_or_default().to_string() };
     let size = prost::Message::encoded_len(&req);
-    if size > SUBMISSION_MAX {
+    if size > crate::bundle::SUBMISSION_MAX {
         anyhow::bail!(
-            "{}: the pipeline and the files it reads come to {:.1} MiB; a submission carries at most 4 MiB (fetch large inputs with a resource or produce them in a step)",
+            "{}: the pipeline and the files it sends come to {:.1} MiB; a submission carries at most 4 MiB (fetch large inputs with a resource or produce them in a step)",
             path.display(),
             size as f64 / (1 << 20) as f64
         );
@@ -457,7 +376,7 @@ pub async fn submit(remote: &Remote, path: &Path, job: Option<&str>, test: bool,
                     return Ok(130);
                 }
                 interrupted = true;
-                eprintln!("steppe: cancelling {} on the coordinator (Ctrl-C again to leave it to finish alone)", if started.is_empty() { "the submission".to_string() } else { started.join(", ") });
+                warn!("steppe: cancelling {} on the coordinator (Ctrl-C again to leave it to finish alone)", if started.is_empty() { "the submission".to_string() } else { started.join(", ") });
                 let mut c = client.clone();
                 for id in &started {
                     let _ = c.cancel(CancelRequest { run_id: id.clone() }).await;
@@ -469,14 +388,14 @@ pub async fn submit(remote: &Remote, path: &Path, job: Option<&str>, test: bool,
         match ev.event {
             Some(run_event::Event::Line(l)) => {
                 if l.starts_with("steppe: error:") || l.starts_with("  ") && l.contains(": ") && !l.starts_with("  [") {
-                    eprintln!("{l}");
+                    warn!("{l}");
                 } else {
-                    println!("{l}");
+                    say!("{l}");
                 }
             }
             Some(run_event::Event::Finished(f)) => return Ok(f.exit_code),
             Some(run_event::Event::Started(id)) if detach => {
-                println!("{id}");
+                say!("{id}");
                 return Ok(0);
             }
             Some(run_event::Event::Started(id)) => {

@@ -5,50 +5,13 @@
 //! `tests/run/failing/*.yml` must make `steppe test` fail with their
 //! `# expect:` fragments (the suite can fail).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-/// A process that dies with the test's thread: a test that panics leaves no
-/// coordinator, worker or Redis running behind it.
-fn child_of_this_test(program: &str) -> Command {
-    use std::os::unix::process::CommandExt;
-    let mut c = Command::new(program);
-    // SAFETY: prctl is async-signal-safe and only sets the child's own death signal.
-    unsafe {
-        c.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        });
-    }
-    c
-}
-
-/// `steppe worker --coordinator URL` with `args`, its stderr dropped.
-fn spawn_worker(url: &str, args: &[&str]) -> std::process::Child {
-    child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(["worker", "--coordinator", url]).args(args).stderr(std::process::Stdio::null()).spawn().expect("spawn worker")
-}
-
-/// Kills and reaps every process given (what a test started and is done with).
-fn stop<'a>(children: impl IntoIterator<Item = &'a mut std::process::Child>) {
-    for c in children {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
-}
-
-fn steppe(args: &[&str], dir: &Path) -> Output {
-    child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
-        .args(args)
-        .current_dir(dir)
-        .env_remove("STEPPE_MODEL")
-        .output()
-        .expect("run steppe")
-}
-
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
+use common::*;
 
 fn fixtures(sub: &str) -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/run").join(sub);
@@ -60,13 +23,6 @@ fn fixtures(sub: &str) -> Vec<PathBuf> {
     v.sort();
     assert!(!v.is_empty());
     v
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("steppe-run-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("mkdir");
-    d
 }
 
 #[test]
@@ -307,7 +263,9 @@ fn a_killed_worker_hands_its_step_to_another() {
 fn readme_examples_work() {
     let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
     let work = scratch("examples");
-    for e in std::fs::read_dir(&examples).expect("examples/").filter_map(|e| e.ok()) {
+    // Only the pipelines: running the README's first command leaves its
+    // history in examples/.steppe/, which is no example.
+    for e in std::fs::read_dir(&examples).expect("examples/").filter_map(|e| e.ok()).filter(|e| e.path().is_file()) {
         std::fs::copy(e.path(), work.join(e.file_name())).expect("copy");
         let name = e.file_name().to_string_lossy().into_owned();
         let out = steppe(&["validate", "--syntax-only", &name], &work);
@@ -578,43 +536,6 @@ fn a_silent_worker_is_fenced_and_its_late_result_refused() {
     let _ = redis.wait();
 }
 
-/// Starts `steppe ARGS` in `dir` (a coordinator, or a run with `--listen`)
-/// and reads from its first line the URL it serves workers on; the rest of
-/// its output is the caller's.
-fn serving(args: &[&str], dir: &Path) -> (std::process::Child, String, std::io::Lines<std::io::BufReader<std::process::ChildStdout>>) {
-    use std::io::{BufRead, BufReader};
-    let mut child = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
-        .args(args)
-        .current_dir(dir)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn steppe");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let first = lines.next().expect("a first line").expect("utf8");
-    let addr = first.strip_prefix("serving workers on ").unwrap_or_else(|| panic!("unexpected first line {first:?}"));
-    let url = match addr.strip_suffix(" (TLS)") {
-        Some(addr) => format!("https://{addr}"),
-        None => format!("http://{addr}"),
-    };
-    (child, url, lines)
-}
-
-/// A throwaway redis-server on a free loopback port (scripts/test installs it).
-fn redis_server() -> (std::process::Child, String) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("port");
-    let child = child_of_this_test("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .expect("redis-server on PATH");
-    let t0 = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(t0.elapsed() < Duration::from_secs(10), "redis-server did not come up");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    (child, format!("redis://127.0.0.1:{port}/"))
-}
-
 /// The cluster version of kill -9: Redis queue and store, a coordinator, two
 /// workers, `steppe submit`; the worker running the step is killed with
 /// SIGKILL mid-step. The run succeeds, the step ran again on the other
@@ -760,7 +681,7 @@ fn artifacts_and_large_results_travel_through_the_coordinator() {
     std::fs::write(work.join("big.yml"), "jobs:\n- name: j\n  plan:\n  - task: t\n    run_file: big.sh\n").expect("write");
     let out = steppe(&["submit", "big.yml", "--coordinator", &url], &work);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    assert!(text(&out).contains("big.yml: the pipeline and the files it reads come to 5.0 MiB; a submission carries at most 4 MiB"), "{}", text(&out));
+    assert!(text(&out).contains("big.yml: the pipeline and the files it sends come to 5.0 MiB; a submission carries at most 4 MiB"), "{}", text(&out));
     stop(workers.iter_mut().chain([&mut coord]));
 }
 
@@ -1042,27 +963,57 @@ fn a_dead_coordinators_queue_entries_are_not_run() {
     stop(workers.iter_mut().chain([&mut second, &mut redis]));
 }
 
-/// A resource `check` runs in the pipeline's directory; submitted, it finds
-/// the directory's other files (and their executable bit) on the coordinator.
+/// A resource `check` runs in the pipeline's directory. Submitted, it runs
+/// on a worker in a copy of what was sent: the files the pipeline reads and
+/// what `--include` or `.steppe-include` name (executable bits kept), never
+/// the rest of the directory, and never on the coordinator's host.
 #[test]
-fn a_submitted_check_reads_the_pipelines_directory() {
+fn a_submitted_check_runs_on_a_worker_in_what_was_sent() {
     let work = scratch("check-dir");
     std::fs::create_dir_all(work.join("scripts")).expect("mkdir");
-    std::fs::write(work.join("scripts/versions.sh"), "#!/bin/sh\nprintf '[{\"v\": \"%s\"}]' \"$(cat releases.txt)\"\n").expect("write");
+    std::fs::write(work.join("scripts/versions.sh"), "#!/bin/sh\necho \"$PWD\" > \"$CHECK_WHERE\"\nprintf '[{\"v\": \"%s\"}]' \"$(cat releases.txt)\"\n").expect("write");
     std::fs::set_permissions(work.join("scripts/versions.sh"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
     std::fs::write(work.join("releases.txt"), "7.1").expect("write");
+    std::fs::write(work.join("deploy-token"), "s3cret").expect("write");
     std::fs::write(
         work.join("p.yml"),
-        "resource_types:\n- name: release\n  config:\n    check: ./scripts/versions.sh\n    in: echo {{ .version.v | shellquote }} > v\nresources:\n- name: rel\n  type: release\n  source: {}\njobs:\n- name: j\n  plan:\n  - get: rel\n  - task: show\n    inputs: [rel]\n    run: cat rel/v\n",
+        "resource_types:\n- name: release\n  env: [CHECK_WHERE]\n  config:\n    check: ./scripts/versions.sh\n    in: echo {{ .version.v | shellquote }} > v\nresources:\n- name: rel\n  type: release\n  source: {}\njobs:\n- name: j\n  plan:\n  - get: rel\n  - task: show\n    inputs: [rel]\n    run: cat rel/v\n",
     )
     .expect("write");
-    let embedded = steppe(&["run", "p.yml"], &work);
+    let where_file = work.join("check-ran-in");
+    let embedded = child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(["run", "p.yml"]).current_dir(&work).env("CHECK_WHERE", &where_file).output().expect("run");
     assert_eq!(embedded.status.code(), Some(0), "{}", text(&embedded));
-    let (mut coord, url, mut lines) = serving(&["coordinator", "--listen", "127.0.0.1:0", "--state", ".state"], &work);
+    let state = work.join(".state");
+    let coordinator = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
+        .args(["coordinator", "--listen", "127.0.0.1:0", "--state", ".state"])
+        .current_dir(&work)
+        .env_remove("CHECK_WHERE")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("coordinator");
+    let (mut coord, url, mut lines) = serving_child(coordinator);
     std::thread::spawn(move || for _ in lines.by_ref() {});
-    let mut worker = spawn_worker(&url, &["--slots", "1"]);
-    let out = steppe(&["submit", "p.yml", "--coordinator", &url], &work);
+    let mut worker = child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(["worker", "--coordinator", &url, "--slots", "1"]).env("CHECK_WHERE", &where_file).stderr(std::process::Stdio::null()).spawn().expect("worker");
+    let submit = |extra: &[&str]| steppe(&[&["submit", "p.yml", "--coordinator", &url][..], extra].concat(), &work);
+    // Without naming them, the script and its data stay home: the check fails, saying so.
+    let out = submit(&[]);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{t}");
+    assert!(t.contains("sending p.yml, 0 file(s) it reads and 0 included file(s)"), "{t}");
+    let out = submit(&["--include", "scripts", "--include", "releases.txt"]);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    assert!(t.contains("[show] 7.1") && t.contains("and 2 included file(s)"), "{t}");
+    let ran_in = std::fs::read_to_string(&where_file).expect("the check ran");
+    assert!(!ran_in.starts_with(&*state.to_string_lossy()), "the check ran on the worker, not in the coordinator's state: {ran_in}");
+    // A checked-in .steppe-include does the same.
+    std::fs::write(work.join(".steppe-include"), "# what the check needs\nscripts/*.sh\nreleases.txt\n").expect("write");
+    let out = submit(&[]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    assert!(text(&out).contains("[show] 7.1"), "{}", text(&out));
+    // Nothing of the submissions is left on the coordinator, and the token never went.
+    let left: Vec<_> = std::fs::read_dir(state.join("submissions")).map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).collect()).unwrap_or_default();
+    assert!(left.is_empty(), "submissions left behind: {left:?}");
+    let found = std::process::Command::new("grep").args(["-r", "-l", "s3cret", "."]).current_dir(&state).output().expect("grep");
+    assert!(found.stdout.is_empty(), "the token reached the coordinator: {}", String::from_utf8_lossy(&found.stdout));
     stop([&mut coord, &mut worker]);
 }

@@ -18,8 +18,24 @@ pub struct ArtifactRef {
 pub trait ArtifactStore: Send + Sync {
     /// Stores the tree under `dir` and returns its reference.
     fn put_dir(&self, dir: &Path) -> io::Result<ArtifactRef>;
-    /// Copies a stored tree into `dest` (created if missing).
+    /// Copies a stored tree into `dest` (created if missing; it must not
+    /// hold anything else) and checks the copy against its digest: a tree
+    /// changed behind the store's back is an error, never silently used.
     fn materialize(&self, r: &ArtifactRef, dest: &Path) -> io::Result<()>;
+    /// Forgets a stored tree (a finished submission's files).
+    fn remove(&self, r: &ArtifactRef) -> io::Result<()>;
+}
+
+/// Checks a materialized copy against the digest it was asked for.
+pub fn verify(r: &ArtifactRef, dest: &Path) -> io::Result<()> {
+    let got = digest_dir(dest)?;
+    if got != r.digest {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("artifact {} does not match its digest (its stored copy was changed: got {got}); refusing to use it", r.digest),
+        ));
+    }
+    Ok(())
 }
 
 /// Content-addressed trees under one directory: `<root>/<digest>/…`.
@@ -123,6 +139,14 @@ fn entries(dir: &Path) -> io::Result<Vec<(PathBuf, fs::Metadata)>> {
         for c in children {
             let r = rel.join(c.file_name());
             let meta = fs::symlink_metadata(c.path())?;
+            let ft = meta.file_type();
+            if !(ft.is_dir() || ft.is_file() || ft.is_symlink()) {
+                // Reading a FIFO would wait for a writer forever.
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("{} is not a regular file, directory or symlink (a FIFO, socket or device); it cannot be stored", r.display()),
+                ));
+            }
             if meta.is_dir() {
                 stack.push(r.clone());
             }
@@ -192,7 +216,16 @@ impl ArtifactStore for LocalArtifactStore {
         if !src.is_dir() {
             return Err(io::Error::new(io::ErrorKind::NotFound, format!("artifact {} is not in the store", r.digest)));
         }
-        copy_tree(&src, dest)
+        copy_tree(&src, dest)?;
+        verify(r, dest)
+    }
+
+    fn remove(&self, r: &ArtifactRef) -> io::Result<()> {
+        let p = self.path_of(r)?;
+        match fs::remove_dir_all(&p) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -237,6 +270,29 @@ mod tests {
         let r = store.put_tar(&mut tar.as_slice()).unwrap();
         assert_eq!(r.digest, digest_dir(&a).unwrap(), "same tree, same digest on the far side");
         assert!(store.has(&r));
+    }
+
+    #[test]
+    fn a_tree_changed_in_the_store_is_refused_and_special_files_are_not_stored() {
+        let base = std::env::temp_dir().join(format!("steppe-art-tamper-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&base);
+        let a = base.join("a");
+        fs::create_dir_all(&a).unwrap();
+        fs::write(a.join("f.txt"), "hello").unwrap();
+        let store = LocalArtifactStore::new(&base.join("store")).unwrap();
+        let r = store.put_dir(&a).unwrap();
+        fs::write(store.path_of(&r).unwrap().join("f.txt"), "tampered").unwrap();
+        let err = store.materialize(&r, &base.join("out")).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+        assert!(err.to_string().contains("does not match its digest"), "{err}");
+        store.remove(&r).unwrap();
+        assert!(!store.has(&r));
+        let fifo = a.join("pipe");
+        let c = std::ffi::CString::new(fifo.to_string_lossy().as_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let err = store.put_dir(&a).unwrap_err();
+        assert!(err.to_string().contains("pipe is not a regular file"), "{err}");
     }
 
     #[test]

@@ -17,8 +17,14 @@ pub enum Cwd {
     StepDir,
     /// A fresh empty directory that is itself captured as output `"."` (a get's `in`).
     CaptureSelf,
-    /// An existing host directory (a resource `check`).
+    /// An existing host directory (a resource `check` in embedded mode, in
+    /// the pipeline's own directory). Only ever run in the coordinator's
+    /// own process: a remote worker refuses it.
     Host(PathBuf),
+    /// A fresh directory holding a stored tree, the command running in
+    /// `dir` inside it: a resource `check` of a submitted pipeline, run on a
+    /// worker in a copy of the submission (never on the coordinator's host).
+    Snapshot { tree: ArtifactRef, dir: String },
 }
 
 /// How success is judged: by exit code 0, or (when any field is set) by the

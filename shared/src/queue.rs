@@ -238,7 +238,9 @@ pub struct RedisQueue {
 impl RedisQueue {
     /// Connects and makes sure the stream and its consumer group exist.
     pub async fn connect(url: &str, key: &str, consumer: &str, lease: Duration) -> Result<Self, QueueError> {
-        let err = |e: redis::RedisError| QueueError::Backend { url: url.to_string(), message: e.to_string() };
+        // Messages name the queue without its password.
+        let shown = crate::secrets::mask_urls(url).into_owned();
+        let err = |e: redis::RedisError| QueueError::Backend { url: shown.clone(), message: crate::secrets::mask_urls(&e.to_string()).into_owned() };
         let client = redis::Client::open(url).map_err(err)?;
         let mut conn = client.get_multiplexed_async_connection().await.map_err(err)?;
         let group = "steppe-workers".to_string();
@@ -249,7 +251,7 @@ impl RedisQueue {
             }
         }
         Ok(RedisQueue {
-            url: url.to_string(),
+            url: shown.clone(),
             client,
             conn,
             key: key.to_string(),
@@ -262,7 +264,7 @@ impl RedisQueue {
     }
 
     fn err(&self, e: redis::RedisError) -> QueueError {
-        QueueError::Backend { url: self.url.clone(), message: e.to_string() }
+        QueueError::Backend { url: self.url.clone(), message: crate::secrets::mask_urls(&e.to_string()).into_owned() }
     }
 
     fn take(&self, entry: String, fields: HashMap<String, redis::Value>) -> Result<Assignment, QueueError> {

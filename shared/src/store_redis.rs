@@ -15,10 +15,12 @@ pub struct RedisStore {
 
 impl RedisStore {
     pub fn connect(url: &str, prefix: &str) -> Result<Self, StoreError> {
-        let err = |e: redis::RedisError| StoreError::Redis { url: url.to_string(), message: e.to_string() };
+        // Messages name the store without its password.
+        let shown = crate::secrets::mask_urls(url).into_owned();
+        let err = |e: redis::RedisError| StoreError::Redis { url: shown.clone(), message: crate::secrets::mask_urls(&e.to_string()).into_owned() };
         let client = redis::Client::open(url).map_err(err)?;
         let conn = client.get_connection().map_err(err)?;
-        Ok(RedisStore { url: url.to_string(), conn: Mutex::new(conn), prefix: prefix.to_string() })
+        Ok(RedisStore { url: shown.clone(), conn: Mutex::new(conn), prefix: prefix.to_string() })
     }
 
     fn k(&self, parts: &[&str]) -> String {

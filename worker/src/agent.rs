@@ -193,9 +193,11 @@ impl Conversation<'_> {
         self.out.transcript.push(steppe_shared::agent_work::TranscriptEvent { kind: kind.into(), name: name.into(), content: c });
     }
 
+    /// Narrates the conversation; the model chose these words and paths, so
+    /// their control characters are shown, not passed to a terminal.
     fn say(&self, line: &str) {
         for l in line.lines() {
-            self.sink.line(&self.run_id, &self.label, Stream::Stdout, l);
+            self.sink.line(&self.run_id, &self.label, Stream::Stdout, &steppe_shared::printable::escape_controls(l));
         }
     }
 

@@ -123,7 +123,21 @@ async fn run_in(
         }
         return res;
     }
-    let mut res = match run_command(a, dir, &sink, &cancel).await {
+    let workdir = match &a.cwd {
+        Cwd::Snapshot { tree, dir: sub } => {
+            let (s, tree, dest) = (store.clone(), tree.clone(), dir.to_path_buf());
+            let done = tokio::task::spawn_blocking(move || s.materialize(&tree, &dest)).await;
+            if let Err(e) = done.map_err(|e| e.to_string()).and_then(|r| r.map_err(|e| e.to_string())) {
+                return fail(StepError::errored(format!("{}: materializing the pipeline's files: {e}", a.step)));
+            }
+            match steppe_shared::confine::check_relative(if sub.is_empty() { "." } else { sub }, "the snapshot") {
+                Ok(0) => dir.join(sub),
+                _ => return fail(StepError::errored(format!("{}: {sub:?} is not a directory inside the pipeline's files", a.step))),
+            }
+        }
+        _ => dir.to_path_buf(),
+    };
+    let mut res = match run_command(a, &workdir, &sink, &cancel).await {
         Ok(r) => r,
         Err(r) => return *r,
     };

@@ -60,7 +60,7 @@ impl Space {
                     ToolDef::Builtin { allow, .. } => allow.clone(),
                     _ => Vec::new(),
                 };
-                Ok(web_fetch(args, &allow).await)
+                Ok(web_fetch(args, &allow, denials).await)
             }
             other => {
                 denials.push(DenialRecord { tool: other.to_string(), path: String::new(), reason: format!("unknown tool for the engine: \"{other}\"") });
@@ -509,17 +509,27 @@ fn host_allowed(host: &str, allow: &[String]) -> bool {
     })
 }
 
-async fn web_fetch(args: &Value, allow: &[String]) -> Value {
+/// Fetches a URL whose host (and every redirect's) is in the allow list; a
+/// refused host is named in the tool's answer and recorded as a denial.
+async fn web_fetch(args: &Value, allow: &[String], denials: &mut Vec<DenialRecord>) -> Value {
     let Some(url) = arg_str(args, "url") else { return error("web_fetch: missing required argument \"url\"") };
     let Ok(parsed) = reqwest::Url::parse(url) else { return error(format!("web_fetch: {url:?} is not a URL")) };
     if !matches!(parsed.scheme(), "http" | "https") {
         return error("web_fetch: only http:// and https:// URLs can be fetched");
     }
+    let shown = steppe_shared::secrets::mask_urls(url).into_owned();
+    let mut refuse = |host: &str, how: String| {
+        let reason = format!("{how} \"{host}\", which is not in this tool's allow: list ({})", allow.join(", "));
+        denials.push(DenialRecord { tool: "web_fetch".into(), path: shown.clone(), reason: reason.clone() });
+        error(format!("web_fetch: {reason}"))
+    };
     let host = parsed.host_str().unwrap_or_default().to_string();
     if !host_allowed(&host, allow) {
-        return error(format!("web_fetch: host \"{host}\" is not in this tool's allow: list ({})", allow.join(", ")));
+        return refuse(&host, "host".into());
     }
     let allow_owned = allow.to_vec();
+    let refused_redirect = std::sync::Arc::new(std::sync::Mutex::new(None::<String>));
+    let seen = refused_redirect.clone();
     let policy = reqwest::redirect::Policy::custom(move |attempt| {
         if attempt.previous().len() >= 10 {
             return attempt.error("too many redirects");
@@ -528,6 +538,9 @@ async fn web_fetch(args: &Value, allow: &[String]) -> Value {
         if host_allowed(&h, &allow_owned) {
             attempt.follow()
         } else {
+            if let Ok(mut s) = seen.lock() {
+                *s = Some(h.clone());
+            }
             attempt.error(format!("redirect to host \"{h}\", which is not in this tool's allow: list"))
         }
     });
@@ -544,7 +557,10 @@ async fn web_fetch(args: &Value, allow: &[String]) -> Value {
             let body = String::from_utf8_lossy(&bytes[..bytes.len().min(READ_CAP)]).into_owned();
             json!({"status": status, "content_type": ctype, "body": body, "truncated": truncated})
         }
-        Err(e) => error(format!("web_fetch: {e}")),
+        Err(e) => match refused_redirect.lock().ok().and_then(|s| s.clone()) {
+            Some(h) => refuse(&h, format!("{host} redirected to host")),
+            None => error(format!("web_fetch: {}", steppe_shared::secrets::mask_urls(&e.to_string()))),
+        },
     }
 }
 
@@ -594,8 +610,27 @@ mod tests {
 
     #[tokio::test]
     async fn web_fetch_fence_refuses_before_connecting() {
-        let r = web_fetch(&json!({"url": "https://issues.example/open"}), &["specification.website".into()]).await;
-        assert_eq!(r["error"], "web_fetch: host \"issues.example\" is not in this tool's allow: list (specification.website)");
+        let mut denials = Vec::new();
+        let r = web_fetch(&json!({"url": "https://issues.example/open"}), &["specification.website".into()], &mut denials).await;
+        assert_eq!(r["error"], "web_fetch: host \"issues.example\", which is not in this tool's allow: list (specification.website)");
+        assert_eq!(denials.len(), 1, "a refusal is a sandbox denial");
+        assert_eq!(denials[0].path, "https://issues.example/open");
+        // A redirect off the list is refused too, naming the host, and recorded.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            if let Ok((mut sock, _)) = listener.accept().await {
+                let mut buf = [0u8; 1024];
+                let _ = sock.read(&mut buf).await;
+                let _ = sock.write_all(b"HTTP/1.1 302 Found\r\nLocation: http://exfiltrate.example/x\r\nContent-Length: 0\r\n\r\n").await;
+            }
+        });
+        let mut denials = Vec::new();
+        let r = web_fetch(&json!({"url": format!("http://127.0.0.1:{port}/start")}), &["127.0.0.1".into()], &mut denials).await;
+        let e = r["error"].as_str().unwrap_or_default();
+        assert!(e.contains("127.0.0.1 redirected to host \"exfiltrate.example\""), "{r}");
+        assert_eq!(denials.len(), 1, "{denials:?}");
         assert!(host_allowed("docs.Example.com", &["example.com".into()]));
         assert!(!host_allowed("badexample.com", &["example.com".into()]));
     }

@@ -171,4 +171,9 @@ impl ArtifactStore for StreamedArtifactStore {
         }
         self.cache.materialize(r, dest)
     }
+
+    /// Only this worker's cached copy: the coordinator forgets its own.
+    fn remove(&self, r: &ArtifactRef) -> io::Result<()> {
+        self.cache.remove(r)
+    }
 }

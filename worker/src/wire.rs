@@ -33,6 +33,7 @@ pub fn assignment_to_wire(a: &Assignment) -> v1::Assignment {
             Cwd::StepDir => v1::assignment::Cwd::StepDir(true),
             Cwd::CaptureSelf => v1::assignment::Cwd::CaptureSelf(true),
             Cwd::Host(p) => v1::assignment::Cwd::HostDir(p.to_string_lossy().into_owned()),
+            Cwd::Snapshot { tree, dir } => v1::assignment::Cwd::Snapshot(v1::Snapshot { tree: Some(v1::ArtifactRef { digest: tree.digest.clone() }), dir: dir.clone() }),
         }),
         inputs: named(&a.inputs),
         outputs: a.outputs.clone(),
@@ -60,6 +61,7 @@ pub fn assignment_from_wire(a: v1::Assignment) -> Assignment {
         cwd: match a.cwd {
             Some(v1::assignment::Cwd::CaptureSelf(_)) => Cwd::CaptureSelf,
             Some(v1::assignment::Cwd::HostDir(p)) => Cwd::Host(PathBuf::from(p)),
+            Some(v1::assignment::Cwd::Snapshot(s)) => Cwd::Snapshot { tree: ArtifactRef { digest: s.tree.map(|t| t.digest).unwrap_or_default() }, dir: s.dir },
             _ => Cwd::StepDir,
         },
         inputs: unnamed(a.inputs),

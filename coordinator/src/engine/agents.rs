@@ -63,6 +63,27 @@ fn grant(tools: Option<&[ToolGrant]>) -> (Vec<(String, ToolDef)>, Vec<String>) {
     (out, skipped)
 }
 
+/// An agent (or agent step) that asks for a container must never run its
+/// tools on the worker's host instead, as if it had not asked: until
+/// container sandboxes exist it fails before it starts, saying why.
+fn refuse_unconfined(name: &str, def: &AgentDef, s: &Step) -> Result<(), StepError> {
+    let asked = [
+        ("image", def.image.as_deref().or(s.image.as_deref()).map(str::to_string)),
+        ("network", def.network.as_deref().or(s.network.as_deref()).map(str::to_string)),
+        ("user", def.user.as_deref().or(s.user.as_deref()).map(str::to_string)),
+        ("privileged", def.privileged.or(s.privileged).filter(|p| *p).map(|_| "true".to_string())),
+        ("container_limits", (def.container_limits.is_some() || s.container_limits.is_some()).then(|| "set".to_string())),
+    ];
+    let set: Vec<String> = asked.iter().filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}: {v}"))).collect();
+    if set.is_empty() {
+        return Ok(());
+    }
+    Err(StepError::errored(format!(
+        "agent \"{name}\" declares {}, but this build of steppe cannot confine agent tools to a container yet; refusing to run its tools on the worker's host with less confinement than declared (remove those keys to run it on the host)",
+        set.join(", ")
+    )))
+}
+
 impl JobRun {
     fn agent_def(&self, name: &str) -> Option<&AgentDef> {
         self.engine.pipeline.agents.iter().find(|a| a.name == name)
@@ -84,6 +105,7 @@ impl JobRun {
     fn resolve_at(&self, s: &Step, cell: &Cell, vocab: Option<&[String]>, depth: usize) -> Result<AgentWork, StepError> {
         let name = s.agent.clone().unwrap_or_default();
         let def = self.agent_def(&name).ok_or_else(|| StepError::errored(format!("agent \"{name}\" is not declared")))?;
+        refuse_unconfined(&name, def, s)?;
         let model = def
             .source
             .as_ref()

@@ -5,8 +5,10 @@
 mod agents;
 mod output;
 mod resources;
+mod submission;
 
 pub use output::{EventHub, Output};
+pub use submission::Submission;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -24,6 +26,9 @@ use steppe_shared::template;
 use steppe_shared::vars::find_refs;
 use crate::dispatch::Dispatcher;
 use tokio::sync::watch;
+
+/// The most a `load_var:` step reads (its value is substituted into steps).
+const LOAD_VAR_CAP: u64 = 1 << 20;
 
 type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -51,6 +56,11 @@ pub struct Engine {
     pub scripted_fallback: Option<String>,
     /// `--answer 'substring=answer'`: ask_user questions answered ahead.
     pub answers: Vec<(String, String)>,
+    /// A pipeline submitted to a coordinator: its files there (resource
+    /// checks run on workers in a snapshot of them).
+    pub submission: Option<Arc<Submission>>,
+    /// Where the engine's temporaries go (the process's scratch directory).
+    pub scratch: PathBuf,
 }
 
 impl Engine {
@@ -748,7 +758,7 @@ impl JobRun {
 
     /// Stores a directory of small files (name → contents) as an artifact.
     fn store_files(&self, files: &[(String, String)]) -> std::io::Result<ArtifactRef> {
-        let dir = std::env::temp_dir().join(format!("steppe-files-{}-{}", std::process::id(), rand_suffix()));
+        let dir = self.engine.scratch.join(format!("files-{}", rand_suffix()));
         std::fs::create_dir_all(&dir)?;
         let r = (|| {
             for (n, t) in files {
@@ -806,13 +816,14 @@ impl JobRun {
         let Some(r) = self.artifact(&first) else {
             return self.finish_err(&name, StepError::errored(format!("load_var {name}: input \"{first}\" was not produced")));
         };
-        let tmp = std::env::temp_dir().join(format!("steppe-loadvar-{}-{}", std::process::id(), r.digest));
+        let tmp = self.engine.scratch.join(format!("loadvar-{}", rand_suffix()));
         let store = self.engine.store.clone();
         let dest = tmp.clone();
         let res = tokio::task::spawn_blocking(move || store.materialize(&r, &dest)).await;
         let rest: String = file.splitn(2, '/').nth(1).unwrap_or_default().to_string();
         let text = match res {
-            Ok(Ok(())) => std::fs::read_to_string(tmp.join(&rest)),
+            // The artifact came from a step: a symlink in it must not lead to this host's files.
+            Ok(Ok(())) => steppe_shared::confine::read_text(&tmp, &rest, Some(&tmp), "the artifact", LOAD_VAR_CAP).map_err(|e| std::io::Error::other(format!("\"{rest}\" {e}"))),
             Ok(Err(e)) => Err(e),
             Err(e) => Err(std::io::Error::other(e.to_string())),
         };
@@ -957,6 +968,13 @@ impl JobRun {
                 Err(e) => return Done::err(e, Vec::new()),
             }
         }
+        let count = values.iter().map(|(_, v)| v.len()).fold(1usize, usize::saturating_mul);
+        if count > steppe_shared::validate::MAX_ACROSS_CELLS {
+            return Done::err(
+                StepError::failed(format!("across: its axes make {count} cells; one across step runs at most {}", steppe_shared::validate::MAX_ACROSS_CELLS)),
+                Vec::new(),
+            );
+        }
         let mut cells: Vec<Cell> = vec![Vec::new()];
         for (var, vals) in &values {
             let mut next = Vec::new();
@@ -1020,11 +1038,11 @@ impl JobRun {
         // Collected outputs: <out>/<v1>/<v2>/… from the cells that succeeded.
         let outs = s.output_names().to_vec();
         if !outs.is_empty() {
-            let store = self.engine.store.clone();
+            let (store, scratch) = (self.engine.store.clone(), self.engine.scratch.clone());
             let res = tokio::task::spawn_blocking(move || -> std::io::Result<Vec<(String, ArtifactRef)>> {
                 let mut regs = Vec::new();
                 for o in outs {
-                    let tmp = std::env::temp_dir().join(format!("steppe-collect-{}-{o}-{}", std::process::id(), rand_suffix()));
+                    let tmp = scratch.join(format!("collect-{o}-{}", rand_suffix()));
                     std::fs::create_dir_all(&tmp)?;
                     for (c, outputs) in &collected {
                         if let Some((_, r)) = outputs.iter().find(|(n, _)| n == &o) {
@@ -1065,19 +1083,19 @@ impl JobRun {
         let first = f.split('/').next().unwrap_or_default();
         let rest = f.splitn(2, '/').nth(1).unwrap_or_default().to_string();
         let r = self.artifact(first).ok_or_else(|| StepError::failed(format!("across from_file {f}: artifact \"{first}\" was not produced")))?;
-        let tmp = std::env::temp_dir().join(format!("steppe-across-{}-{}", std::process::id(), rand_suffix()));
+        let tmp = self.engine.scratch.join(format!("across-{}", rand_suffix()));
         let store = self.engine.store.clone();
         let dest = tmp.clone();
         tokio::task::spawn_blocking(move || store.materialize(&r, &dest))
             .await
             .map_err(|e| StepError::errored(e.to_string()))?
             .map_err(|e| StepError::errored(format!("across from_file {f}: {e}")))?;
-        let text = std::fs::read(tmp.join(&rest));
+        let text = steppe_shared::confine::resolve(&tmp, &rest, Some(&tmp), "the artifact").and_then(|p| steppe_shared::confine::read_capped(&p, 1 << 20));
         let _ = std::fs::remove_dir_all(&tmp);
-        let text = text.map_err(|e| StepError::failed(format!("across from_file {f}: {e}")))?;
-        if text.len() > 1 << 20 {
-            return Err(StepError::failed(format!("across from_file {f}: larger than 1 MiB")));
-        }
+        let text = text.map_err(|e| match e {
+            steppe_shared::confine::PathError::TooLarge { .. } => StepError::failed(format!("across from_file {f}: larger than 1 MiB")),
+            e => StepError::failed(format!("across from_file {f}: \"{rest}\" {e}")),
+        })?;
         let v: Vec<Value> = serde_json::from_slice(&text).map_err(|e| StepError::failed(format!("across from_file {f}: not a JSON array of strings: {e}")))?;
         if v.len() > 1000 {
             return Err(StepError::failed(format!("across from_file {f}: {} items; the limit is 1000", v.len())));

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use steppe_shared::outcome::{Outcome, StepError};
+use steppe_shared::printable::escape_controls;
 use steppe_shared::store::{LogLine, StepRecord, Store};
 use steppe_worker::exec::{LineSink, Stream};
 
@@ -65,7 +66,7 @@ impl HubState {
         if !self.live || self.quiet || self.running.is_empty() {
             return;
         }
-        let parts: Vec<String> = self.running.iter().take(6).map(|(s, t)| format!("{s} {:.1}s", t.elapsed().as_secs_f64())).collect();
+        let parts: Vec<String> = self.running.iter().take(6).map(|(s, t)| format!("{} {:.1}s", escape_controls(s), t.elapsed().as_secs_f64())).collect();
         let more = if self.running.len() > 6 { format!(" +{}", self.running.len() - 6) } else { String::new() };
         let mut line = format!("… running: {}{more}", parts.join(", "));
         if line.chars().count() > 120 {
@@ -139,7 +140,7 @@ impl Actor for HubActor {
             Event::Started { run_id, step } => {
                 st.event(&run_id, "started", &step, "");
                 st.running.push((step.clone(), std::time::Instant::now()));
-                st.emit(&run_id, &format!("▶ {step}"));
+                st.emit(&run_id, &format!("▶ {}", escape_controls(&step)));
             }
             Event::RunNote { run_id, line } => {
                 st.event(&run_id, "note", "", &line);
@@ -157,7 +158,7 @@ impl Actor for HubActor {
             }
             Event::Tick => st.status(),
             Event::Line { run_id, line } => {
-                st.emit(&run_id, &format!("[{}] {}", line.step, line.line));
+                st.emit(&run_id, &format!("[{}] {}", escape_controls(&line.step), line.line));
                 if st.store.is_some() {
                     st.batch.push((run_id, line));
                     if st.batch.len() >= 500 {
@@ -189,6 +190,14 @@ impl Actor for HubActor {
     }
 }
 
+/// Everything the hub passes on has the credentials of its URLs masked.
+fn masked(text: String) -> String {
+    match steppe_shared::secrets::mask_urls(&text) {
+        std::borrow::Cow::Borrowed(_) => text,
+        std::borrow::Cow::Owned(m) => m,
+    }
+}
+
 /// The handle to the EventHub actor.
 pub struct EventHub {
     actor: ActorRef<Event>,
@@ -209,7 +218,7 @@ impl EventHub {
     }
 
     fn say(&self, line: String) {
-        let _ = self.actor.cast(Event::Say(line));
+        let _ = self.actor.cast(Event::Say(masked(line)));
     }
 
     pub fn start_step(&self, run_id: &str, step: &str) {
@@ -218,10 +227,11 @@ impl EventHub {
 
     pub fn end(&self, run_id: &str, step: &str, r: &Result<(), StepError>, took: Duration) {
         let secs = took.as_secs_f64();
-        let line = match r {
-            Ok(()) => format!("✔ {step} ({secs:.2}s)"),
-            Err(e) => format!("✘ {step} {} ({secs:.2}s): {}", Outcome::of(r).word(), e.message),
-        };
+        let shown = escape_controls(step);
+        let line = masked(match r {
+            Ok(()) => format!("✔ {shown} ({secs:.2}s)"),
+            Err(e) => format!("✘ {shown} {} ({secs:.2}s): {}", Outcome::of(r).word(), escape_controls(&e.message)),
+        });
         let _ = self.actor.cast(Event::Ended { run_id: run_id.to_string(), step: step.to_string(), outcome: Outcome::of(r).word().to_string(), line });
     }
 
@@ -236,14 +246,15 @@ impl EventHub {
 
     /// A note that belongs to a run: printed and kept with the run's events.
     pub fn run_note(&self, run_id: &str, msg: &str) {
-        let _ = self.actor.cast(Event::RunNote { run_id: run_id.to_string(), line: msg.to_string() });
+        let _ = self.actor.cast(Event::RunNote { run_id: run_id.to_string(), line: masked(msg.to_string()) });
     }
 
     pub fn note(&self, msg: &str) {
         self.say(msg.to_string());
     }
 
-    pub fn record_step(&self, rec: StepRecord) {
+    pub fn record_step(&self, mut rec: StepRecord) {
+        rec.message = masked(rec.message);
         let _ = self.actor.cast(Event::Step(rec));
     }
 
@@ -255,7 +266,7 @@ impl EventHub {
 
 impl LineSink for EventHub {
     fn line(&self, run_id: &str, step: &str, stream: Stream, line: &str) {
-        let line = LogLine { step: step.to_string(), stderr: stream == Stream::Stderr, line: line.to_string() };
+        let line = LogLine { step: step.to_string(), stderr: stream == Stream::Stderr, line: masked(line.to_string()) };
         let _ = self.actor.cast(Event::Line { run_id: run_id.to_string(), line });
     }
 }

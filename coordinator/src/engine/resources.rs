@@ -81,11 +81,19 @@ impl JobRun {
             stream: false,
             ..Assignment::command(&self.run_id, &format!("{name} (check)"), command)
         };
-        // A check runs in the pipeline's directory, so it runs where that
-        // directory is: in this process. (In cluster mode that is the
-        // coordinator's unpacked submission, which workers need not see.)
-        let sink: Arc<dyn steppe_worker::exec::LineSink> = self.engine.out.clone();
-        let res = steppe_worker::exec::execute(&a, self.engine.store.clone(), &self.engine.dir, sink, self.engine.cancel.clone()).await;
+        let res = match &self.engine.submission {
+            // A submitted pipeline's check runs on a worker, in a copy of
+            // the submission: never on the coordinator's host.
+            Some(sub) => {
+                let tree = sub.snapshot().await.map_err(|e| StepError::errored(format!("check {name}: storing the pipeline's files: {e}")))?;
+                self.dispatch(Assignment { cwd: Cwd::Snapshot { tree, dir: sub.dir.clone() }, ..a }).await
+            }
+            // Embedded: in the pipeline's own directory, in this process.
+            None => {
+                let sink: Arc<dyn steppe_worker::exec::LineSink> = self.engine.out.clone();
+                steppe_worker::exec::execute(&a, self.engine.store.clone(), &self.engine.dir, sink, self.engine.cancel.clone()).await
+            }
+        };
         if let Err(e) = res.result {
             let detail = res.stderr.trim();
             let msg = if detail.is_empty() { e.message } else { format!("{}: {detail}", e.message) };
@@ -182,7 +190,7 @@ impl JobRun {
                     }
                 }
             }
-            let dir = std::env::temp_dir().join(format!("steppe-expr-in-{}-{}", std::process::id(), super::rand_suffix()));
+            let dir = self.engine.scratch.join(format!("expr-in-{}", super::rand_suffix()));
             let write = || -> std::io::Result<steppe_shared::artifacts::ArtifactRef> {
                 std::fs::create_dir_all(&dir)?;
                 for (p, c) in &files {
@@ -199,7 +207,7 @@ impl JobRun {
             return Ok(vec![(artifact.to_string(), r?)]);
         }
         let Some(in_cmd) = t.config.as_ref().and_then(|c| c.in_.clone()) else {
-            let dir = std::env::temp_dir().join(format!("steppe-version-{}-{}", std::process::id(), super::rand_suffix()));
+            let dir = self.engine.scratch.join(format!("version-{}", super::rand_suffix()));
             std::fs::create_dir_all(&dir).map_err(|e| StepError::errored(e.to_string()))?;
             std::fs::write(dir.join("version.json"), serde_json::to_string_pretty(&version).unwrap_or_default()).map_err(|e| StepError::errored(e.to_string()))?;
             let r = self.engine.store.put_dir(&dir).map_err(|e| StepError::errored(e.to_string()));
@@ -265,7 +273,7 @@ impl JobRun {
                 Some(Inputs::All) => self.artifacts.lock().map(|a| a.keys().cloned().collect()).unwrap_or_default(),
                 _ => s.input_names().to_vec(),
             };
-            let view = std::env::temp_dir().join(format!("steppe-put-view-{}-{}", std::process::id(), super::rand_suffix()));
+            let view = self.engine.scratch.join(format!("put-view-{}", super::rand_suffix()));
             std::fs::create_dir_all(&view).map_err(|e| StepError::errored(e.to_string()))?;
             for (n, a) in self.input_refs(&names, None) {
                 self.engine.store.materialize(&a, &view.join(n)).map_err(|e| StepError::errored(e.to_string()))?;
@@ -273,10 +281,10 @@ impl JobRun {
             let params = s.params.as_ref().map(|p| self.subst_value(p)).unwrap_or(json!({}));
             let params = resolve_file_markers(params, &view).map_err(|e| StepError::errored(format!("put {name}: {e}")));
             let read = |p: &str| -> Result<String, String> {
-                if p.starts_with('/') || p.split('/').any(|seg| seg == "..") || !p.contains('/') {
+                if !p.contains('/') {
                     return Err("must be <artifact>/<path> inside the put's inputs".into());
                 }
-                std::fs::read_to_string(view.join(p)).map_err(|e| e.to_string())
+                read_in_view(&view, p)
             };
             let r = params.and_then(|params| {
                 run_expr(&src, Stage::Out, json!({"source": r.source.clone().unwrap_or(json!({})), "params": params}), Self::env_of(r, t), Some(&read))
@@ -291,15 +299,21 @@ impl JobRun {
     }
 }
 
+/// Reads `<artifact>/<path>` inside a put's view of its inputs: no climbing
+/// out, no symlink to this host's files, a regular file of at most 1 MiB.
+fn read_in_view(view: &std::path::Path, p: &str) -> Result<String, String> {
+    steppe_shared::confine::read_text(view, p, Some(view), "the put's inputs", 1 << 20).map_err(|e| format!("{p:?} {e}"))
+}
+
 /// `{file: PATH}` markers in put params become the file's trimmed contents.
 fn resolve_file_markers(v: Value, view: &std::path::Path) -> Result<Value, String> {
     match v {
         Value::Object(m) if m.len() == 1 && m.get("file").is_some_and(Value::is_string) => {
             let p = m.get("file").and_then(Value::as_str).unwrap_or_default().to_string();
-            if p.starts_with('/') || p.split('/').any(|seg| seg == "..") || !p.contains('/') {
+            if !p.contains('/') {
                 return Err(format!("params file {p:?} must be <artifact>/<path> inside the put's inputs"));
             }
-            std::fs::read_to_string(view.join(&p)).map(|t| Value::String(t.trim().to_string())).map_err(|e| format!("params file {p:?}: {e}"))
+            read_in_view(view, &p).map(|t| Value::String(t.trim().to_string())).map_err(|e| format!("params file {e}"))
         }
         Value::Object(m) => Ok(Value::Object(m.into_iter().map(|(k, v)| resolve_file_markers(v, view).map(|v| (k, v))).collect::<Result<_, _>>()?)),
         Value::Array(a) => Ok(Value::Array(a.into_iter().map(|v| resolve_file_markers(v, view)).collect::<Result<_, _>>()?)),

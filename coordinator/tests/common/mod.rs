@@ -1,0 +1,98 @@
+//! What the end-to-end tests share: processes that die with their test,
+//! the real binary, scratch directories, a coordinator, a Redis.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+/// A process that dies with the test's thread: a test that panics leaves no
+/// coordinator, worker or Redis running behind it.
+pub fn child_of_this_test(program: &str) -> Command {
+    use std::os::unix::process::CommandExt;
+    let mut c = Command::new(program);
+    // SAFETY: prctl is async-signal-safe and only sets the child's own death signal.
+    unsafe {
+        c.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    c
+}
+
+/// `steppe worker --coordinator URL` with `args`, its stderr dropped.
+pub fn spawn_worker(url: &str, args: &[&str]) -> std::process::Child {
+    child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(["worker", "--coordinator", url]).args(args).stderr(std::process::Stdio::null()).spawn().expect("spawn worker")
+}
+
+/// Kills and reaps every process given (what a test started and is done with).
+pub fn stop<'a>(children: impl IntoIterator<Item = &'a mut std::process::Child>) {
+    for c in children {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
+pub fn steppe(args: &[&str], dir: &Path) -> Output {
+    child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("STEPPE_MODEL")
+        .output()
+        .expect("run steppe")
+}
+
+pub fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+pub fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("steppe-run-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("mkdir");
+    d
+}
+
+/// Starts `steppe ARGS` in `dir` (a coordinator, or a run with `--listen`)
+/// and reads from its first line the URL it serves workers on; the rest of
+/// its output is the caller's.
+pub fn serving(args: &[&str], dir: &Path) -> (std::process::Child, String, std::io::Lines<std::io::BufReader<std::process::ChildStdout>>) {
+    let child = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
+        .args(args)
+        .current_dir(dir)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn steppe");
+    serving_child(child)
+}
+
+/// As [`serving`], for a child the caller started (stdout piped).
+pub fn serving_child(mut child: std::process::Child) -> (std::process::Child, String, std::io::Lines<std::io::BufReader<std::process::ChildStdout>>) {
+    use std::io::{BufRead, BufReader};
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let first = lines.next().expect("a first line").expect("utf8");
+    let addr = first.strip_prefix("serving workers on ").unwrap_or_else(|| panic!("unexpected first line {first:?}"));
+    let url = match addr.strip_suffix(" (TLS)") {
+        Some(addr) => format!("https://{addr}"),
+        None => format!("http://{addr}"),
+    };
+    (child, url, lines)
+}
+
+/// A throwaway redis-server on a free loopback port (scripts/test installs it).
+pub fn redis_server() -> (std::process::Child, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("port");
+    let child = child_of_this_test("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("redis-server on PATH");
+    let t0 = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "redis-server did not come up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (child, format!("redis://127.0.0.1:{port}/"))
+}
+

@@ -1,0 +1,281 @@
+//! A coordinator under hostile submissions, sent over its real gRPC API the
+//! way an attacker with a valid token would (not through `steppe submit`,
+//! which refuses most of them before they leave): nothing reads the
+//! coordinator's files, no document crashes or exhausts it, and it goes on
+//! serving afterwards.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+use steppe_proto::v1::runs_client::RunsClient;
+use steppe_proto::v1::{run_event, BundleFile, SubmitRequest};
+
+const SECRET: &str = "TOPSECRET-coordinator-only";
+
+/// Sends `req` and collects what comes back: (exit code, every line).
+fn submit_raw(url: &str, token: &str, req: SubmitRequest) -> (i32, String) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let channel = tonic::transport::Endpoint::from_shared(url.to_string()).expect("url").connect().await.expect("connect");
+        let bearer: tonic::metadata::MetadataValue<_> = format!("Bearer {token}").parse().expect("token");
+        let mut client = RunsClient::with_interceptor(channel, move |mut r: tonic::Request<()>| {
+            r.metadata_mut().insert("authorization", bearer.clone());
+            Ok(r)
+        });
+        let mut stream = match client.submit(req).await {
+            Ok(s) => s.into_inner(),
+            Err(s) => return (-1, format!("refused: {}", s.message())),
+        };
+        let mut out = String::new();
+        loop {
+            match tokio::time::timeout(Duration::from_secs(60), stream.message()).await {
+                Ok(Ok(Some(ev))) => match ev.event {
+                    Some(run_event::Event::Line(l)) => {
+                        out.push_str(&l);
+                        out.push('\n');
+                    }
+                    Some(run_event::Event::Finished(f)) => return (f.exit_code, out),
+                    _ => {}
+                },
+                Ok(Ok(None)) => return (-2, format!("{out}[stream ended without a verdict]")),
+                Ok(Err(s)) => return (-3, format!("{out}[stream failed: {}]", s.message())),
+                Err(_) => return (-4, format!("{out}[no verdict within 60 s]")),
+            }
+        }
+    })
+}
+
+fn file(path: &str, content: &str) -> BundleFile {
+    BundleFile { path: path.into(), content: content.as_bytes().to_vec(), executable: false }
+}
+
+fn request(pipeline: &str, files: Vec<BundleFile>) -> SubmitRequest {
+    let mut all = vec![file("p.yml", pipeline)];
+    all.extend(files);
+    SubmitRequest { pipeline: "p.yml".into(), files: all, test: true, ..Default::default() }
+}
+
+/// Peak resident memory of a process, in MiB.
+fn peak_rss_mib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status.lines().find_map(|l| l.strip_prefix("VmHWM:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok()).map(|kb| kb / 1024).unwrap_or(0)
+}
+
+struct Cluster {
+    coord: std::process::Child,
+    worker: std::process::Child,
+    url: String,
+    work: std::path::PathBuf,
+    /// What the coordinator printed, for failure messages.
+    log: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Cluster {
+    fn log(&self) -> String {
+        let worker = std::fs::read_to_string(self.work.join("worker.log")).unwrap_or_default();
+        format!("coordinator:\n{}\nworker:\n{worker}", self.log.lock().map(|l| l.clone()).unwrap_or_default())
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        stop([&mut self.coord, &mut self.worker]);
+    }
+}
+
+fn cluster(name: &str) -> Cluster {
+    let work = scratch(name);
+    std::fs::write(work.join("token"), "t0ken").expect("token");
+    std::fs::write(work.join("secret.txt"), SECRET).expect("secret");
+    let coordinator = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
+        .args(["coordinator", "--listen", "127.0.0.1:0", "--token-file", "token", "--state", "state"])
+        .current_dir(&work)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("coordinator");
+    let (mut coord, url, lines) = serving_child(coordinator);
+    let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let keep = |log: std::sync::Arc<std::sync::Mutex<String>>, lines: Box<dyn Iterator<Item = String> + Send>| {
+        std::thread::spawn(move || {
+            for l in lines {
+                if let Ok(mut g) = log.lock() {
+                    g.push_str(&l);
+                    g.push('\n');
+                }
+            }
+        })
+    };
+    keep(log.clone(), Box::new(lines.map_while(Result::ok)));
+    let stderr = coord.stderr.take().expect("stderr");
+    keep(log.clone(), Box::new(std::io::BufRead::lines(std::io::BufReader::new(stderr)).map_while(Result::ok)));
+    // The worker runs in `work` too: the same host, as in a one-machine cluster.
+    let worker = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
+        .args(["worker", "--coordinator", &url, "--slots", "2", "--token-file", "token"])
+        .current_dir(&work)
+        .stderr(std::fs::File::create(work.join("worker.log")).expect("worker.log"))
+        .spawn()
+        .expect("worker");
+    Cluster { coord, worker, url, work, log }
+}
+
+fn assert_refused(what: &str, (code, out): &(i32, String), fragment: &str) {
+    assert_eq!(*code, 2, "{what}: {out}");
+    assert!(out.contains(fragment), "{what}: wanted {fragment:?} in:\n{out}");
+    assert!(!out.contains(SECRET), "{what}: the secret leaked:\n{out}");
+}
+
+#[test]
+fn submitted_paths_never_reach_the_coordinators_files() {
+    let c = cluster("hostile-paths");
+    let secret = c.work.join("secret.txt");
+    let abs = secret.to_string_lossy().into_owned();
+    let task = |key: &str, value: &str| format!("jobs:\n- name: j\n  plan:\n  - task: t\n    {key}: {value}\n");
+    let agent = |key: &str, value: &str| {
+        format!("agents:\n- name: a\n  source: {{model: ollama/llama3}}\n  {key}: {value}\njobs:\n- name: j\n  plan:\n  - agent: a\n    prompt: hi\n")
+    };
+    let climb = "../".repeat(12) + &abs[1..];
+    let cases: Vec<(&str, String, &str)> = vec![
+        ("absolute run_file", task("run_file", &abs), "must be relative to the pipeline directory"),
+        ("climbing run_file", task("run_file", &climb), "leads outside the submission"),
+        ("climbing past the limit", task("run_file", &("../".repeat(40) + "etc/hostname")), "climbs 40 directories up"),
+        ("absolute system_file", agent("system_file", &abs), "must be relative to the pipeline directory"),
+        ("climbing system_file", agent("system_file", &climb), "leads outside the submission"),
+        ("absolute include", format!("tasks:\n- name: t\n  file: {abs}\njobs:\n- name: j\n  plan:\n  - task: t\n"), "must be relative"),
+        ("climbing include", format!("tasks:\n- name: t\n  file: {climb}\njobs:\n- name: j\n  plan:\n  - task: t\n"), "leads outside the submission"),
+        ("absolute prompt_file", format!("agents:\n- name: a\n  source: {{model: ollama/llama3}}\njobs:\n- name: j\n  plan:\n  - agent: a\n    prompt_file: {abs}\n"), "must be relative"),
+        ("device as run_file", task("run_file", &("../".repeat(12) + "dev/zero")), "leads outside the submission"),
+        ("absolute mcp cwd", format!("mcp_servers:\n- name: m\n  command: cat\n  cwd: {}\njobs:\n- name: j\n  plan:\n  - task: t\n    run: echo\n", c.work.display()), "may not name paths of the hosts"),
+        ("check_file escape", format!("resource_types:\n- name: r\n  config:\n    check_file: {climb}\nresources:\n- name: x\n  type: r\njobs:\n- name: j\n  plan:\n  - get: x\n"), "leads outside the submission"),
+    ];
+    for (what, pipeline, fragment) in cases {
+        let r = submit_raw(&c.url, "t0ken", request(&pipeline, vec![]));
+        assert_refused(what, &r, fragment);
+        assert!(r.1.contains("\np.yml:") || r.1.starts_with("p.yml:"), "{what}: the error names the file as sent, and a position:\n{}", r.1);
+        assert!(!r.1.contains("submissions/"), "{what}: the coordinator's own paths stay hidden:\n{}", r.1);
+    }
+    // A FIFO or a device inside the submission is refused without blocking:
+    // the bundle cannot carry one, so the pipeline names a path inside the
+    // submission that was sent as a regular file, and one that is missing.
+    let r = submit_raw(&c.url, "t0ken", request(&task("run_file", "scripts/missing.sh"), vec![]));
+    assert_refused("missing run_file", &r, "no such file relative to the pipeline directory: scripts/missing.sh");
+    // Bundle paths of their own.
+    for bad in ["/etc/cron.d/x", &("../".repeat(17) + "x"), "a/\0/b"] {
+        let r = submit_raw(&c.url, "t0ken", request(&task("run", "echo"), vec![file(bad, "x")]));
+        assert_eq!(r.0, 2, "bundle path {bad:?}: {}", r.1);
+        assert!(r.1.contains("bundle path"), "{}", r.1);
+    }
+    let r = submit_raw(&c.url, "t0ken", SubmitRequest { pipeline: "../p.yml".into(), files: vec![file("../p.yml", &task("run", "echo"))], ..Default::default() });
+    assert_refused("pipeline name", &r, "must be a file name");
+    // Artifacts that point out of themselves: a step's output holding a
+    // symlink to the coordinator's secret, read by load_var and across on
+    // the coordinator.
+    let link_out = format!("jobs:\n- name: j\n  plan:\n  - task: make\n    outputs: [out]\n    run: ln -s {abs} out/link && echo '[\"a\"]' > out/list.json\n  - load_var: v\n    file: out/link\n    inputs: [out]\n  - task: show\n    run: echo ((v))\n");
+    let r = submit_raw(&c.url, "t0ken", request(&link_out, vec![]));
+    assert!(r.0 != 0 && r.1.contains("leads outside the artifact"), "load_var through a symlink: {}", r.1);
+    assert!(!r.1.contains(SECRET), "{}", r.1);
+    let link_across = format!("jobs:\n- name: j\n  plan:\n  - task: make\n    outputs: [out]\n    run: ln -s {abs} out/cells.json\n  - task: cell\n    across:\n    - var: x\n      from_file: out/cells.json\n    run: echo {{{{ .vars.x }}}}\n");
+    let r = submit_raw(&c.url, "t0ken", request(&link_across, vec![]));
+    assert!(r.0 != 0 && r.1.contains("leads outside the artifact"), "across from_file through a symlink: {}", r.1);
+    // Still serving, and a submission's files do not outlive it.
+    let r = submit_raw(&c.url, "t0ken", request(&task("run", "echo fine"), vec![]));
+    assert_eq!(r.0, 0, "{}", r.1);
+    let left = std::fs::read_dir(c.work.join("state/submissions")).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(left, 0, "submission files left on the coordinator");
+}
+
+#[test]
+fn hostile_documents_fail_their_submission_and_the_coordinator_stays_up() {
+    let c = cluster("hostile-docs");
+    let deep_block = {
+        let mut d = String::from("jobs:\n- name: j\n  plan:\n");
+        for i in 0..2_000 {
+            d.push_str(&format!("{}- do:\n", "  ".repeat(i + 1)));
+        }
+        d
+    };
+    assert!(deep_block.len() > 40_000);
+    let alias_bomb = {
+        let mut d = String::from("a: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n");
+        for (name, prev) in ["b", "c", "d", "e", "f", "g", "h", "i"].iter().zip(["a", "b", "c", "d", "e", "f", "g", "h"]) {
+            d.push_str(&format!("{name}: &{name} [{}]\n", vec![format!("*{prev}"); 9].join(",")));
+        }
+        d + "jobs: []\n"
+    };
+    assert!(alias_bomb.len() < 400, "{}", alias_bomb.len());
+    let vars_bomb = format!("jobs:\n- name: j\n  plan:\n  - task: t\n    run: echo {}\n", "((v))".repeat(100_000));
+    let cases: Vec<(&str, String, &str)> = vec![
+        ("nested block lists", deep_block, "nest more than"),
+        // saphyr's own limit meets flow style first; block style meets ours.
+        ("nested flow lists", format!("jobs: {}", "[".repeat(100_000)), "recursion limit exceeded"),
+        ("alias bomb", alias_bomb, "alias expands the document"),
+        ("wide across", "jobs:\n- name: j\n  plan:\n  - task: t\n    run: echo\n    across:\n    - {var: a, values: [1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31,32,33,34,35,36,37,38,39,40,41,42,43,44,45,46,47,48,49,50,51,52,53,54,55,56,57,58,59,60,61,62,63,64,65,66,67,68,69,70,71,72,73,74,75,76,77,78,79,80,81,82,83,84,85,86,87,88,89,90,91,92,93,94,95,96,97,98,99,100]}\n    - {var: b, values: [1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31,32,33,34,35,36,37,38,39,40,41,42,43,44,45,46,47,48,49,50,51,52,53,54,55,56,57,58,59,60,61,62,63,64,65,66,67,68,69,70,71,72,73,74,75,76,77,78,79,80,81,82,83,84,85,86,87,88,89,90,91,92,93,94,95,96,97,98,99,100]}\n    - {var: c, values: [1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31,32,33,34,35,36,37,38,39,40,41,42,43,44,45,46,47,48,49,50,51,52,53,54,55,56,57,58,59,60,61,62,63,64,65,66,67,68,69,70,71,72,73,74,75,76,77,78,79,80,81,82,83,84,85,86,87,88,89,90,91,92,93,94,95,96,97,98,99,100]}\n".into(), "one across step runs at most"),
+    ];
+    for (what, pipeline, fragment) in cases {
+        let r = submit_raw(&c.url, "t0ken", request(&pipeline, vec![]));
+        assert_refused(what, &r, fragment);
+        assert!(r.1.starts_with("p.yml:"), "{what}: positioned:\n{}", r.1);
+    }
+    let mut req = request(&vars_bomb, vec![]);
+    req.vars.insert("v".into(), "x".repeat(4096));
+    let r = submit_raw(&c.url, "t0ken", req);
+    assert_refused("((vars)) bomb", &r, "substituting ((vars)) would make the pipeline");
+    let rss = peak_rss_mib(c.coord.id());
+    assert!(rss > 0 && rss < 400, "the coordinator peaked at {rss} MiB");
+    // Two identical submissions at once: their own ids, directories and runs.
+    let (url, url2) = (c.url.clone(), c.url.clone());
+    let ok = "jobs:\n- name: j\n  plan:\n  - task: t\n    run: sleep 1; echo twin\n";
+    let a = std::thread::spawn(move || submit_raw(&url, "t0ken", request(ok, vec![])));
+    let b = std::thread::spawn(move || submit_raw(&url2, "t0ken", request(ok, vec![])));
+    for r in [a.join().expect("a"), b.join().expect("b")] {
+        assert_eq!(r.0, 0, "{}\n{}", r.1, c.log());
+        assert!(r.1.contains("[t] twin"), "{}", r.1);
+    }
+}
+
+/// `steppe submit` and `steppe run` agree: what one refuses the other does.
+#[test]
+fn run_and_submit_refuse_the_same_paths() {
+    let work = scratch("agree");
+    let abs = work.join("x.sh");
+    std::fs::write(&abs, "echo x\n").expect("write");
+    std::fs::write(work.join("p.yml"), format!("jobs:\n- name: j\n  plan:\n  - task: t\n    run_file: {}\n", abs.display())).expect("write");
+    let run = steppe(&["run", "p.yml"], &work);
+    let submit = steppe(&["submit", "p.yml", "--coordinator", "http://127.0.0.1:9"], &work);
+    for (what, out) in [("run", &run), ("submit", &submit)] {
+        assert_eq!(out.status.code(), Some(2), "{what}: {}", text(out));
+        assert!(text(out).contains("p.yml:5:5: jobs[0].plan[0].run_file: ") && text(out).contains("must be relative to the pipeline directory"), "{what}: {}", text(out));
+    }
+    let dir = Path::new(&work);
+    std::fs::create_dir_all(dir.join("sub")).expect("mkdir");
+    std::fs::write(dir.join("sub/p.yml"), "jobs:\n- name: j\n  plan:\n  - task: t\n    run_file: ../x.sh\n").expect("write");
+    let run = steppe(&["run", "sub/p.yml"], &work);
+    assert_eq!(run.status.code(), Some(0), "a climb to a sibling is allowed (and sent along): {}", text(&run));
+}
+
+/// A stored artifact changed behind the store's back is an error when a
+/// step would use it, never silently used; an output holding a FIFO is
+/// refused when stored, without waiting on it.
+#[test]
+fn tampered_artifacts_and_special_files_are_refused() {
+    let work = scratch("tamper");
+    std::fs::write(
+        work.join("p.yml"),
+        "jobs:\n- name: j\n  plan:\n  - task: make\n    outputs: [out]\n    run: echo original > out/f\n  - task: tamper\n    run: for d in ((store))/*/; do if [ -f \"$d/f\" ]; then echo evil > \"$d/f\"; fi; done\n  - task: use\n    inputs: [out]\n    run: cat out/f\n",
+    )
+    .expect("write");
+    let store = format!("store={}", work.join(".steppe/artifacts").display());
+    let out = steppe(&["run", "p.yml", "--var", &store], &work);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{t}");
+    assert!(t.contains("does not match its digest"), "{t}");
+    assert!(!t.contains("[use] evil") && !t.contains("[use] original"), "the step never ran on the changed input: {t}");
+    std::fs::write(work.join("fifo.yml"), "jobs:\n- name: j\n  plan:\n  - task: pipe\n    outputs: [out]\n    run: mkfifo out/p && echo made\n").expect("write");
+    let out = child_of_this_test("timeout").args(["60", env!("CARGO_BIN_EXE_steppe"), "run", "fifo.yml"]).current_dir(&work).output().expect("run");
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{t}");
+    assert!(t.contains("capturing output \"out\"") && t.contains("cannot be stored"), "{t}");
+}

@@ -1,0 +1,78 @@
+//! A process's scratch directory under the system's temp dir (step
+//! directories, artifact views, unpacked inputs): removed when the command
+//! that made it returns, and, when a process died before it could, by the
+//! next steppe process of the same kind to start.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// Removes its directory when dropped.
+pub struct Scratch {
+    path: PathBuf,
+}
+
+impl Scratch {
+    /// `$TMPDIR/steppe-<kind>-<pid>`, after sweeping away the ones of
+    /// `kind` whose process is gone.
+    pub fn create(kind: &str) -> io::Result<Scratch> {
+        let base = std::env::temp_dir();
+        sweep(&base, kind);
+        let path = base.join(format!("steppe-{kind}-{}", std::process::id()));
+        std::fs::create_dir_all(&path)?;
+        Ok(Scratch { path })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// Removes `steppe-<kind>-<pid>` directories under `base` whose process no
+/// longer exists.
+fn sweep(base: &Path, kind: &str) {
+    let prefix = format!("steppe-{kind}-");
+    let Ok(entries) = std::fs::read_dir(base) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix(&prefix)).and_then(|p| p.parse::<i32>().ok()) else { continue };
+        if pid > 0 && !alive(pid) {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+fn alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only asks whether the process exists; nothing is sent.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dead_process_scratch_is_swept_and_a_live_one_kept() {
+        let kind = format!("sweeptest{}", std::process::id());
+        let base = std::env::temp_dir();
+        // No process has pid 2^22+1 (above Linux's pid_max).
+        let dead = base.join(format!("steppe-{kind}-4194305"));
+        std::fs::create_dir_all(dead.join("step-1")).unwrap();
+        let live = base.join(format!("steppe-{kind}-1"));
+        std::fs::create_dir_all(&live).unwrap();
+        let s = Scratch::create(&kind).unwrap();
+        assert!(!dead.exists(), "a dead process's scratch is removed");
+        assert!(live.exists(), "pid 1 is alive: its directory stays");
+        let mine = s.path().to_path_buf();
+        assert!(mine.is_dir());
+        drop(s);
+        assert!(!mine.exists(), "removed when dropped");
+        let _ = std::fs::remove_dir_all(live);
+    }
+}

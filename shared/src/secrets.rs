@@ -1,0 +1,77 @@
+//! Secrets kept out of sight: a URL's user information (`redis://:pw@host`,
+//! `https://token@github.com`) is masked wherever text reaches a terminal,
+//! a log, a store or a client; passwords come from files, so they never
+//! appear in a command line (`ps`).
+
+use std::borrow::Cow;
+use std::sync::OnceLock;
+
+fn pattern() -> &'static regex::Regex {
+    static RE: OnceLock<regex::Regex> = OnceLock::new();
+    // scheme://userinfo@ — userinfo runs to the last @ before whitespace,
+    // a quote or a path, so an unescaped @ in a password is masked too.
+    RE.get_or_init(|| regex::Regex::new(r#"(?i)\b([a-z][a-z0-9+.\-]*://)([^\s/"'<>]+)@"#).unwrap_or_else(|_| unreachable!("a fixed pattern")))
+}
+
+/// `text` with the credentials of every URL in it masked: `user:***@` when
+/// a user name is given, `***@` otherwise.
+pub fn mask_urls(text: &str) -> Cow<'_, str> {
+    if !text.contains("://") {
+        return Cow::Borrowed(text);
+    }
+    pattern().replace_all(text, |c: &regex::Captures<'_>| {
+        let user = &c[2];
+        match user.split_once(':') {
+            Some((name, _)) => format!("{}{name}:***@", &c[1]),
+            None => format!("{}***@", &c[1]),
+        }
+    })
+}
+
+/// Reads a secret (a token, a password) from a file: trimmed, never empty.
+pub fn read_file(path: &std::path::Path, flag: &str) -> Result<String, String> {
+    let bytes = crate::confine::read_capped(path, 64 << 10).map_err(|e| format!("{flag} {}: it {e}", path.display()))?;
+    let text = String::from_utf8(bytes).map_err(|_| format!("{flag} {}: not UTF-8 text", path.display()))?;
+    let text = text.trim().to_string();
+    if text.is_empty() {
+        return Err(format!("{flag} {} is empty", path.display()));
+    }
+    Ok(text)
+}
+
+/// `url` with `password` in its user information, unless it carries one
+/// already (`redis://host/` → `redis://:PASSWORD@host/`).
+pub fn with_password(url: &str, password: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_string() };
+    let host_end = rest.find('/').unwrap_or(rest.len());
+    if rest[..host_end].contains('@') {
+        return url.to_string();
+    }
+    let encoded: String = password
+        .bytes()
+        .map(|b| if b.is_ascii_alphanumeric() || b"-._~".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") })
+        .collect();
+    format!("{scheme}://:{encoded}@{rest}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_password_goes_into_a_url_that_has_none() {
+        assert_eq!(with_password("redis://10.0.0.5:6379/", "p@ss w"), "redis://:p%40ss%20w@10.0.0.5:6379/");
+        assert_eq!(with_password("redis://:other@h/", "x"), "redis://:other@h/");
+    }
+
+    #[test]
+    fn credentials_in_urls_are_masked() {
+        assert_eq!(mask_urls("connecting to redis://:hunter2@10.0.0.5:6379/0 failed"), "connecting to redis://:***@10.0.0.5:6379/0 failed");
+        assert_eq!(mask_urls("rediss://default:p%40ss@h/"), "rediss://default:***@h/");
+        assert_eq!(mask_urls("git clone https://ghp_abc123@github.com/o/r.git"), "git clone https://***@github.com/o/r.git");
+        assert_eq!(mask_urls("see https://example.com/a@b and me@example.com"), "see https://example.com/a@b and me@example.com");
+        assert_eq!(mask_urls("no urls here"), "no urls here");
+        assert_eq!(mask_urls("\"http://u:p@h\""), "\"http://u:***@h\"");
+        assert_eq!(mask_urls("redis://:p@ss@h:1/"), "redis://:***@h:1/");
+    }
+}
