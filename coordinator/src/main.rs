@@ -838,7 +838,9 @@ fn scratch() -> Result<steppe_shared::scratch::Scratch> {
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")
+    // The plan walker recurses once per nested block (at most yaml::MAX_DEPTH
+    // deep): room for that on every worker thread, not tokio's default 2 MiB.
+    tokio::runtime::Builder::new_multi_thread().enable_all().thread_stack_size(32 << 20).build().context("starting the async runtime")
 }
 
 /// A run's id: its start time, this process, and a count, so two runs begun
@@ -886,12 +888,12 @@ fn run_job(path: &Path, job: Option<&str>, exec: &ExecArgs, vars: &VarArgs) -> R
     })?;
     let outcome = steppe_shared::outcome::Outcome::of(&result.result);
     if !exec.quiet {
-        say!("execution: [{}]", result.log.join(", "));
+        say!("execution: [{}]", shown(&result.log.join(", ")));
     }
     match &result.result {
-        Ok(()) => say!("job {} succeeded", job.name),
+        Ok(()) => say!("job {} succeeded", shown(&job.name)),
         Err(e) => {
-            say!("job {} {}: {}", job.name, outcome.word(), e.message);
+            say!("job {} {}: {}", shown(&job.name), outcome.word(), shown(&e.message));
         }
     }
     Ok(ExitCode::from(outcome.exit_code()))
@@ -947,10 +949,10 @@ fn test(path: &Path, script: Option<&Path>, dump: Option<&Path>, exec: &ExecArgs
     for job in &jobs {
         let result = rt.block_on(run_one(&engine, job));
         match result.result {
-            Ok(()) => say!("PASS {}", job.name),
+            Ok(()) => say!("PASS {}", shown(&job.name)),
             Err(e) => {
                 aborted |= e.class == steppe_shared::outcome::Class::Aborted;
-                say!("FAIL {}: {}", job.name, e.message);
+                say!("FAIL {}: {}", shown(&job.name), shown(&e.message));
                 failures.push((job.name.clone(), e.message));
             }
         }
@@ -988,7 +990,7 @@ fn test(path: &Path, script: Option<&Path>, dump: Option<&Path>, exec: &ExecArgs
     if !failures.is_empty() {
         warn!("steppe: error: test: {} job(s) failed:", failures.len());
         for (j, e) in &failures {
-            warn!("  {j}: {e}");
+            warn!("  {}: {}", shown(j), shown(e));
         }
         return Ok(ExitCode::from(2));
     }
@@ -1185,7 +1187,7 @@ fn runs(h: &History, job: Option<&str>, limit: usize, steps: bool, run: Option<&
 }
 
 /// A name or a model's words, with control characters shown, not obeyed.
-fn shown(s: &str) -> std::borrow::Cow<'_, str> {
+pub(crate) fn shown(s: &str) -> std::borrow::Cow<'_, str> {
     steppe_shared::printable::escape_controls(s)
 }
 

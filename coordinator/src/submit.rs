@@ -17,6 +17,7 @@ pub use steppe_worker::remote::WithToken;
 use tonic::{Request, Response, Status};
 
 use crate::engine::EventHub;
+use crate::shown;
 use crate::Services;
 
 /// Checks the bearer token on every call when the coordinator has one.
@@ -193,9 +194,9 @@ impl RunService {
             for job in &jobs {
                 let r = run(job.clone()).await;
                 match r.result {
-                    Ok(()) => drop(lines.send(format!("PASS {}", job.name))),
+                    Ok(()) => drop(lines.send(format!("PASS {}", shown(&job.name)))),
                     Err(e) => {
-                        let _ = lines.send(format!("FAIL {}: {}", job.name, e.message));
+                        let _ = lines.send(format!("FAIL {}: {}", shown(&job.name), shown(&e.message)));
                         if e.class == Class::Aborted {
                             return 130;
                         }
@@ -213,7 +214,7 @@ impl RunService {
             if !failures.is_empty() {
                 let _ = lines.send(format!("steppe: error: test: {} job(s) failed:", failures.len()));
                 for (j, e) in &failures {
-                    let _ = lines.send(format!("  {j}: {e}"));
+                    let _ = lines.send(format!("  {}: {}", shown(j), shown(e)));
                 }
                 return 2;
             }
@@ -236,11 +237,11 @@ impl RunService {
             },
         };
         let r = run(job.clone()).await;
-        let _ = lines.send(format!("execution: [{}]", r.log.join(", ")));
+        let _ = lines.send(format!("execution: [{}]", shown(&r.log.join(", "))));
         let outcome = Outcome::of(&r.result);
         match &r.result {
-            Ok(()) => drop(lines.send(format!("job {} succeeded", job.name))),
-            Err(e) => drop(lines.send(format!("job {} {}: {}", job.name, outcome.word(), e.message))),
+            Ok(()) => drop(lines.send(format!("job {} succeeded", shown(&job.name)))),
+            Err(e) => drop(lines.send(format!("job {} {}: {}", shown(&job.name), outcome.word(), shown(&e.message)))),
         }
         i32::from(outcome.exit_code())
     }

@@ -223,6 +223,14 @@ fn hostile_documents_fail_their_submission_and_the_coordinator_stays_up() {
     req.vars.insert("v".into(), "x".repeat(4096));
     let r = submit_raw(&c.url, "t0ken", req);
     assert_refused("((vars)) bomb", &r, "substituting ((vars)) would make the pipeline");
+    // As deep as the loader allows is fine: the plan walker has the stack for it.
+    let mut deep = String::from("{task: leaf, run: echo deep}");
+    for _ in 0..(steppe_shared::yaml::MAX_DEPTH - 8) {
+        deep = format!("{{try: {deep}}}");
+    }
+    let r = submit_raw(&c.url, "t0ken", request(&format!("jobs:\n- name: j\n  plan:\n  - {deep}\n"), vec![]));
+    assert_eq!(r.0, 0, "{}\n{}", r.1, c.log());
+    assert!(r.1.contains("[leaf] deep"), "{}", r.1);
     let rss = peak_rss_mib(c.coord.id());
     assert!(rss > 0 && rss < 400, "the coordinator peaked at {rss} MiB");
     // Two identical submissions at once: their own ids, directories and runs.
@@ -278,4 +286,66 @@ fn tampered_artifacts_and_special_files_are_refused() {
     let t = text(&out);
     assert_eq!(out.status.code(), Some(2), "{t}");
     assert!(t.contains("capturing output \"out\"") && t.contains("cannot be stored"), "{t}");
+}
+
+/// Names a pipeline chose reach the terminal with their control characters
+/// shown, never obeyed: no escape sequence of theirs can rewrite a screen.
+#[test]
+fn control_characters_in_names_are_shown_escaped() {
+    let work = scratch("controls");
+    std::fs::write(work.join("c.yml"), "jobs:\n- name: \"j\\e[2J\"\n  plan:\n  - task: \"t\\e]0;owned\\a\"\n    run: echo hi\n").expect("write");
+    for args in [&["run", "c.yml"][..], &["test", "c.yml"], &["runs", "c.yml"], &["runs", "c.yml", "--steps", "--logs"]] {
+        let out = steppe(args, &work);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", text(&out));
+        assert!(!out.stdout.contains(&0x1b) && !out.stdout.contains(&0x07), "{args:?} let a control character through: {:?}", text(&out));
+        assert!(text(&out).contains("\\x1b"), "{args:?}: {}", text(&out));
+    }
+}
+
+/// `steppe runs --logs | head -1`: the rest of the output goes nowhere, quietly.
+#[test]
+fn a_closed_stdout_ends_quietly() {
+    use std::io::{BufRead, BufReader};
+    let work = scratch("closed-stdout");
+    std::fs::write(work.join("p.yml"), "jobs:\n- name: j\n  plan:\n  - task: t\n    run: seq 1 20000\n").expect("write");
+    assert_eq!(steppe(&["run", "p.yml", "--quiet"], &work).status.code(), Some(0));
+    for args in [&["runs", "p.yml", "--logs"][..], &["run", "p.yml"]] {
+        let mut child = child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(args).current_dir(&work).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().expect("spawn");
+        let mut first = String::new();
+        BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut first).expect("a line");
+        // The reader went away after one line, as `head -1` does.
+        let out = child.wait_with_output().expect("wait");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked") && !err.contains("Broken pipe"), "{args:?}: {err}");
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
+    }
+}
+
+/// Step directories and temporaries go when a run ends; a run killed before
+/// it could clean up has its directory swept by the next one.
+#[test]
+fn scratch_directories_go_when_runs_end_or_die() {
+    let work = scratch("tmpdirs");
+    let tmp = work.join("tmp");
+    std::fs::create_dir_all(&tmp).expect("mkdir");
+    std::fs::write(work.join("p.yml"), "jobs:\n- name: j\n  plan:\n  - task: a\n    outputs: [o]\n    run: echo x > o/f\n  - load_var: v\n    file: o/f\n    inputs: [o]\n  - task: b\n    inputs: [o]\n    run: sleep ((nap)); cat o/f\n").expect("write");
+    let leftovers = || std::fs::read_dir(&tmp).expect("tmp").filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with("steppe-")).collect::<Vec<_>>();
+    let run = |nap: &str| {
+        let mut c = child_of_this_test(env!("CARGO_BIN_EXE_steppe"));
+        c.args(["run", "p.yml", "--var", &format!("nap={nap}")]).current_dir(&work).env("TMPDIR", &tmp).stdout(std::process::Stdio::null());
+        c
+    };
+    assert!(run("0").status().expect("run").success());
+    assert!(leftovers().is_empty(), "left behind: {:?}", leftovers());
+    let mut killed = run("30").spawn().expect("spawn");
+    let t0 = std::time::Instant::now();
+    while !std::fs::read_dir(&tmp).expect("tmp").filter_map(|e| e.ok()).any(|e| std::fs::read_dir(e.path().join("steps")).is_ok_and(|mut d| d.next().is_some())) {
+        assert!(t0.elapsed() < Duration::from_secs(20), "the step never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    killed.kill().expect("kill");
+    killed.wait().expect("wait");
+    assert_eq!(leftovers().len(), 1, "SIGKILL leaves its scratch: {:?}", leftovers());
+    assert!(run("0").status().expect("run").success());
+    assert!(leftovers().is_empty(), "the next run swept the dead one's scratch: {:?}", leftovers());
 }
