@@ -31,6 +31,9 @@ pub enum DispatchMsg {
     RunningRemotely(String, SessionTx),
     /// A lost worker held this assignment: back on the queue (at least once).
     Requeue(String),
+    /// A pool's queue lost what waited in it (a Redis that restarted
+    /// empty): everything of that pool not running somewhere goes back on it.
+    QueueLost(String),
 }
 
 struct DispatcherActor;
@@ -47,6 +50,8 @@ pub struct DispatcherState {
     cancelled: std::collections::HashSet<String>,
     /// The ids in `pending`, readable without asking the actor.
     wanted: Wanted,
+    /// Where notes about the queue go.
+    hub: Option<Arc<crate::engine::EventHub>>,
 }
 
 /// The assignments someone here waits for. An entry outside it (left on a
@@ -87,6 +92,20 @@ impl DispatcherState {
         self.pools.get(&pool).await.ok()
     }
 
+    /// Back on the queue with the next epoch (a result of an earlier one is refused).
+    async fn requeue(&mut self, id: &str) {
+        self.remote.remove(id);
+        let again = self.pending.get_mut(id).map(|(_, a)| {
+            a.epoch += 1;
+            a.clone()
+        });
+        if let Some(a) = again {
+            if let Ok(q) = self.pools.get(&a.pool).await {
+                let _ = q.push(a).await;
+            }
+        }
+    }
+
     async fn cancel(&mut self, id: &str) {
         let removed = match self.queue_of(id).await {
             Some(q) => q.remove(id).await.unwrap_or(false),
@@ -113,10 +132,10 @@ impl DispatcherState {
 impl Actor for DispatcherActor {
     type Msg = DispatchMsg;
     type State = DispatcherState;
-    type Arguments = (Arc<Pools>, Cancels, Wanted);
+    type Arguments = (Arc<Pools>, Cancels, Wanted, Option<Arc<crate::engine::EventHub>>);
 
-    async fn pre_start(&self, _me: ActorRef<Self::Msg>, (pools, local, wanted): Self::Arguments) -> Result<Self::State, ActorProcessingErr> {
-        Ok(DispatcherState { pools, pending: HashMap::new(), local, remote: HashMap::new(), cancelled: Default::default(), wanted })
+    async fn pre_start(&self, _me: ActorRef<Self::Msg>, (pools, local, wanted, hub): Self::Arguments) -> Result<Self::State, ActorProcessingErr> {
+        Ok(DispatcherState { pools, pending: HashMap::new(), local, remote: HashMap::new(), cancelled: Default::default(), wanted, hub })
     }
 
     async fn handle(&self, _me: ActorRef<Self::Msg>, msg: Self::Msg, st: &mut Self::State) -> Result<(), ActorProcessingErr> {
@@ -177,21 +196,56 @@ impl Actor for DispatcherActor {
                     st.remote.insert(id, tx);
                 }
             }
-            DispatchMsg::Requeue(id) => {
-                st.remote.remove(&id);
-                let again = st.pending.get_mut(&id).map(|(_, a)| {
-                    a.epoch += 1;
-                    a.clone()
-                });
-                if let Some(a) = again {
-                    if let Ok(q) = st.pools.get(&a.pool).await {
-                        let _ = q.push(a).await;
+            DispatchMsg::QueueLost(pool) => {
+                let same = |p: &str| p == pool || (p.is_empty() && pool == steppe_shared::queue::DEFAULT_POOL);
+                let waiting: Vec<String> = st
+                    .pending
+                    .iter()
+                    .filter(|(id, (_, a))| same(&a.pool) && !st.remote.contains_key(*id) && !st.local.is_running(id))
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                for id in &waiting {
+                    st.requeue(id).await;
+                }
+                if let Some(hub) = &st.hub {
+                    hub.note(&format!("the queue of pool {pool} came back empty (restarted without its data): {} waiting step(s) put back on it", waiting.len()));
+                }
+            }
+            DispatchMsg::Requeue(id) => st.requeue(&id).await,
+        }
+        Ok(())
+    }
+}
+
+/// How often the queues are checked for having lost what waited in them.
+const QUEUE_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Checks every pool's queue for a backend that came back empty (a Redis
+/// restarted without persistence) and tells the actor, which puts back
+/// what waited there; says once when a queue cannot be reached.
+fn watch_queues(pools: Arc<Pools>, actor: ActorRef<DispatchMsg>) {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(QUEUE_CHECK).await;
+            for (pool, q) in pools.named().await {
+                match q.ensure().await {
+                    Ok(lost) => {
+                        if let Some(l) = steppe_shared::outage::recovered("the queue") {
+                            eprintln!("steppe: {l}");
+                        }
+                        if lost && actor.cast(DispatchMsg::QueueLost(pool)).is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        if let Some(l) = steppe_shared::outage::failed("the queue", &e) {
+                            eprintln!("steppe: {l}");
+                        }
                     }
                 }
             }
         }
-        Ok(())
-    }
+    });
 }
 
 /// The handle to the Dispatcher actor.
@@ -205,10 +259,11 @@ pub struct Dispatcher {
 }
 
 impl Dispatcher {
-    pub async fn start(pools: Arc<Pools>) -> Result<Arc<Self>, ractor::SpawnErr> {
+    pub async fn start(pools: Arc<Pools>, hub: Option<Arc<crate::engine::EventHub>>) -> Result<Arc<Self>, ractor::SpawnErr> {
         let local = Cancels::default();
         let wanted = Wanted::default();
-        let (actor, _) = Actor::spawn(None, DispatcherActor, (pools.clone(), local.clone(), wanted.clone())).await?;
+        let (actor, _) = Actor::spawn(None, DispatcherActor, (pools.clone(), local.clone(), wanted.clone(), hub)).await?;
+        watch_queues(pools.clone(), actor.clone());
         Ok(Arc::new(Dispatcher { actor, pools, local, seq: AtomicU64::new(0), wanted }))
     }
 
@@ -288,7 +343,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_result_from_an_earlier_epoch_is_refused() {
-        let d = Dispatcher::start(Arc::new(Pools::in_process(Arc::new(InProcessQueue::new())))).await.expect("dispatcher");
+        let d = Dispatcher::start(Arc::new(Pools::in_process(Arc::new(InProcessQueue::new()))), None).await.expect("dispatcher");
         let d2 = d.clone();
         let waiter = tokio::spawn(async move { d2.dispatch(Assignment::command("r", "s", "true".into())).await });
         let first = d.pools.default_pool().pop().await.expect("handed out");

@@ -93,7 +93,7 @@ impl Store for RemoteStore {
     fn start_run(&self, _: &str, _: &str, _: i64) -> Result<(), StoreError> {
         Err(self.read_only())
     }
-    fn finish_run(&self, _: &str, _: i64, _: &str, _: &str) -> Result<(), StoreError> {
+    fn finish_run(&self, _: &RunRecord) -> Result<(), StoreError> {
         Err(self.read_only())
     }
     fn record_step(&self, _: &StepRecord) -> Result<(), StoreError> {

@@ -144,9 +144,12 @@ enum Command {
     ///
     /// Connects to a coordinator (`steppe coordinator`, or `steppe run --listen
     /// ADDR`), takes assignments from its queue, runs each in a fresh directory
-    /// of its declared inputs, and streams output lines and results back. Exits when
-    /// the coordinator closes the session; SIGTERM drains (finishes what it
-    /// runs, takes nothing new). Artifacts come from the coordinator's artifact
+    /// of its declared inputs, and streams output lines and results back. When
+    /// the coordinator goes away, what runs here stops (it runs again
+    /// elsewhere) and the worker reconnects for up to --reconnect-for.
+    /// SIGTERM drains (finishes what it runs, takes nothing new; a second
+    /// SIGTERM stops at once); Ctrl-C stops at once. Stopping kills each
+    /// running step's whole process group. Artifacts come from the coordinator's artifact
     /// directory when this host shares it (checked, not assumed), otherwise
     /// they travel through the coordinator in chunks.
     ///
@@ -413,6 +416,10 @@ struct WorkerArgs {
     /// submitted with the same --pool (default: the default pool).
     #[arg(long, value_name = "NAME", default_value = "default")]
     pool: String,
+    /// When the coordinator goes away (restarted, cut off), keep trying to
+    /// reach it this long, with backoff, before exiting (0s: exit at once).
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_wait)]
+    reconnect_for: std::time::Duration,
 }
 
 #[derive(Args, Debug, Default)]
@@ -642,11 +649,14 @@ struct ClusterOptions {
     artifacts: Option<PathBuf>,
     /// Serve TLS with this certificate and key.
     tls: Option<tonic::transport::Identity>,
+    /// A `steppe coordinator` (workers wait for it to come back), not a
+    /// run's own listener (workers exit when it goes).
+    long_lived: bool,
 }
 
 impl Default for ClusterOptions {
     fn default() -> Self {
-        ClusterOptions { pools: None, worker_lease: DEFAULT_WORKER_LEASE, artifacts: None, tls: None }
+        ClusterOptions { pools: None, worker_lease: DEFAULT_WORKER_LEASE, artifacts: None, tls: None, long_lived: false }
     }
 }
 
@@ -670,7 +680,7 @@ async fn start_services_with(
 ) -> Result<Arc<Services>> {
     use steppe_shared::artifacts::LocalArtifactStore;
     use steppe_shared::queue::InProcessQueue;
-    let ClusterOptions { pools, worker_lease, artifacts, tls } = cluster;
+    let ClusterOptions { pools, worker_lease, artifacts, tls, long_lived } = cluster;
     let artifact_dir = artifacts.unwrap_or_else(|| state.join("artifacts"));
     let local_store = LocalArtifactStore::new(&artifact_dir).with_context(|| format!("creating {}", artifact_dir.display()))?;
     let store: Arc<dyn steppe_shared::artifacts::ArtifactStore> = Arc::new(local_store.clone());
@@ -697,7 +707,7 @@ async fn start_services_with(
             move |e| out.note(&format!("could not renew queue leases: {e}")),
         );
     }
-    let dispatcher = dispatch::Dispatcher::start(pools).await.context("starting the dispatcher")?;
+    let dispatcher = dispatch::Dispatcher::start(pools, Some(out.clone())).await.context("starting the dispatcher")?;
     let registry = registry::WorkerRegistry::start(out.clone()).await.context("starting the worker registry")?;
     steppe_worker::local::spawn_local_workers(slots, dispatcher.pools.default_pool().clone(), store.clone(), work, out.clone(), dispatcher.clone(), dispatcher.local.clone());
     if slots > 0 {
@@ -731,6 +741,7 @@ async fn start_services_with(
             registry: svc.registry.clone(),
             lease: worker_lease,
             pull_queue,
+            ephemeral: !long_lived,
         };
         let artifacts = artifacts::ArtifactService { store: local_store };
         let runs = submit::RunService { svc: svc.clone(), active: Default::default() };
@@ -821,6 +832,8 @@ async fn run_one_as(engine: &Arc<engine::Engine>, job: &steppe_shared::model::Jo
     let run = engine::JobRun::new(engine.clone(), job.clone(), id);
     let fut = run_actor::run_in_actor(run);
     tokio::pin!(fut);
+    // Ctrl-C and SIGTERM abort alike: steps are killed (their process
+    // groups whole), hooks get their grace.
     tokio::select! {
         r = &mut fut => r,
         _ = tokio::signal::ctrl_c() => {
@@ -828,6 +841,21 @@ async fn run_one_as(engine: &Arc<engine::Engine>, job: &steppe_shared::model::Jo
             engine.abort();
             fut.await
         }
+        _ = terminated() => {
+            warn!("steppe: terminated; stopping (hooks get their grace)");
+            engine.abort();
+            fut.await
+        }
+    }
+}
+
+/// Resolves when this process gets SIGTERM.
+async fn terminated() {
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut t) => {
+            t.recv().await;
+        }
+        Err(_) => std::future::pending::<()>().await,
     }
 }
 
@@ -998,6 +1026,11 @@ fn test(path: &Path, script: Option<&Path>, dump: Option<&Path>, exec: &ExecArgs
     Ok(ExitCode::SUCCESS)
 }
 
+fn parse_wait(text: &str) -> Result<std::time::Duration, String> {
+    let d = steppe_shared::duration::Duration::parse(text)?;
+    d.to_std().ok_or_else(|| format!("{text}: not a duration to wait"))
+}
+
 #[allow(clippy::too_many_arguments)]
 fn parse_lease(text: &str) -> Result<std::time::Duration, String> {
     let d = steppe_shared::duration::Duration::parse(text)?;
@@ -1033,7 +1066,8 @@ fn coordinator(
             None => None,
         };
         let runs: Arc<dyn steppe_shared::store::Store> = match store {
-            Some(url) if url.starts_with("redis://") || url.starts_with("rediss://") => Arc::new(steppe_shared::store_redis::RedisStore::connect(url, "steppe")?),
+            // History written while Redis is away is kept and delivered when it is back.
+            Some(url) if url.starts_with("redis://") || url.starts_with("rediss://") => Arc::new(steppe_shared::store_outbox::Outbox::new(steppe_shared::store_redis::RedisStore::connect(url, "steppe")?)),
             Some(other) => anyhow::bail!("--store {other}: only redis:// stores are supported so far"),
             None => Arc::new(steppe_shared::store::SqliteStore::open(&state.join("steppe.db"))?),
         };
@@ -1044,9 +1078,12 @@ fn coordinator(
             }
             None => None,
         };
-        let cluster = ClusterOptions { pools, worker_lease, artifacts: artifacts.map(Path::to_path_buf), tls };
+        let cluster = ClusterOptions { pools, worker_lease, artifacts: artifacts.map(Path::to_path_buf), tls, long_lived: true };
         let svc = start_services_with(state, runs, scratch.path(), workers, false, Some(listen), token, cluster).await?;
-        tokio::signal::ctrl_c().await.ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminated() => {}
+        }
         svc.out.note("steppe coordinator: stopping");
         svc.out.flush().await;
         anyhow::Ok(())
@@ -1063,7 +1100,7 @@ fn with_redis_password(queue: Option<String>, store: Option<String>, file: Optio
 }
 
 fn worker(args: WorkerArgs) -> Result<ExitCode> {
-    let WorkerArgs { coordinator: url, slots, token_file, stream_artifacts, tls_ca, queue, redis_password_file, pool } = args;
+    let WorkerArgs { coordinator: url, slots, token_file, stream_artifacts, tls_ca, queue, redis_password_file, pool, reconnect_for } = args;
     let (queue, _) = with_redis_password(queue, None, redis_password_file.as_deref())?;
     steppe_shared::queue::check_pool_name(&pool).map_err(|e| anyhow::anyhow!("--pool {e}"))?;
     if let Some(q) = queue.as_deref().filter(|q| !q.starts_with("redis://") && !q.starts_with("rediss://")) {
@@ -1076,9 +1113,9 @@ fn worker(args: WorkerArgs) -> Result<ExitCode> {
     let scratch = steppe_shared::scratch::Scratch::create("worker").context("creating a scratch directory under the system's temp dir")?;
     let work = scratch.path().to_path_buf();
     warn!("steppe worker {name}: connecting to {url} with {slots} slot(s)");
-    let config = steppe_worker::remote::WorkerConfig { url, slots, name: name.clone(), work_root: work.clone(), token, stream_artifacts, tls_ca, queue, pool };
+    let config = steppe_worker::remote::WorkerConfig { url, slots, name: name.clone(), work_root: work.clone(), token, stream_artifacts, tls_ca, queue, pool, reconnect_for };
     rt.block_on(steppe_worker::remote::run(config))?;
-    warn!("steppe worker {name}: the coordinator closed the session");
+    warn!("steppe worker {name}: stopped");
     Ok(ExitCode::SUCCESS)
 }
 

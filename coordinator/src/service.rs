@@ -35,6 +35,9 @@ pub struct WorkerService {
     /// The shared queue's stream key (of the default pool) and lease, which workers started with
     /// `--queue` take assignments from themselves (None: an in-process queue).
     pub pull_queue: Option<(String, std::time::Duration)>,
+    /// This coordinator lives for one run (`steppe run --listen`): its
+    /// workers exit when it goes, instead of waiting for it to come back.
+    pub ephemeral: bool,
 }
 
 /// Tells a session's puller to take nothing more (also when the session's
@@ -91,6 +94,7 @@ impl Coordinator for WorkerService {
                 heartbeat_ms: u64::try_from(self.lease.as_millis() / 3).unwrap_or(5000),
                 queue_key,
                 queue_lease_ms,
+                ephemeral: self.ephemeral,
             })),
         };
         tx.send(Ok(welcome)).await.map_err(|_| Status::aborted("session closed"))?;
@@ -127,9 +131,16 @@ impl Coordinator for WorkerService {
                         continue;
                     }
                     Ok(Some(a)) => a,
-                    Ok(None) => continue,
+                    Ok(None) => {
+                        if let Some(l) = steppe_shared::outage::recovered("taking from the queue") {
+                            hub.note(&format!("steppe: {l}"));
+                        }
+                        continue;
+                    }
                     Err(e) => {
-                        eprintln!("steppe: worker service: {e}");
+                        if let Some(l) = steppe_shared::outage::failed("taking from the queue", &e) {
+                            hub.note(&format!("steppe: {l}"));
+                        }
                         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
                         continue;
                     }

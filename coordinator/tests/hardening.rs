@@ -349,3 +349,208 @@ fn scratch_directories_go_when_runs_end_or_die() {
     assert!(run("0").status().expect("run").success());
     assert!(leftovers().is_empty(), "the next run swept the dead one's scratch: {:?}", leftovers());
 }
+
+/// A redis-server on `port` with a password, no persistence: a restart comes back empty.
+fn redis_on(port: u16, password: &str) -> std::process::Child {
+    let child = child_of_this_test("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--requirepass", password])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("redis-server on PATH");
+    let t0 = std::time::Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "redis-server did not come up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
+/// Redis killed and restarted empty under a coordinator and its workers: the
+/// coordinator says so once (not ten times a second), puts back the step
+/// that waited in the lost queue, keeps the history written meanwhile, and
+/// serves the next submission; the Redis password shows in no command
+/// line, reply or log.
+#[test]
+fn a_redis_restart_is_survived_and_its_password_never_shown() {
+    let work = scratch("redis-restart");
+    let password = "s3cret-redis-pw";
+    std::fs::write(work.join("token"), "t0ken").expect("token");
+    std::fs::write(work.join("redis-password"), format!("{password}\n")).expect("password");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("port");
+    let mut redis = redis_on(port, password);
+    let url = format!("redis://127.0.0.1:{port}/");
+    let coordinator = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
+        .args(["coordinator", "--listen", "127.0.0.1:0", "--token-file", "token", "--state", "state", "--queue", &url, "--store", &url, "--redis-password-file", "redis-password"])
+        .current_dir(&work)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("coordinator");
+    let (mut coord, curl, lines) = serving_child(coordinator);
+    let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    for src in [Box::new(lines.map_while(Result::ok)) as Box<dyn Iterator<Item = String> + Send>, Box::new(std::io::BufRead::lines(std::io::BufReader::new(coord.stderr.take().expect("stderr"))).map_while(Result::ok))] {
+        let log = log.clone();
+        std::thread::spawn(move || {
+            for l in src {
+                if let Ok(mut g) = log.lock() {
+                    g.push_str(&l);
+                    g.push('\n');
+                }
+            }
+        });
+    }
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", coord.id())).expect("cmdline");
+    assert!(!String::from_utf8_lossy(&cmdline).contains(password), "the password is on the command line");
+    // One slot: of two parallel steps one waits in the queue.
+    let mut worker = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
+        .args(["worker", "--coordinator", &curl, "--slots", "1", "--token-file", "token"])
+        .current_dir(&work)
+        .stderr(std::fs::File::create(work.join("worker.log")).expect("log"))
+        .spawn()
+        .expect("worker");
+    std::fs::write(work.join("two.yml"), "jobs:\n- name: two\n  plan:\n  - in_parallel:\n    - task: first\n      run: touch ((dir))/first-started; sleep 4; echo first done\n    - task: second\n      run: touch ((dir))/second-started; sleep 4; echo second done\n").expect("write");
+    let dir = format!("dir={}", work.display());
+    let submit = {
+        let (curl, work, dir) = (curl.clone(), work.clone(), dir.clone());
+        std::thread::spawn(move || steppe(&["submit", "two.yml", "--coordinator", &curl, "--token-file", "token", "--var", &dir], &work))
+    };
+    let t0 = std::time::Instant::now();
+    while !work.join("first-started").exists() && !work.join("second-started").exists() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "no step started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Redis dies with one step running and one waiting in it, and comes back empty.
+    redis.kill().expect("kill redis");
+    redis.wait().expect("reap");
+    let errors_before = log.lock().map(|l| l.lines().count()).unwrap_or(0);
+    std::thread::sleep(Duration::from_secs(3));
+    let during = log.lock().map(|l| l.lines().skip(errors_before).collect::<Vec<_>>().join("\n")).unwrap_or_default();
+    assert!(during.lines().count() <= 6, "an outage of 3 s said more than once per loop:\n{during}");
+    let while_down = steppe(&["runs", "--coordinator", &curl, "--token-file", "token"], &work);
+    assert!(!text(&while_down).contains(password), "{}", text(&while_down));
+    let mut redis = redis_on(port, password);
+    let out = submit.join().expect("submit");
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "the run survived the restart:\n{t}\ncoordinator:\n{}", log.lock().map(|l| l.clone()).unwrap_or_default());
+    assert!(t.contains("[first] first done") && t.contains("[second] second done"), "{t}");
+    // The next submission is served, and the history written meanwhile is there.
+    std::fs::write(work.join("after.yml"), "jobs:\n- name: after\n  plan:\n  - task: t\n    run: echo after\n").expect("write");
+    let out = steppe(&["submit", "after.yml", "--coordinator", &curl, "--token-file", "token"], &work);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let runs = text(&steppe(&["runs", "--coordinator", &curl, "--token-file", "token"], &work));
+    assert!(runs.contains(" two ") && runs.contains(" after "), "{runs}");
+    let all = log.lock().map(|l| l.clone()).unwrap_or_default() + &std::fs::read_to_string(work.join("worker.log")).unwrap_or_default();
+    assert!(all.contains("came back empty"), "{all}");
+    assert!(!all.contains(password), "the password reached a log:\n{all}");
+    stop([&mut coord, &mut worker, &mut redis]);
+}
+
+/// Live (not zombie) processes whose command line holds `marker`.
+fn processes_with(marker: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").expect("/proc").filter_map(|e| e.ok()) {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        let zombie = stat.rsplit(") ").next().is_some_and(|r| r.starts_with('Z'));
+        if cmd.contains(marker) && !zombie {
+            found.push(format!("{name}: {cmd}"));
+        }
+    }
+    found
+}
+
+fn gone_within(marker: &str, limit: Duration) -> Result<(), Vec<String>> {
+    let t0 = std::time::Instant::now();
+    loop {
+        let left = processes_with(marker);
+        if left.is_empty() {
+            return Ok(());
+        }
+        if t0.elapsed() > limit {
+            return Err(left);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn wait_for_file(p: &Path) {
+    let t0 = std::time::Instant::now();
+    while !p.exists() {
+        assert!(t0.elapsed() < Duration::from_secs(30), "{} never appeared", p.display());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A step's background processes, its grandchildren included, die with it
+/// however it ends: finished, timed out, cancelled through the coordinator,
+/// its worker interrupted, or its coordinator gone. The worker outlives the
+/// coordinator's restart and serves the new one.
+#[test]
+fn steps_die_whole_and_workers_outlive_a_coordinator_restart() {
+    let work = scratch("trees");
+    let tree = |marker: &str, flag: &str| format!("sleep {marker} & (sleep {marker} &); sh -c 'sleep {marker}' & touch {}; wait", work.join(flag).display());
+    // Embedded: what a finished step left in the background, and a timeout.
+    std::fs::write(work.join("bg.yml"), format!("jobs:\n- name: j\n  plan:\n  - task: leaves\n    run: sleep 314.71 & (sleep 314.71 &); echo done\n  - task: slow\n    timeout: 1s\n    run: \"{}\"\n", tree("314.72", "slow-started"))).expect("write");
+    let out = steppe(&["run", "bg.yml"], &work);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("timed out after 1s"), "{}", text(&out));
+    gone_within("314.71", Duration::from_secs(5)).expect("what a finished step left running");
+    gone_within("314.72", Duration::from_secs(5)).expect("a timed-out step's tree");
+    // A coordinator on a port it keeps across restarts, and one worker.
+    let (mut redis, redis_url) = redis_server();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("port");
+    let listen = format!("127.0.0.1:{port}");
+    let start = || {
+        let (c, url, mut lines) = serving(&["coordinator", "--listen", &listen, "--state", "state", "--queue", &redis_url, "--store", &redis_url], &work);
+        std::thread::spawn(move || for _ in lines.by_ref() {});
+        (c, url)
+    };
+    let (mut coord, url) = start();
+    let mut worker = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
+        .args(["worker", "--coordinator", &url, "--slots", "2", "--reconnect-for", "60s"])
+        .stderr(std::fs::File::create(work.join("worker.log")).expect("log"))
+        .spawn()
+        .expect("worker");
+    let detach = |name: &str, marker: &str, flag: &str| {
+        std::fs::write(work.join(name), format!("jobs:\n- name: j\n  plan:\n  - task: tree\n    run: \"{}\"\n", tree(marker, flag))).expect("write");
+        let out = steppe(&["submit", name, "--detach", "--coordinator", &url], &work);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    // Cancelled through the coordinator.
+    let id = detach("cancel.yml", "314.73", "cancel-started");
+    wait_for_file(&work.join("cancel-started"));
+    assert!(!processes_with("314.73").is_empty());
+    let out = steppe(&["cancel", &id, "--coordinator", &url], &work);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    gone_within("314.73", Duration::from_secs(5)).expect("a cancelled step's tree");
+    // The coordinator dies mid-step: the worker stops the step (it would run
+    // again elsewhere) and waits for the coordinator to come back.
+    detach("lost.yml", "314.74", "lost-started");
+    wait_for_file(&work.join("lost-started"));
+    coord.kill().expect("kill coordinator");
+    coord.wait().expect("reap");
+    gone_within("314.74", Duration::from_secs(5)).expect("the tree of a step whose coordinator died");
+    let (mut coord, url2) = start();
+    assert_eq!(url, url2);
+    std::fs::write(work.join("again.yml"), "jobs:\n- name: again\n  plan:\n  - task: t\n    run: echo served by the same worker\n").expect("write");
+    let out = child_of_this_test("timeout").args(["60", env!("CARGO_BIN_EXE_steppe"), "submit", "again.yml", "--coordinator", &url]).current_dir(&work).output().expect("submit");
+    let log = std::fs::read_to_string(work.join("worker.log")).unwrap_or_default();
+    assert_eq!(out.status.code(), Some(0), "{}\nworker:\n{log}", text(&out));
+    assert!(text(&out).contains("[t] served by the same worker"), "{}", text(&out));
+    assert!(log.contains("reconnecting for up to 1m0s") && log.contains("reconnected"), "{log}");
+    assert!(worker.try_wait().expect("try_wait").is_none(), "the worker lived through the restart");
+    // Ctrl-C on the worker stops it at once, its step's tree with it.
+    detach("int.yml", "314.75", "int-started");
+    wait_for_file(&work.join("int-started"));
+    assert!(std::process::Command::new("kill").args(["-INT", &worker.id().to_string()]).status().expect("kill").success());
+    let status = worker.wait().expect("worker exits");
+    assert_eq!(status.code(), Some(0), "{}", std::fs::read_to_string(work.join("worker.log")).unwrap_or_default());
+    gone_within("314.75", Duration::from_secs(5)).expect("the tree of an interrupted worker's step");
+    stop([&mut coord, &mut redis]);
+}

@@ -331,11 +331,8 @@ fn submit_through_a_coordinator_and_two_workers() {
     std::fs::copy(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/run/passed.yml"), work.join("again.yml")).expect("copy");
     let out = steppe(&["submit", "again.yml", "--job", "build", "--coordinator", &url, "--token-file", "token"], &work);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    let _ = coord.kill();
-    let _ = coord.wait();
-    for w in &mut workers {
-        let _ = w.wait();
-    }
+    // Workers of a `steppe coordinator` wait for it to come back: stop them.
+    stop(workers.iter_mut().chain([&mut coord]));
     let (mut coord, url) = start_coordinator();
     let mut w = worker(&url, true);
     let out = steppe(&["submit", "again.yml", "--job", "deploy", "--coordinator", &url, "--token-file", "token"], &work);
@@ -383,11 +380,7 @@ fn submit_through_a_coordinator_and_two_workers() {
     let t = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{t}");
     assert!(t.contains("[deploy] deployed") && t.contains("steppe approve --coordinator URL"), "{t}");
-    let _ = coord.kill();
-    let _ = coord.wait();
-    let _ = w.wait();
-    let _ = redis.kill();
-    let _ = redis.wait();
+    stop([&mut coord, &mut w, &mut redis]);
 }
 
 /// SIGTERM drains a worker: it takes nothing new, finishes what it runs and
@@ -464,9 +457,7 @@ fn a_vanished_submitter_aborts_its_run_on_the_worker() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(t1.elapsed() < Duration::from_secs(3), "abort took {:?}", t1.elapsed());
-    let _ = coord.kill();
-    let _ = coord.wait();
-    let _ = worker.wait();
+    stop([&mut coord, &mut worker]);
 }
 
 /// A worker cut off mid-step (frozen with SIGSTOP: its connection stays open
@@ -527,13 +518,7 @@ fn a_silent_worker_is_fenced_and_its_late_result_refused() {
     assert_eq!(std::fs::read_to_string(&attempts).expect("attempts").lines().count(), 2, "ran on both workers");
     let runs = text(&steppe(&["runs", "--coordinator", &url, "--steps"], &work));
     assert_eq!(runs.matches("\nnap ").count(), 1, "one step record: {runs}");
-    let _ = frozen.kill();
-    let _ = frozen.wait();
-    let _ = coord.kill();
-    let _ = coord.wait();
-    let _ = second.wait();
-    let _ = redis.kill();
-    let _ = redis.wait();
+    stop([&mut frozen, &mut coord, &mut second, &mut redis]);
 }
 
 /// The cluster version of kill -9: Redis queue and store, a coordinator, two

@@ -48,6 +48,12 @@ pub trait Queue: Send + Sync {
     fn lease(&self) -> Option<Duration> {
         None
     }
+    /// Makes sure the queue's backend holds what it needs (a Redis that
+    /// restarted empty lacks its consumer group); true when it had to be
+    /// made again, so whatever waited in the queue before is gone.
+    fn ensure(&self) -> BoxFuture<'_, Result<bool, QueueError>> {
+        Box::pin(async { Ok(false) })
+    }
 }
 
 /// The pool a step goes to unless its run names another.
@@ -143,8 +149,13 @@ impl Pools {
 
     /// Every queue opened so far (for lease extension).
     pub async fn all(&self) -> Vec<std::sync::Arc<dyn Queue>> {
-        let mut v = vec![self.default.clone()];
-        v.extend(self.others.lock().await.values().cloned());
+        self.named().await.into_iter().map(|(_, q)| q).collect()
+    }
+
+    /// Every queue opened so far, with its pool's name.
+    pub async fn named(&self) -> Vec<(String, std::sync::Arc<dyn Queue>)> {
+        let mut v = vec![(DEFAULT_POOL.to_string(), self.default.clone())];
+        v.extend(self.others.lock().await.iter().map(|(n, q)| (n.clone(), q.clone())));
         v
     }
 }
@@ -221,9 +232,10 @@ impl Queue for InProcessQueue {
 pub struct RedisQueue {
     url: String,
     client: redis::Client,
-    /// For commands that return at once; a blocking read gets its own connection,
-    /// since Redis serves one connection's commands in order.
-    conn: redis::aio::MultiplexedConnection,
+    /// For commands that return at once (reconnects by itself after a drop
+    /// or a Redis restart); a blocking read gets its own connection, since
+    /// Redis serves one connection's commands in order.
+    conn: redis::aio::ConnectionManager,
     key: String,
     group: String,
     consumer: String,
@@ -233,6 +245,10 @@ pub struct RedisQueue {
     /// The ids among them this consumer took: the leases it renews. (An
     /// entry it only pushed is renewed by whoever took it, or comes back.)
     taken: Mutex<std::collections::HashSet<String>>,
+    /// How many times this consumer found the group gone and made it again,
+    /// and how many of those [`Queue::ensure`] has reported.
+    resets: std::sync::atomic::AtomicU64,
+    reported_resets: std::sync::atomic::AtomicU64,
 }
 
 impl RedisQueue {
@@ -242,14 +258,14 @@ impl RedisQueue {
         let shown = crate::secrets::mask_urls(url).into_owned();
         let err = |e: redis::RedisError| QueueError::Backend { url: shown.clone(), message: crate::secrets::mask_urls(&e.to_string()).into_owned() };
         let client = redis::Client::open(url).map_err(err)?;
-        let mut conn = client.get_multiplexed_async_connection().await.map_err(err)?;
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(REDIS_CONNECT_TIMEOUT)
+            .set_response_timeout(REDIS_RESPONSE_TIMEOUT)
+            .set_number_of_retries(3)
+            .set_max_delay(2_000);
+        let mut conn = client.get_connection_manager_with_config(config).await.map_err(err)?;
         let group = "steppe-workers".to_string();
-        let created: Result<(), redis::RedisError> = redis::cmd("XGROUP").arg("CREATE").arg(key).arg(&group).arg("0").arg("MKSTREAM").query_async(&mut conn).await;
-        if let Err(e) = created {
-            if !e.to_string().contains("BUSYGROUP") {
-                return Err(err(e));
-            }
-        }
+        create_group(&mut conn, key, &group).await.map_err(err)?;
         Ok(RedisQueue {
             url: shown.clone(),
             client,
@@ -260,6 +276,8 @@ impl RedisQueue {
             lease,
             entries: Mutex::new(HashMap::new()),
             taken: Default::default(),
+            resets: Default::default(),
+            reported_resets: Default::default(),
         })
     }
 
@@ -286,6 +304,80 @@ impl RedisQueue {
     fn entry_of(&self, id: &str) -> Option<String> {
         self.entries.lock().ok().and_then(|m| m.get(id).cloned())
     }
+
+    /// One claim-or-read: an entry whose taker's lease ran out, else a new
+    /// one, waiting up to `wait`.
+    async fn pop_once(&self, wait: std::time::Duration) -> Result<Option<Assignment>, QueueError> {
+        let mut c = self.reader(wait).await?;
+        // An entry a consumer took and held past the lease comes back first.
+        let claimed: redis::Value = redis::cmd("XAUTOCLAIM")
+            .arg(&self.key)
+            .arg(&self.group)
+            .arg(&self.consumer)
+            .arg(self.lease.as_millis() as u64)
+            .arg("0-0")
+            .arg("COUNT")
+            .arg(1)
+            .query_async(&mut c)
+            .await
+            .map_err(|e| self.err(e))?;
+        if let redis::Value::Array(parts) = &claimed {
+            if let Some((entry, fields)) = parts.get(1).map(parse_entries).and_then(|v| v.into_iter().next()) {
+                return self.take(entry, fields).map(Some);
+            }
+        }
+        let read: redis::Value = redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg(&self.group)
+            .arg(&self.consumer)
+            .arg("COUNT")
+            .arg(1)
+            .arg("BLOCK")
+            .arg(wait.as_millis().max(1) as u64)
+            .arg("STREAMS")
+            .arg(&self.key)
+            .arg(">")
+            .query_async(&mut c)
+            .await
+            .map_err(|e| self.err(e))?;
+        if let redis::Value::Array(streams) = &read {
+            for s in streams {
+                if let redis::Value::Array(kv) = s {
+                    if let Some((entry, fields)) = kv.get(1).map(parse_entries).and_then(|v| v.into_iter().next()) {
+                        return self.take(entry, fields).map(Some);
+                    }
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// A connection for one read that blocks up to `wait`.
+    async fn reader(&self, wait: Duration) -> Result<redis::aio::MultiplexedConnection, QueueError> {
+        let config = redis::AsyncConnectionConfig::new().set_connection_timeout(REDIS_CONNECT_TIMEOUT).set_response_timeout(wait + REDIS_RESPONSE_TIMEOUT);
+        self.client.get_multiplexed_async_connection_with_config(&config).await.map_err(|e| self.err(e))
+    }
+}
+
+/// How long to wait for Redis to accept a connection, and to answer a
+/// command that returns at once (a blocking read waits longer on purpose).
+const REDIS_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const REDIS_RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Creates the stream's consumer group (and the stream); true if it was
+/// missing, false if it existed.
+async fn create_group<C: redis::aio::ConnectionLike + Send>(conn: &mut C, key: &str, group: &str) -> Result<bool, redis::RedisError> {
+    let created: Result<(), redis::RedisError> = redis::cmd("XGROUP").arg("CREATE").arg(key).arg(group).arg("0").arg("MKSTREAM").query_async(conn).await;
+    match created {
+        Ok(()) => Ok(true),
+        Err(e) if e.to_string().contains("BUSYGROUP") => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// A Redis that restarted empty answers reads of the group this way.
+fn missing_group(message: &str) -> bool {
+    message.contains("NOGROUP")
 }
 
 type Entry = (String, HashMap<String, redis::Value>);
@@ -360,48 +452,18 @@ impl Queue for RedisQueue {
 
     fn pop_within(&self, wait: std::time::Duration) -> BoxFuture<'_, Result<Option<Assignment>, QueueError>> {
         Box::pin(async move {
-            let mut c = self.client.get_multiplexed_async_connection().await.map_err(|e| self.err(e))?;
-            // An entry a consumer took and held past the lease comes back first.
-            let claimed: redis::Value = redis::cmd("XAUTOCLAIM")
-                .arg(&self.key)
-                .arg(&self.group)
-                .arg(&self.consumer)
-                .arg(self.lease.as_millis() as u64)
-                .arg("0-0")
-                .arg("COUNT")
-                .arg(1)
-                .query_async(&mut c)
-                .await
-                .map_err(|e| self.err(e))?;
-            if let redis::Value::Array(parts) = &claimed {
-                if let Some((entry, fields)) = parts.get(1).map(parse_entries).and_then(|v| v.into_iter().next()) {
-                    return self.take(entry, fields).map(Some);
-                }
-            }
-            let read: redis::Value = redis::cmd("XREADGROUP")
-                .arg("GROUP")
-                .arg(&self.group)
-                .arg(&self.consumer)
-                .arg("COUNT")
-                .arg(1)
-                .arg("BLOCK")
-                .arg(wait.as_millis().max(1) as u64)
-                .arg("STREAMS")
-                .arg(&self.key)
-                .arg(">")
-                .query_async(&mut c)
-                .await
-                .map_err(|e| self.err(e))?;
-            if let redis::Value::Array(streams) = &read {
-                for s in streams {
-                    if let redis::Value::Array(kv) = s {
-                        if let Some((entry, fields)) = kv.get(1).map(parse_entries).and_then(|v| v.into_iter().next()) {
-                            return self.take(entry, fields).map(Some);
-                        }
+            match self.pop_once(wait).await {
+                // The group went with a Redis that restarted empty: make it
+                // again (whoever watches `ensure` learns the queue was lost).
+                Err(QueueError::Backend { message, .. }) if missing_group(&message) => {
+                    let mut c = self.conn.clone();
+                    if create_group(&mut c, &self.key, &self.group).await.map_err(|e| self.err(e))? {
+                        self.resets.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     }
+                    self.pop_once(wait).await
                 }
+                r => r,
             }
-            Ok(None)
         })
     }
 
@@ -473,6 +535,16 @@ impl Queue for RedisQueue {
 
     fn lease(&self) -> Option<Duration> {
         Some(self.lease)
+    }
+
+    fn ensure(&self) -> BoxFuture<'_, Result<bool, QueueError>> {
+        Box::pin(async move {
+            let mut c = self.conn.clone();
+            let created = create_group(&mut c, &self.key, &self.group).await.map_err(|e| self.err(e))?;
+            let resets = self.resets.load(std::sync::atomic::Ordering::SeqCst);
+            let seen = self.reported_resets.swap(resets, std::sync::atomic::Ordering::SeqCst);
+            Ok(created || resets != seen)
+        })
     }
 }
 

@@ -12,6 +12,9 @@ pub enum StoreError {
     Sqlite { path: String, source: rusqlite::Error },
     #[error("store {url}: {message}")]
     Redis { url: String, message: String },
+    /// The backend cannot be reached now (a write may be kept and sent later).
+    #[error("store {url} is unreachable: {message}")]
+    Unavailable { url: String, message: String },
     #[error("coordinator {url}: {message}")]
     Remote { url: String, message: String },
     #[error("store {path}: {source}")]
@@ -69,7 +72,9 @@ pub struct LogLine {
 /// What the coordinator records and the `runs` views read.
 pub trait Store: Send + Sync {
     fn start_run(&self, id: &str, job: &str, started_ms: i64) -> Result<(), StoreError>;
-    fn finish_run(&self, id: &str, finished_ms: i64, outcome: &str, message: &str) -> Result<(), StoreError>;
+    /// Records a run as finished (`rec` whole, so a backend that lost its
+    /// start, a Redis restarted empty, still gets the run).
+    fn finish_run(&self, rec: &RunRecord) -> Result<(), StoreError>;
     fn record_step(&self, s: &StepRecord) -> Result<(), StoreError>;
     fn append_logs(&self, run_id: &str, lines: &[LogLine]) -> Result<(), StoreError>;
     /// Newest first.
@@ -218,11 +223,12 @@ impl Store for SqliteStore {
         self.with(|c| c.execute("INSERT INTO runs (id, job, started_ms) VALUES (?1, ?2, ?3)", params![id, job, started_ms]).map(|_| ()))
     }
 
-    fn finish_run(&self, id: &str, finished_ms: i64, outcome: &str, message: &str) -> Result<(), StoreError> {
+    fn finish_run(&self, rec: &RunRecord) -> Result<(), StoreError> {
         self.with(|c| {
             c.execute(
-                "UPDATE runs SET finished_ms = ?2, outcome = ?3, message = ?4 WHERE id = ?1",
-                params![id, finished_ms, outcome, message],
+                "INSERT INTO runs (id, job, started_ms, finished_ms, outcome, message) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                 ON CONFLICT(id) DO UPDATE SET finished_ms = ?4, outcome = ?5, message = ?6",
+                params![rec.id, rec.job, rec.started_ms, rec.finished_ms, rec.outcome, rec.message],
             )
             .map(|_| ())
         })
@@ -400,7 +406,7 @@ pub(crate) mod tests {
         drop(s);
         // History survives reopening.
         let s = SqliteStore::open_existing(&path).unwrap().unwrap();
-        assert_eq!(s.runs(None, 10).unwrap().len(), 2);
+        assert_eq!(s.runs(None, 10).unwrap().len(), 3);
     }
 
     /// What every Store backend must do alike.
@@ -410,7 +416,7 @@ pub(crate) mod tests {
         s.record_step(&StepRecord { run_id: "r1".into(), seq: 0, name: "compile".into(), outcome: "succeeded".into(), message: String::new(), duration_ms: 5, exit_code: Some(0), tokens: None, detail: None }).unwrap();
         s.record_step(&StepRecord { run_id: "r1".into(), seq: 1, name: "agent".into(), outcome: "failed".into(), message: "no".into(), duration_ms: 7, exit_code: None, tokens: Some(12), detail: Some("{}".into()) }).unwrap();
         s.append_logs("r1", &[LogLine { step: "compile".into(), stderr: false, line: "ok".into() }, LogLine { step: "compile".into(), stderr: true, line: "warn".into() }]).unwrap();
-        s.finish_run("r1", 30, "succeeded", "").unwrap();
+        s.finish_run(&RunRecord { id: "r1".into(), job: "build".into(), started_ms: 10, finished_ms: Some(30), outcome: Some("succeeded".into()), message: String::new() }).unwrap();
         let runs = s.runs(None, 10).unwrap();
         assert_eq!(runs.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["r2", "r1"], "newest first");
         assert_eq!(s.runs(None, 1).unwrap().len(), 1);
@@ -444,5 +450,9 @@ pub(crate) mod tests {
         s.record_green("build", "repo", &v("b")).unwrap();
         assert_eq!(s.green("build", "repo").unwrap(), vec![v("b")]);
         assert!(s.green("test", "repo").unwrap().is_empty());
+        // A run whose start the backend lost is still recorded when it finishes.
+        s.finish_run(&RunRecord { id: "r0".into(), job: "lost".into(), started_ms: 5, finished_ms: Some(6), outcome: Some("failed".into()), message: "m".into() }).unwrap();
+        assert_eq!(s.run("r0").unwrap().map(|r| (r.job, r.outcome)), Some(("lost".into(), Some("failed".into()))));
+        assert_eq!(s.runs(Some("lost"), 10).unwrap().len(), 1);
     }
 }

@@ -8,28 +8,98 @@ use redis::Commands;
 use crate::store::{canonical, ApprovalRecord, LogLine, RunRecord, StepRecord, Store, StoreError};
 
 pub struct RedisStore {
+    /// The URL as messages show it (password masked).
     url: String,
-    conn: Mutex<redis::Connection>,
+    client: redis::Client,
+    /// None after a connection broke: the next call connects again.
+    conn: Mutex<Option<redis::Connection>>,
+    /// While Redis is unreachable: not before this instant is connecting
+    /// tried again, and how long the wait after the next failure is.
+    retry: Mutex<(std::time::Instant, std::time::Duration)>,
     prefix: String,
+}
+
+/// How long to wait for Redis to accept a connection, and to answer.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+const RESPONSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+const BACKOFF_MIN: std::time::Duration = std::time::Duration::from_secs(1);
+const BACKOFF_MAX: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// An error of the connection rather than of the command: worth connecting again.
+fn broken(e: &redis::RedisError) -> bool {
+    e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout()
 }
 
 impl RedisStore {
     pub fn connect(url: &str, prefix: &str) -> Result<Self, StoreError> {
         // Messages name the store without its password.
         let shown = crate::secrets::mask_urls(url).into_owned();
-        let err = |e: redis::RedisError| StoreError::Redis { url: shown.clone(), message: crate::secrets::mask_urls(&e.to_string()).into_owned() };
-        let client = redis::Client::open(url).map_err(err)?;
-        let conn = client.get_connection().map_err(err)?;
-        Ok(RedisStore { url: shown.clone(), conn: Mutex::new(conn), prefix: prefix.to_string() })
+        let client = redis::Client::open(url).map_err(|e| StoreError::Redis { url: shown.clone(), message: crate::secrets::mask_urls(&e.to_string()).into_owned() })?;
+        let store = RedisStore { url: shown, client, conn: Mutex::new(None), retry: Mutex::new((std::time::Instant::now(), BACKOFF_MIN)), prefix: prefix.to_string() };
+        let first = store.open()?;
+        *store.conn.lock().unwrap_or_else(|p| p.into_inner()) = Some(first);
+        Ok(store)
+    }
+
+    /// A new connection; while Redis is unreachable, tried at most once
+    /// per backoff (1 s doubling to 10 s), failing at once in between.
+    fn open(&self) -> Result<redis::Connection, StoreError> {
+        let mut retry = self.retry.lock().unwrap_or_else(|p| p.into_inner());
+        if std::time::Instant::now() < retry.0 {
+            return Err(StoreError::Unavailable { url: self.url.clone(), message: "not reachable (retrying)".into() });
+        }
+        let opened = self.client.get_connection_with_timeout(CONNECT_TIMEOUT).and_then(|c| {
+            c.set_read_timeout(Some(RESPONSE_TIMEOUT))?;
+            c.set_write_timeout(Some(RESPONSE_TIMEOUT))?;
+            Ok(c)
+        });
+        match opened {
+            Ok(c) => {
+                *retry = (std::time::Instant::now(), BACKOFF_MIN);
+                Ok(c)
+            }
+            Err(e) => {
+                *retry = (std::time::Instant::now() + retry.1, (retry.1 * 2).min(BACKOFF_MAX));
+                Err(self.err(e))
+            }
+        }
+    }
+
+    fn err(&self, e: redis::RedisError) -> StoreError {
+        let message = crate::secrets::mask_urls(&e.to_string()).into_owned();
+        if broken(&e) {
+            StoreError::Unavailable { url: self.url.clone(), message }
+        } else {
+            StoreError::Redis { url: self.url.clone(), message }
+        }
     }
 
     fn k(&self, parts: &[&str]) -> String {
         format!("{}:{}", self.prefix, parts.join(":"))
     }
 
-    fn with<T>(&self, f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>) -> Result<T, StoreError> {
+    /// Runs `f` on the connection; a broken connection (Redis restarted,
+    /// the network dropped) is replaced and `f` tried once more on the new one.
+    fn with<T>(&self, f: impl Fn(&mut redis::Connection) -> redis::RedisResult<T>) -> Result<T, StoreError> {
         let mut c = self.conn.lock().unwrap_or_else(|p| p.into_inner());
-        f(&mut c).map_err(|e| StoreError::Redis { url: self.url.clone(), message: e.to_string() })
+        for fresh in [false, true] {
+            let conn = match c.as_mut() {
+                Some(conn) => conn,
+                None => c.insert(self.open()?),
+            };
+            match f(conn) {
+                Ok(v) => return Ok(v),
+                Err(e) if broken(&e) => {
+                    *c = None;
+                    if fresh {
+                        return Err(self.err(e));
+                    }
+                }
+                Err(e) => return Err(self.err(e)),
+            }
+        }
+        Err(StoreError::Redis { url: self.url.clone(), message: "no connection".into() })
     }
 
     fn decode<T: serde::de::DeserializeOwned>(&self, raw: &str) -> Result<T, StoreError> {
@@ -54,13 +124,15 @@ impl Store for RedisStore {
         })
     }
 
-    fn finish_run(&self, id: &str, finished_ms: i64, outcome: &str, message: &str) -> Result<(), StoreError> {
-        let Some(mut rec) = self.run(id)? else { return Ok(()) };
-        rec.finished_ms = Some(finished_ms);
-        rec.outcome = Some(outcome.to_string());
-        rec.message = message.to_string();
-        let key = self.k(&["run", id]);
-        self.with(|c| c.set(&key, Self::encode(&rec)))
+    fn finish_run(&self, rec: &RunRecord) -> Result<(), StoreError> {
+        let (run, runs, by_job) = (self.k(&["run", &rec.id]), self.k(&["runs"]), self.k(&["runs", "job", &rec.job]));
+        self.with(|c| {
+            redis::pipe()
+                .set(&run, Self::encode(rec)).ignore()
+                .zadd(&runs, &rec.id, rec.started_ms).ignore()
+                .zadd(&by_job, &rec.id, rec.started_ms).ignore()
+                .query(c)
+        })
     }
 
     fn record_step(&self, s: &StepRecord) -> Result<(), StoreError> {
@@ -74,7 +146,7 @@ impl Store for RedisStore {
         }
         let key = self.k(&["logs", run_id]);
         let encoded: Vec<String> = lines.iter().map(Self::encode).collect();
-        self.with(|c| c.rpush(&key, encoded))
+        self.with(|c| c.rpush(&key, &encoded))
     }
 
     fn runs(&self, job: Option<&str>, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
@@ -221,6 +293,6 @@ mod tests {
         drop(s);
         // A new connection (a restarted coordinator) sees the same history.
         let s = RedisStore::connect(&url, "steppe-test").expect("connect");
-        assert_eq!(s.runs(None, 10).unwrap().len(), 2);
+        assert_eq!(s.runs(None, 10).unwrap().len(), 3);
     }
 }

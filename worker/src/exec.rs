@@ -229,7 +229,8 @@ async fn run_command(a: &Assignment, dir: &Path, sink: &Arc<dyn LineSink>, cance
         Ok(c) => c,
         Err(e) => return Err(fail(StepError::errored(format!("{}: cannot start sh: {e}", a.step)))),
     };
-    let pid = child.id();
+    // Killed whole however this ends, this future dropped included.
+    let group = crate::process_group::Group::of(&child);
     let out_task = child.stdout.take().map(|s| tokio::spawn(read_stream(BufReader::new(s), a.run_id.clone(), a.step.clone(), Stream::Stdout, sink.clone(), a.stream)));
     let err_task = child.stderr.take().map(|s| tokio::spawn(read_stream(BufReader::new(s), a.run_id.clone(), a.step.clone(), Stream::Stderr, sink.clone(), a.stream)));
     let deadline = async {
@@ -261,14 +262,14 @@ async fn run_command(a: &Assignment, dir: &Path, sink: &Arc<dyn LineSink>, cance
         }
     };
     if stop.is_some() {
-        if let Some(pid) = pid {
-            // SAFETY: signalling the process group this command leads; no memory is touched.
-            unsafe {
-                libc::kill(-(pid as i32), libc::SIGKILL);
-            }
+        if let Some(g) = &group {
+            g.kill();
         }
         let _ = child.wait().await;
     }
+    // What the command left running in the background goes with it (and
+    // lets go of the output pipes it held).
+    drop(group);
     let collect = |t: Option<tokio::task::JoinHandle<String>>| async move {
         match t {
             Some(t) => tokio::time::timeout(Duration::from_secs(2), t).await.ok().and_then(Result::ok).unwrap_or_default(),

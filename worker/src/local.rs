@@ -29,6 +29,11 @@ impl Cancels {
             m.remove(id);
         }
     }
+    /// Whether the assignment runs in this process.
+    pub fn is_running(&self, id: &str) -> bool {
+        self.0.lock().is_ok_and(|m| m.contains_key(id))
+    }
+
     /// Kills the assignment's command if it runs here; true if it did.
     pub fn cancel(&self, id: &str) -> bool {
         self.0.lock().ok().and_then(|m| m.get(id).map(|tx| tx.send(true).is_ok())).unwrap_or(false)
@@ -61,9 +66,16 @@ pub fn spawn_local_workers(
         tokio::spawn(async move {
             loop {
                 let a = match queue.pop().await {
-                    Ok(a) => a,
+                    Ok(a) => {
+                        if let Some(l) = steppe_shared::outage::recovered("taking from the queue") {
+                            eprintln!("steppe: {l}");
+                        }
+                        a
+                    }
                     Err(e) => {
-                        eprintln!("steppe: worker: {e}");
+                        if let Some(l) = steppe_shared::outage::failed("taking from the queue", &e) {
+                            eprintln!("steppe: {l}");
+                        }
                         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
                         continue;
                     }

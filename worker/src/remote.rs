@@ -39,6 +39,8 @@ pub enum WorkerError {
     UntrustedCertificate { url: String },
     #[error("--tls-ca is for an https:// coordinator; {0} is plain http")]
     TlsCaWithoutHttps(String),
+    #[error("the coordinator at {url} did not come back within {after} (--reconnect-for)")]
+    GaveUp { url: String, after: String },
 }
 
 /// Adds the bearer token to every outgoing call.
@@ -196,9 +198,16 @@ async fn pull(
         }
         let a = match q.pop_within(Duration::from_secs(1)).await {
             Ok(Some(a)) => a,
-            Ok(None) => continue,
+            Ok(None) => {
+                if let Some(l) = steppe_shared::outage::recovered("taking from the queue") {
+                    eprintln!("steppe worker: {l}");
+                }
+                continue;
+            }
             Err(e) => {
-                eprintln!("steppe worker: taking from the queue: {e}");
+                if let Some(l) = steppe_shared::outage::failed("taking from the queue", &e) {
+                    eprintln!("steppe worker: {l}");
+                }
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
             }
@@ -234,11 +243,73 @@ pub struct WorkerConfig {
     pub queue: Option<String>,
     /// The pool it serves ("": the default pool).
     pub pool: String,
+    /// How long to keep trying to reach a coordinator that went away.
+    pub reconnect_for: Duration,
 }
 
 /// Serves one coordinator until it closes the session.
+/// How a session with the coordinator ended.
+#[derive(Debug, PartialEq)]
+enum End {
+    /// The worker chose to (drained, interrupted).
+    Stopped,
+    /// The coordinator went away: it may come back.
+    Lost,
+}
+
+impl WorkerError {
+    /// Whether trying again later may help (the coordinator restarting, a
+    /// network cut), as opposed to a refusal that will not change.
+    fn transient(&self) -> bool {
+        match self {
+            WorkerError::Connect { .. } | WorkerError::NoWelcome | WorkerError::Queue(_) => true,
+            WorkerError::Session(s) => matches!(s.code(), tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled | tonic::Code::Internal),
+            _ => false,
+        }
+    }
+}
+
+/// Serves the coordinator; when it goes away (restarted, cut off), what
+/// runs here is stopped (it is requeued there) and the worker reconnects
+/// with backoff for up to `reconnect_for` before giving up.
 pub async fn run(config: WorkerConfig) -> Result<(), WorkerError> {
-    let WorkerConfig { url, slots, name, work_root, token, stream_artifacts, tls_ca, queue, pool } = config;
+    let mut lost_at: Option<std::time::Instant> = None;
+    let mut backoff = Duration::from_millis(250);
+    loop {
+        let r = session(&config, lost_at.is_some()).await;
+        match r {
+            Ok(End::Stopped) => return Ok(()),
+            Ok(End::Lost) if config.reconnect_for.is_zero() => return Ok(()),
+            Ok(End::Lost) => {
+                eprintln!(
+                    "steppe worker {}: lost the coordinator at {}; reconnecting for up to {} (--reconnect-for)",
+                    config.name,
+                    steppe_shared::secrets::mask_urls(&config.url),
+                    crate::exec::fmt_duration(config.reconnect_for)
+                );
+                lost_at = Some(std::time::Instant::now());
+                backoff = Duration::from_millis(250);
+            }
+            Err(e) if e.transient() => {
+                let since = *lost_at.get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() >= config.reconnect_for {
+                    return Err(e);
+                }
+            }
+            Err(e) => return Err(e),
+        }
+        if lost_at.is_some_and(|t| t.elapsed() >= config.reconnect_for) {
+            return Err(WorkerError::GaveUp { url: steppe_shared::secrets::mask_urls(&config.url).into_owned(), after: crate::exec::fmt_duration(config.reconnect_for) });
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// One session with the coordinator, from Hello to its end.
+async fn session(config: &WorkerConfig, reconnecting: bool) -> Result<End, WorkerError> {
+    let WorkerConfig { url, slots, name, work_root, token, stream_artifacts, tls_ca, queue, pool, .. } = config;
+    let (slots, stream_artifacts, pool, work_root) = (*slots, *stream_artifacts, pool.clone(), work_root.clone());
     let (url, name) = (url.as_str(), name.as_str());
     let channel = connect(url, tls_ca.as_deref()).await?;
     let with_token = WithToken::new(token.as_deref())?;
@@ -252,6 +323,9 @@ pub async fn run(config: WorkerConfig) -> Result<(), WorkerError> {
         Some(CoordinatorMessage { msg: Some(coordinator_message::Msg::Welcome(w)) }) => w,
         _ => return Err(WorkerError::NoWelcome),
     };
+    if reconnecting {
+        eprintln!("steppe worker {name}: reconnected to {}", steppe_shared::secrets::mask_urls(url));
+    }
     let every = if welcome.heartbeat_ms == 0 { Duration::from_secs(5) } else { Duration::from_millis(welcome.heartbeat_ms.max(100)) };
     let shared = std::path::Path::new(&welcome.artifact_dir);
     let store: Arc<dyn ArtifactStore> = if !stream_artifacts && !welcome.store_id.is_empty() && LocalArtifactStore::read_store_id(shared).as_deref() == Some(welcome.store_id.as_str()) {
@@ -304,18 +378,43 @@ pub async fn run(config: WorkerConfig) -> Result<(), WorkerError> {
     let mut running = tokio::task::JoinSet::new();
     let mut awaiting: std::collections::HashMap<String, (Assignment, tokio::sync::OwnedSemaphorePermit)> = Default::default();
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
     let mut draining = false;
+    let mut lost = false;
     loop {
         let sigterm = async {
             match term.as_mut() {
-                Some(t) if !draining => {
+                Some(t) => {
                     t.recv().await;
                 }
-                _ => std::future::pending::<()>().await,
+                None => std::future::pending::<()>().await,
+            }
+        };
+        let sigint = async {
+            match int.as_mut() {
+                Some(i) => {
+                    i.recv().await;
+                }
+                None => std::future::pending::<()>().await,
             }
         };
         tokio::select! {
+            _ = sigint => {
+                // Ctrl-C stops now: what runs is killed (process groups
+                // and all), and the coordinator gives it to another worker.
+                eprintln!("steppe worker {name}: interrupted; stopping {} running step(s)", running.len());
+                running.abort_all();
+                crate::process_group::kill_all();
+                break;
+            }
+
             _ = sigterm => {
+                if draining {
+                    eprintln!("steppe worker {name}: a second SIGTERM; stopping {} running step(s) now", running.len());
+                    running.abort_all();
+                    crate::process_group::kill_all();
+                    break;
+                }
                 // SIGTERM drains: nothing new is taken, what runs finishes and reports.
                 draining = true;
                 stop_pulling.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -339,7 +438,10 @@ pub async fn run(config: WorkerConfig) -> Result<(), WorkerError> {
             }
             m = inbound.message() => {
                 // A session that ends, cleanly or not, means the coordinator is gone.
-                let Ok(Some(m)) = m else { break };
+                let Ok(Some(m)) = m else {
+                    lost = !draining && !welcome.ephemeral;
+                    break;
+                };
                 match m.msg {
                     Some(coordinator_message::Msg::Assignment(wa)) if draining => {
                         let _ = tx.send(WorkerMessage { msg: Some(worker_message::Msg::Release(Release { assignment_id: wa.id })) }).await;
@@ -381,5 +483,8 @@ pub async fn run(config: WorkerConfig) -> Result<(), WorkerError> {
         drop(tx);
         let _ = tokio::time::timeout(Duration::from_secs(10), async { while let Ok(Some(_)) = inbound.message().await {} }).await;
     }
-    Ok(())
+    // What still runs belongs to a session that is gone: the coordinator
+    // requeues it, so it stops here (dropping the tasks kills their groups).
+    running.abort_all();
+    Ok(if lost { End::Lost } else { End::Stopped })
 }

@@ -271,28 +271,42 @@ impl Space {
         Ok(json!({"path": path, "replacements": if replace_all { count } else { 1 }, "first_line": first_line, "match_mode": mode}))
     }
 
-    /// `sh -c` in the working directory; each stream capped at `cap` bytes.
+    /// `sh -c` in the working directory, in a process group of its own
+    /// (killed whole when it ends, times out or the conversation is
+    /// dropped); each stream kept up to the spill limit and capped at `cap`
+    /// bytes inline.
     pub async fn shell(&self, cmd: &str, timeout: Option<Duration>, cap: usize) -> Value {
         let mut c = tokio::process::Command::new("sh");
-        c.arg("-c").arg(cmd).current_dir(&self.cwd).env_clear().stdin(std::process::Stdio::null()).kill_on_drop(true);
+        c.arg("-c").arg(cmd).current_dir(&self.cwd).env_clear().stdin(std::process::Stdio::null());
+        c.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).process_group(0).kill_on_drop(true);
         for name in HOST_ENV.iter().copied().chain(self.env.iter().map(String::as_str)) {
             if let Some(v) = std::env::var_os(name) {
                 c.env(name, v);
             }
         }
-        let fut = c.output();
-        let out = match timeout {
-            Some(t) => match tokio::time::timeout(t, fut).await {
-                Ok(o) => o,
+        let mut child = match c.spawn() {
+            Ok(ch) => ch,
+            Err(e) => return error(format!("cannot run the command: {e}")),
+        };
+        let group = crate::process_group::Group::of(&child);
+        let (out, err) = (child.stdout.take(), child.stderr.take());
+        let run = async {
+            let (o, e, status) = tokio::join!(read_bounded(out), read_bounded(err), child.wait());
+            (o, e, status)
+        };
+        let (o, e, status) = match timeout {
+            Some(t) => match tokio::time::timeout(t, run).await {
+                Ok(r) => r,
                 Err(_) => return error(format!("command timed out after {}", crate::exec::fmt_duration(t))),
             },
-            None => fut.await,
+            None => run.await,
         };
-        match out {
-            Ok(o) => json!({
-                "stdout": self.spill(&o.stdout, cap),
-                "stderr": self.spill(&o.stderr, cap),
-                "exit_code": o.status.code().unwrap_or(-1),
+        drop(group);
+        match status {
+            Ok(st) => json!({
+                "stdout": self.spill(&o.0, o.1, cap),
+                "stderr": self.spill(&e.0, e.1, cap),
+                "exit_code": st.code().unwrap_or(-1),
             }),
             Err(e) => error(format!("cannot run the command: {e}")),
         }
@@ -300,8 +314,8 @@ impl Space {
 
     /// Output over the inline cap is written whole (≤ 10 MiB) to a spill file
     /// under `.steps-agent-out/` and replaced by a pointer and a preview.
-    fn spill(&self, bytes: &[u8], cap: usize) -> String {
-        if bytes.len() <= cap {
+    fn spill(&self, bytes: &[u8], total: usize, cap: usize) -> String {
+        if total <= cap {
             return String::from_utf8_lossy(bytes).into_owned();
         }
         static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -309,8 +323,8 @@ impl Space {
         let file = dir.join(format!("output-{}-{}.txt", std::process::id(), N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)));
         let limit = 10 << 20;
         let mut body = bytes[..bytes.len().min(limit)].to_vec();
-        if bytes.len() > limit {
-            body.extend_from_slice(format!("\n... [truncated {} bytes]", bytes.len() - limit).as_bytes());
+        if total > limit {
+            body.extend_from_slice(format!("\n... [truncated {} bytes]", total - limit).as_bytes());
         }
         let written = std::fs::create_dir_all(&dir).and_then(|_| std::fs::write(&file, &body));
         match written {
@@ -318,11 +332,34 @@ impl Space {
                 let preview = capped(&bytes[..bytes.len().min(2000)], 2000);
                 format!(
                     "<persistent_file>\nThe output was {} and is saved in full at {}. Read it directly (with read_file and start_line/end_line), not whole.\nA preview of the first 2.0 KB follows.\n</persistent_file>\n\n{preview}",
-                    human(bytes.len()),
+                    human(total),
                     file.display()
                 )
             }
             Err(_) => capped(bytes, cap),
+        }
+    }
+}
+
+/// How much of a tool command's stream is kept (the spill file's limit,
+/// and one byte more so the truncation is noticed); the rest is drained.
+const KEEP: usize = (10 << 20) + 1;
+
+/// Reads a stream to its end, keeping at most [`KEEP`] bytes of it:
+/// (what was kept, how many bytes came in all).
+async fn read_bounded<R: tokio::io::AsyncRead + Unpin>(r: Option<R>) -> (Vec<u8>, usize) {
+    use tokio::io::AsyncReadExt;
+    let Some(mut r) = r else { return (Vec::new(), 0) };
+    let (mut kept, mut total) = (Vec::new(), 0usize);
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        match r.read(&mut buf).await {
+            Ok(0) | Err(_) => return (kept, total),
+            Ok(n) => {
+                total = total.saturating_add(n);
+                let room = KEEP.saturating_sub(kept.len());
+                kept.extend_from_slice(&buf[..n.min(room)]);
+            }
         }
     }
 }

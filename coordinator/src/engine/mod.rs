@@ -296,8 +296,9 @@ impl JobRun {
     /// Runs the job: plan (with routing), job hooks, job assert.
     pub async fn run(self: &Arc<Self>) -> JobResult {
         let now_ms = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
+        let started_ms = now_ms();
         if let Some(s) = self.engine.out.store() {
-            if let Err(e) = s.start_run(&self.run_id, &self.job.name, now_ms()) {
+            if let Err(e) = s.start_run(&self.run_id, &self.job.name, started_ms) {
                 self.engine.out.run_note(&self.run_id, &format!("steppe: recording the run: {e}"));
             }
         }
@@ -330,7 +331,8 @@ impl JobRun {
                 Ok(()) => ("succeeded", String::new()),
                 Err(e) => (Outcome::of(&r.result).word(), e.message.clone()),
             };
-            if let Err(e) = s.finish_run(&self.run_id, now_ms(), word, &msg) {
+            let rec = steppe_shared::store::RunRecord { id: self.run_id.clone(), job: self.job.name.clone(), started_ms, finished_ms: Some(now_ms()), outcome: Some(word.to_string()), message: msg };
+            if let Err(e) = s.finish_run(&rec) {
                 self.engine.out.run_note(&self.run_id, &format!("steppe: recording the run: {e}"));
             }
         }

@@ -89,7 +89,9 @@ impl HubState {
     fn event(&self, run_id: &str, kind: &str, step: &str, message: &str) {
         if let Some(s) = &self.store {
             if let Err(e) = s.record_event(run_id, kind, step, message) {
-                eprintln!("steppe: recording an event: {e}");
+                store_failed(&e);
+            } else {
+                store_ok();
             }
         }
     }
@@ -114,7 +116,9 @@ impl HubState {
         }
         for (r, lines) in by_run {
             if let Err(e) = s.append_logs(&r, &lines) {
-                eprintln!("steppe: recording logs: {e}");
+                store_failed(&e);
+            } else {
+                store_ok();
             }
         }
     }
@@ -170,7 +174,9 @@ impl Actor for HubActor {
                 st.flush();
                 if let Some(s) = &st.store {
                     if let Err(e) = s.record_step(&rec) {
-                        eprintln!("steppe: recording step {}: {e}", rec.name);
+                        store_failed(&e);
+                    } else {
+                        store_ok();
                     }
                 }
             }
@@ -187,6 +193,19 @@ impl Actor for HubActor {
             }
         }
         Ok(())
+    }
+}
+
+/// The store failing (Redis down) is said once, and its return once.
+fn store_failed(e: &dyn std::fmt::Display) {
+    if let Some(l) = steppe_shared::outage::failed("recording history in the store", e) {
+        eprintln!("steppe: {l}");
+    }
+}
+
+fn store_ok() {
+    if let Some(l) = steppe_shared::outage::recovered("recording history in the store") {
+        eprintln!("steppe: {l}");
     }
 }
 

@@ -1,0 +1,219 @@
+//! A [`Store`] whose history writes survive an outage of its backend: a
+//! write the backend cannot take now (Redis restarting, the network cut) is
+//! kept, in order, and delivered before anything else once the backend
+//! answers again. Writes that must answer at once (an approval's id, a
+//! decision) and reads pass straight through. The outage is said once.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+
+use crate::store::{ApprovalRecord, LogLine, RunRecord, StepRecord, Store, StoreError};
+
+/// The most writes kept while the backend is away; more are refused.
+const KEPT_MAX: usize = 100_000;
+
+enum Write {
+    StartRun(String, String, i64),
+    FinishRun(RunRecord),
+    Step(StepRecord),
+    Logs(String, Vec<LogLine>),
+    Event(String, String, String, String),
+    Versions(String, Vec<serde_json::Value>),
+    Green(String, String, serde_json::Value),
+}
+
+pub struct Outbox<S> {
+    inner: S,
+    kept: Mutex<VecDeque<Write>>,
+}
+
+impl<S: Store> Outbox<S> {
+    pub fn new(inner: S) -> Self {
+        Outbox { inner, kept: Mutex::new(VecDeque::new()) }
+    }
+
+    fn apply(&self, w: &Write) -> Result<(), StoreError> {
+        match w {
+            Write::StartRun(id, job, t) => self.inner.start_run(id, job, *t),
+            Write::FinishRun(r) => self.inner.finish_run(r),
+            Write::Step(s) => self.inner.record_step(s),
+            Write::Logs(r, l) => self.inner.append_logs(r, l),
+            Write::Event(r, k, s, m) => self.inner.record_event(r, k, s, m),
+            Write::Versions(r, v) => self.inner.record_versions(r, v),
+            Write::Green(j, r, v) => self.inner.record_green(j, r, v),
+        }
+    }
+
+    /// Delivers what was kept, oldest first; stops at the first that fails.
+    fn drain(&self, kept: &mut VecDeque<Write>) -> Result<(), StoreError> {
+        while let Some(w) = kept.front() {
+            match self.apply(w) {
+                Ok(()) => {}
+                Err(e @ StoreError::Unavailable { .. }) => return Err(e),
+                // The backend is back but refuses this one: it would block the rest.
+                Err(e) => eprintln!("steppe: a kept history write was refused and dropped: {e}"),
+            }
+            kept.pop_front();
+        }
+        if let Some(l) = crate::outage::recovered("the history store") {
+            eprintln!("steppe: {l}");
+        }
+        Ok(())
+    }
+
+    /// Writes now, after whatever waits; keeps it if the backend is away.
+    fn write(&self, w: Write) -> Result<(), StoreError> {
+        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        let r = if kept.is_empty() { self.apply(&w) } else { self.drain(&mut kept).and_then(|()| self.apply(&w)) };
+        match r {
+            Ok(()) => Ok(()),
+            Err(e @ StoreError::Unavailable { .. }) => {
+                if let Some(l) = crate::outage::failed("the history store", &format!("{e}; keeping its writes until it is back")) {
+                    eprintln!("steppe: {l}");
+                }
+                if kept.len() >= KEPT_MAX {
+                    return Err(e);
+                }
+                kept.push_back(w);
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Reads see what was written: what waits goes first (if it can).
+    fn settle(&self) {
+        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        if !kept.is_empty() {
+            let _ = self.drain(&mut kept);
+        }
+    }
+}
+
+impl<S: Store> Store for Outbox<S> {
+    fn start_run(&self, id: &str, job: &str, started_ms: i64) -> Result<(), StoreError> {
+        self.write(Write::StartRun(id.into(), job.into(), started_ms))
+    }
+    fn finish_run(&self, rec: &RunRecord) -> Result<(), StoreError> {
+        self.write(Write::FinishRun(rec.clone()))
+    }
+    fn record_step(&self, s: &StepRecord) -> Result<(), StoreError> {
+        self.write(Write::Step(s.clone()))
+    }
+    fn append_logs(&self, run_id: &str, lines: &[LogLine]) -> Result<(), StoreError> {
+        self.write(Write::Logs(run_id.into(), lines.to_vec()))
+    }
+    fn record_event(&self, run_id: &str, kind: &str, step: &str, message: &str) -> Result<(), StoreError> {
+        self.write(Write::Event(run_id.into(), kind.into(), step.into(), message.into()))
+    }
+    fn record_versions(&self, resource: &str, versions: &[serde_json::Value]) -> Result<(), StoreError> {
+        self.write(Write::Versions(resource.into(), versions.to_vec()))
+    }
+    fn record_green(&self, job: &str, resource: &str, version: &serde_json::Value) -> Result<(), StoreError> {
+        self.write(Write::Green(job.into(), resource.into(), version.clone()))
+    }
+    fn runs(&self, job: Option<&str>, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
+        self.settle();
+        self.inner.runs(job, limit)
+    }
+    fn run(&self, id: &str) -> Result<Option<RunRecord>, StoreError> {
+        self.settle();
+        self.inner.run(id)
+    }
+    fn steps(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError> {
+        self.settle();
+        self.inner.steps(run_id)
+    }
+    fn logs(&self, run_id: &str) -> Result<Vec<LogLine>, StoreError> {
+        self.settle();
+        self.inner.logs(run_id)
+    }
+    fn events(&self, run_id: &str) -> Result<Vec<(String, String, String)>, StoreError> {
+        self.settle();
+        self.inner.events(run_id)
+    }
+    fn request_approval(&self, run_id: &str, job: &str, message: &str, requested_ms: i64, deadline_ms: i64) -> Result<i64, StoreError> {
+        self.settle();
+        self.inner.request_approval(run_id, job, message, requested_ms, deadline_ms)
+    }
+    fn approval(&self, id: i64) -> Result<Option<ApprovalRecord>, StoreError> {
+        self.inner.approval(id)
+    }
+    fn pending_approvals(&self) -> Result<Vec<ApprovalRecord>, StoreError> {
+        self.inner.pending_approvals()
+    }
+    fn decide_approval(&self, id: i64, approved: bool, reason: &str, approver: &str) -> Result<bool, StoreError> {
+        self.inner.decide_approval(id, approved, reason, approver)
+    }
+    fn history(&self, resource: &str) -> Result<Vec<serde_json::Value>, StoreError> {
+        self.settle();
+        self.inner.history(resource)
+    }
+    fn green(&self, job: &str, resource: &str) -> Result<Vec<serde_json::Value>, StoreError> {
+        self.settle();
+        self.inner.green(job, resource)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// A store that is down while `down` is set, recording what it took.
+    #[derive(Default)]
+    struct Flaky {
+        down: AtomicBool,
+        events: Mutex<Vec<String>>,
+    }
+
+    impl Flaky {
+        fn up(&self) -> Result<(), StoreError> {
+            if self.down.load(Ordering::SeqCst) {
+                return Err(StoreError::Unavailable { url: "redis://x".into(), message: "refused".into() });
+            }
+            Ok(())
+        }
+    }
+
+    impl Store for Flaky {
+        fn start_run(&self, _: &str, _: &str, _: i64) -> Result<(), StoreError> { self.up() }
+        fn finish_run(&self, _: &RunRecord) -> Result<(), StoreError> { self.up() }
+        fn record_step(&self, _: &StepRecord) -> Result<(), StoreError> { self.up() }
+        fn append_logs(&self, _: &str, _: &[LogLine]) -> Result<(), StoreError> { self.up() }
+        fn runs(&self, _: Option<&str>, _: usize) -> Result<Vec<RunRecord>, StoreError> { Ok(vec![]) }
+        fn run(&self, _: &str) -> Result<Option<RunRecord>, StoreError> { Ok(None) }
+        fn steps(&self, _: &str) -> Result<Vec<StepRecord>, StoreError> { Ok(vec![]) }
+        fn logs(&self, _: &str) -> Result<Vec<LogLine>, StoreError> { Ok(vec![]) }
+        fn record_event(&self, _: &str, kind: &str, _: &str, _: &str) -> Result<(), StoreError> {
+            self.up()?;
+            self.events.lock().unwrap().push(kind.to_string());
+            Ok(())
+        }
+        fn events(&self, _: &str) -> Result<Vec<(String, String, String)>, StoreError> {
+            Ok(self.events.lock().unwrap().iter().map(|k| (k.clone(), String::new(), String::new())).collect())
+        }
+        fn request_approval(&self, _: &str, _: &str, _: &str, _: i64, _: i64) -> Result<i64, StoreError> { self.up().map(|()| 1) }
+        fn approval(&self, _: i64) -> Result<Option<ApprovalRecord>, StoreError> { Ok(None) }
+        fn pending_approvals(&self) -> Result<Vec<ApprovalRecord>, StoreError> { Ok(vec![]) }
+        fn decide_approval(&self, _: i64, _: bool, _: &str, _: &str) -> Result<bool, StoreError> { self.up().map(|()| true) }
+        fn record_versions(&self, _: &str, _: &[serde_json::Value]) -> Result<(), StoreError> { self.up() }
+        fn history(&self, _: &str) -> Result<Vec<serde_json::Value>, StoreError> { Ok(vec![]) }
+        fn record_green(&self, _: &str, _: &str, _: &serde_json::Value) -> Result<(), StoreError> { self.up() }
+        fn green(&self, _: &str, _: &str) -> Result<Vec<serde_json::Value>, StoreError> { Ok(vec![]) }
+    }
+
+    #[test]
+    fn writes_made_while_the_backend_is_away_arrive_in_order_when_it_is_back() {
+        let o = Outbox::new(Flaky::default());
+        o.record_event("r", "a", "", "").unwrap();
+        o.inner.down.store(true, Ordering::SeqCst);
+        o.record_event("r", "b", "", "").unwrap();
+        o.record_event("r", "c", "", "").unwrap();
+        assert!(o.request_approval("r", "j", "m", 0, 1).is_err(), "what must answer now is not kept");
+        o.inner.down.store(false, Ordering::SeqCst);
+        o.record_event("r", "d", "", "").unwrap();
+        let kinds: Vec<String> = o.events("r").unwrap().into_iter().map(|e| e.0).collect();
+        assert_eq!(kinds, vec!["a", "b", "c", "d"]);
+    }
+}
