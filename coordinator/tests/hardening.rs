@@ -439,6 +439,11 @@ fn a_redis_restart_is_survived_and_its_password_never_shown() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let runs = text(&steppe(&["runs", "--coordinator", &curl, "--token-file", "token"], &work));
     assert!(runs.contains(" two ") && runs.contains(" after "), "{runs}");
+    // Every client connection dropped at once (Redis alive): the next submission is served.
+    let killed = std::process::Command::new("redis-cli").args(["-p", &port.to_string(), "--no-auth-warning", "-a", password, "CLIENT", "KILL", "TYPE", "normal"]).output().expect("redis-cli");
+    assert!(killed.status.success(), "{}", String::from_utf8_lossy(&killed.stderr));
+    let out = steppe(&["submit", "after.yml", "--coordinator", &curl, "--token-file", "token"], &work);
+    assert_eq!(out.status.code(), Some(0), "after the connections dropped: {}", text(&out));
     let all = log.lock().map(|l| l.clone()).unwrap_or_default() + &std::fs::read_to_string(work.join("worker.log")).unwrap_or_default();
     assert!(all.contains("came back empty"), "{all}");
     assert!(!all.contains(password), "the password reached a log:\n{all}");

@@ -352,11 +352,38 @@ impl RedisQueue {
         Ok(None)
     }
 
+    /// Runs a command that answers at once on the managed connection; a
+    /// connection error is retried with backoff for about ten seconds while
+    /// the connection comes back, so one dropped connection or a quick Redis
+    /// restart fails nothing.
+    async fn retry<T, F, Fut>(&self, f: F) -> Result<T, QueueError>
+    where
+        F: Fn(redis::aio::ConnectionManager) -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<T>>,
+    {
+        let mut wait = Duration::from_millis(100);
+        loop {
+            match f(self.conn.clone()).await {
+                Err(e) if transient(&e) && wait <= Duration::from_millis(3200) => {
+                    tokio::time::sleep(wait).await;
+                    wait *= 2;
+                }
+                r => return r.map_err(|e| self.err(e)),
+            }
+        }
+    }
+
     /// A connection for one read that blocks up to `wait`.
     async fn reader(&self, wait: Duration) -> Result<redis::aio::MultiplexedConnection, QueueError> {
         let config = redis::AsyncConnectionConfig::new().set_connection_timeout(REDIS_CONNECT_TIMEOUT).set_response_timeout(wait + REDIS_RESPONSE_TIMEOUT);
         self.client.get_multiplexed_async_connection_with_config(&config).await.map_err(|e| self.err(e))
     }
+}
+
+/// A connection error (a dropped connection, Redis restarting): the
+/// connection manager reconnects, so the command is worth sending again.
+fn transient(e: &redis::RedisError) -> bool {
+    e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout()
 }
 
 /// How long to wait for Redis to accept a connection, and to answer a
@@ -415,23 +442,34 @@ impl Queue for RedisQueue {
         }
         Box::pin(async move {
             let body = serde_json::to_string(&a).map_err(|e| QueueError::Corrupt(e.to_string()))?;
-            let mut c = self.conn.clone();
-            let entry: String = match taken {
+            let entry: String = match &taken {
                 // Pushing back what this consumer took (a requeue): the old
                 // entry goes in the same transaction, or its lease would
                 // later deliver the assignment a second time.
                 Some(old) => {
-                    let (entry,): (String,) = redis::pipe()
-                        .atomic()
-                        .cmd("XACK").arg(&self.key).arg(&self.group).arg(&old).ignore()
-                        .cmd("XDEL").arg(&self.key).arg(&old).ignore()
-                        .cmd("XADD").arg(&self.key).arg("*").arg("a").arg(body)
-                        .query_async(&mut c)
-                        .await
-                        .map_err(|e| self.err(e))?;
+                    let (entry,): (String,) = self
+                        .retry(|mut c| {
+                            let (key, group, body) = (&self.key, &self.group, &body);
+                            async move {
+                                redis::pipe()
+                                    .atomic()
+                                    .cmd("XACK").arg(key).arg(group).arg(old).ignore()
+                                    .cmd("XDEL").arg(key).arg(old).ignore()
+                                    .cmd("XADD").arg(key).arg("*").arg("a").arg(body)
+                                    .query_async(&mut c)
+                                    .await
+                            }
+                        })
+                        .await?;
                     entry
                 }
-                None => redis::cmd("XADD").arg(&self.key).arg("*").arg("a").arg(body).query_async(&mut c).await.map_err(|e| self.err(e))?,
+                None => {
+                    self.retry(|mut c| {
+                        let (key, body) = (&self.key, &body);
+                        async move { redis::cmd("XADD").arg(key).arg("*").arg("a").arg(body).query_async(&mut c).await }
+                    })
+                    .await?
+                }
             };
             if let Ok(mut m) = self.entries.lock() {
                 m.insert(a.id.clone(), entry);
@@ -456,8 +494,7 @@ impl Queue for RedisQueue {
                 // The group went with a Redis that restarted empty: make it
                 // again (whoever watches `ensure` learns the queue was lost).
                 Err(QueueError::Backend { message, .. }) if missing_group(&message) => {
-                    let mut c = self.conn.clone();
-                    if create_group(&mut c, &self.key, &self.group).await.map_err(|e| self.err(e))? {
+                    if self.retry(|mut c| async move { create_group(&mut c, &self.key, &self.group).await }).await? {
                         self.resets.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     }
                     self.pop_once(wait).await
@@ -472,13 +509,16 @@ impl Queue for RedisQueue {
         let id = id.to_string();
         Box::pin(async move {
             let Some(entry) = entry else { return Ok(()) };
-            let mut c = self.conn.clone();
-            let _: () = redis::pipe()
-                .cmd("XACK").arg(&self.key).arg(&self.group).arg(&entry).ignore()
-                .cmd("XDEL").arg(&self.key).arg(&entry).ignore()
-                .query_async(&mut c)
-                .await
-                .map_err(|e| self.err(e))?;
+            let entry = &entry;
+            let _: () = self
+                .retry(|mut c| async move {
+                    redis::pipe()
+                        .cmd("XACK").arg(&self.key).arg(&self.group).arg(entry).ignore()
+                        .cmd("XDEL").arg(&self.key).arg(entry).ignore()
+                        .query_async(&mut c)
+                        .await
+                })
+                .await?;
             if let Ok(mut m) = self.entries.lock() {
                 m.remove(&id);
             }
@@ -494,13 +534,13 @@ impl Queue for RedisQueue {
         let id = id.to_string();
         Box::pin(async move {
             let Some(entry) = entry else { return Ok(false) };
-            let mut c = self.conn.clone();
+            let entry = &entry;
             // Taken entries are in the group's pending list; only untaken ones are removed.
-            let pending: redis::Value = redis::cmd("XPENDING").arg(&self.key).arg(&self.group).arg(&entry).arg(&entry).arg(1).query_async(&mut c).await.map_err(|e| self.err(e))?;
+            let pending: redis::Value = self.retry(|mut c| async move { redis::cmd("XPENDING").arg(&self.key).arg(&self.group).arg(entry).arg(entry).arg(1).query_async(&mut c).await }).await?;
             if matches!(&pending, redis::Value::Array(v) if !v.is_empty()) {
                 return Ok(false);
             }
-            let n: i64 = redis::cmd("XDEL").arg(&self.key).arg(&entry).query_async(&mut c).await.map_err(|e| self.err(e))?;
+            let n: i64 = self.retry(|mut c| async move { redis::cmd("XDEL").arg(&self.key).arg(entry).query_async(&mut c).await }).await?;
             if let Ok(mut m) = self.entries.lock() {
                 m.remove(&id);
             }
@@ -515,19 +555,11 @@ impl Queue for RedisQueue {
             if held.is_empty() {
                 return Ok(());
             }
-            let mut c = self.conn.clone();
             // XCLAIM with no minimum idle time resets an entry's idle clock.
             for ids in held.chunks(512) {
-                let _: redis::Value = redis::cmd("XCLAIM")
-                    .arg(&self.key)
-                    .arg(&self.group)
-                    .arg(&self.consumer)
-                    .arg(0)
-                    .arg(ids)
-                    .arg("JUSTID")
-                    .query_async(&mut c)
-                    .await
-                    .map_err(|e| self.err(e))?;
+                let _: redis::Value = self
+                    .retry(|mut c| async move { redis::cmd("XCLAIM").arg(&self.key).arg(&self.group).arg(&self.consumer).arg(0).arg(ids).arg("JUSTID").query_async(&mut c).await })
+                    .await?;
             }
             Ok(())
         })
@@ -539,8 +571,7 @@ impl Queue for RedisQueue {
 
     fn ensure(&self) -> BoxFuture<'_, Result<bool, QueueError>> {
         Box::pin(async move {
-            let mut c = self.conn.clone();
-            let created = create_group(&mut c, &self.key, &self.group).await.map_err(|e| self.err(e))?;
+            let created = self.retry(|mut c| async move { create_group(&mut c, &self.key, &self.group).await }).await?;
             let resets = self.resets.load(std::sync::atomic::Ordering::SeqCst);
             let seen = self.reported_resets.swap(resets, std::sync::atomic::Ordering::SeqCst);
             Ok(created || resets != seen)
