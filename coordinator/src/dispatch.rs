@@ -65,16 +65,7 @@ fn send_cancel(tx: &SessionTx, id: &str) {
 }
 
 fn aborted(id: &str, why: &str) -> AssignmentResult {
-    AssignmentResult {
-        assignment_id: id.to_string(),
-        epoch: 0,
-        exit_code: None,
-        stdout: String::new(),
-        stderr: String::new(),
-        outputs: Vec::new(),
-        result: Err(StepError::aborted(why)),
-        agent: None,
-    }
+    AssignmentResult::with_id(id, 0, Err(StepError::aborted(why)))
 }
 
 impl DispatcherState {
@@ -277,16 +268,7 @@ impl Dispatcher {
         guard.done = true;
         match r {
             Ok(ractor::rpc::CallResult::Success(r)) => r,
-            _ => AssignmentResult {
-                assignment_id: id,
-                epoch: 0,
-                exit_code: None,
-                stdout: String::new(),
-                stderr: String::new(),
-                outputs: Vec::new(),
-                result: Err(StepError::errored("the dispatcher stopped before this step finished")),
-                agent: None,
-            },
+            _ => AssignmentResult::with_id(&id, 0, Err(StepError::errored("the dispatcher stopped before this step finished"))),
         }
     }
 
@@ -338,7 +320,7 @@ mod tests {
     use steppe_shared::queue::InProcessQueue;
 
     fn result(id: &str, epoch: u32, stdout: &str) -> AssignmentResult {
-        AssignmentResult { assignment_id: id.into(), epoch, exit_code: Some(0), stdout: stdout.into(), stderr: String::new(), outputs: Vec::new(), result: Ok(()), agent: None }
+        AssignmentResult { exit_code: Some(0), stdout: stdout.into(), ..AssignmentResult::with_id(id, epoch, Ok(())) }
     }
 
     #[tokio::test]

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use steppe_proto::v1::artifacts_client::ArtifactsClient;
 use steppe_proto::v1::history_client::HistoryClient;
 use steppe_proto::v1::history_query::What;
 use steppe_proto::v1::history_server::History;
@@ -65,13 +66,42 @@ pub struct RemoteStore {
     url: String,
     rt: tokio::runtime::Runtime,
     client: HistoryClient<InterceptedService<Channel, WithToken>>,
+    artifacts: ArtifactsClient<InterceptedService<Channel, WithToken>>,
 }
 
 impl RemoteStore {
     pub fn connect(remote: &Remote) -> anyhow::Result<RemoteStore> {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let channel = rt.block_on(remote.channel())?;
-        Ok(RemoteStore { url: remote.url.clone(), client: HistoryClient::with_interceptor(channel, remote.bearer()?), rt })
+        Ok(RemoteStore {
+            url: remote.url.clone(),
+            client: HistoryClient::with_interceptor(channel.clone(), remote.bearer()?),
+            artifacts: ArtifactsClient::with_interceptor(channel, remote.bearer()?),
+            rt,
+        })
+    }
+
+    /// Fetches a stored tree from the coordinator into `dest` (through a
+    /// local store under `scratch`, so its digest is checked on arrival).
+    pub fn fetch(&self, digest: &str, scratch: &std::path::Path, dest: &std::path::Path) -> anyhow::Result<()> {
+        use std::io::Write;
+        let mut client = self.artifacts.clone();
+        let tar_path = scratch.join("fetched.tar");
+        let mut tar = std::fs::File::create(&tar_path)?;
+        self.rt.block_on(async {
+            let mut stream = client.fetch(steppe_proto::v1::ArtifactRef { digest: digest.to_string() }).await.map_err(|s| anyhow::anyhow!("the coordinator refused: {}", s.message()))?.into_inner();
+            while let Some(chunk) = stream.message().await.map_err(|s| anyhow::anyhow!("fetching artifact {digest}: {}", s.message()))? {
+                tar.write_all(&chunk.data)?;
+            }
+            anyhow::Ok(())
+        })?;
+        let store = steppe_shared::artifacts::LocalArtifactStore::new(&scratch.join("store"))?;
+        let got = store.put_tar(&mut std::fs::File::open(&tar_path)?)?;
+        if got.digest != digest {
+            anyhow::bail!("artifact {digest} arrived with digest {}", got.digest);
+        }
+        steppe_shared::artifacts::ArtifactStore::materialize(&store, &got, dest)?;
+        Ok(())
     }
 
     fn err(&self, message: impl ToString) -> StoreError {

@@ -294,9 +294,17 @@ enum Command {
         /// The run to show (default: the newest).
         #[arg(long, value_name = "ID")]
         run: Option<String>,
-        /// Show the run's output lines.
+        /// Show the run's output lines: each step's first and last lines,
+        /// and how much was left out between them.
         #[arg(long)]
         logs: bool,
+        /// With --logs (implied): each step's whole output, fetched from
+        /// where it was stored (through the coordinator with --coordinator).
+        #[arg(long)]
+        full: bool,
+        /// With --logs: only this step's lines.
+        #[arg(long, value_name = "NAME")]
+        step: Option<String>,
         /// Spend: tokens per run (or, with --run, per step). Unpriced is not $0.00.
         #[arg(long)]
         cost: bool,
@@ -522,13 +530,14 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Run { pipeline, job, exec, vars } => run_job(&pipeline, job.as_deref(), &exec, &vars),
         Command::Test { pipeline, script, dump_requests, exec, vars } => test(&pipeline, script.as_deref(), dump_requests.as_deref(), &exec, &vars),
         Command::ScriptedModel { script, listen } => scripted_model(&script, listen),
-        Command::Runs { pipeline, job, limit, steps, run, logs, cost, transcript, events, remote } => {
+        Command::Runs { pipeline, job, limit, steps, run, logs, full, step, cost, transcript, events, remote } => {
             let h = History::open(pipeline.as_deref(), &remote)?;
             if events {
                 runs_events(&h, job.as_deref(), run.as_deref())
             } else if cost {
                 runs_cost(&h, job.as_deref(), limit, run.as_deref())
             } else {
+                let logs = (logs || full || step.is_some()).then_some(LogsView { full, step });
                 runs(&h, job.as_deref(), limit, steps || transcript, run.as_deref(), logs, transcript)
             }
         }
@@ -1151,26 +1160,91 @@ struct History {
     store: Option<Box<dyn steppe_shared::store::Store>>,
     /// Names the history in messages: the pipeline file or the coordinator.
     label: String,
+    /// Where its artifacts are: the pipeline's `.steppe/artifacts`, or the coordinator.
+    artifacts: Artifacts,
+}
+
+enum Artifacts {
+    Local(PathBuf),
+    Remote(submit::Remote),
+}
+
+/// `runs --logs`: all of each step's output or only its record, one step or all.
+struct LogsView {
+    full: bool,
+    step: Option<String>,
 }
 
 impl History {
     fn open(pipeline: Option<&Path>, remote: &RemoteArgs) -> Result<History> {
         if let Some(remote) = remote.remote()? {
             let store = history::RemoteStore::connect(&remote)?;
-            return Ok(History { store: Some(Box::new(store)), label: format!("the coordinator at {}", remote.url) });
+            return Ok(History { store: Some(Box::new(store)), label: format!("the coordinator at {}", remote.url), artifacts: Artifacts::Remote(remote) });
         }
         let path = pipeline.context("name the pipeline file (or --coordinator URL)")?;
         let store = steppe_shared::store::SqliteStore::open_existing(&steppe_shared::store::db_path(path))?;
-        Ok(History { store: store.map(|s| Box::new(s) as Box<dyn steppe_shared::store::Store>), label: path.display().to_string() })
+        let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        Ok(History {
+            store: store.map(|s| Box::new(s) as Box<dyn steppe_shared::store::Store>),
+            label: path.display().to_string(),
+            artifacts: Artifacts::Local(dir.join(".steppe").join("artifacts")),
+        })
+    }
+
+    /// The lines of a step's whole output, stored as artifact `digest`.
+    fn full_output(&self, digest: &str) -> Result<Vec<(bool, String)>> {
+        let scratch = scratch()?;
+        let dest = scratch.path().join("full");
+        match &self.artifacts {
+            Artifacts::Local(dir) => steppe_shared::artifacts::ArtifactStore::materialize(&steppe_shared::artifacts::LocalArtifactStore::new(dir)?, &steppe_shared::artifacts::ArtifactRef { digest: digest.to_string() }, &dest)?,
+            Artifacts::Remote(remote) => history::RemoteStore::connect(remote)?.fetch(digest, scratch.path(), &dest)?,
+        }
+        let text = std::fs::read_to_string(dest.join(steppe_worker::output::FULL_OUTPUT)).with_context(|| format!("reading the full output {digest}"))?;
+        Ok(steppe_worker::output::parse_full(&text).map(|(e, l)| (e, l.to_string())).collect())
     }
 }
 
-fn runs(h: &History, job: Option<&str>, limit: usize, steps: bool, run: Option<&str>, logs: bool, transcript: bool) -> Result<ExitCode> {
+/// Prints a run's logs: each step's record, or (`full`) its whole output in
+/// place of head, gap and tail.
+fn print_logs(h: &History, lines: &[steppe_shared::store::LogLine], view: &LogsView) -> Result<()> {
+    let lines: Vec<&steppe_shared::store::LogLine> = lines.iter().filter(|l| view.step.as_deref().is_none_or(|s| s == l.step)).collect();
+    let show = |step: &str, stderr: bool, line: &str| say!("[{}]{} {}", shown(step), if stderr { " (stderr)" } else { "" }, line);
+    // With --full, a step's head, gap line and tail make way for its whole output.
+    let mut replaced: std::collections::HashMap<usize, (usize, &str)> = Default::default();
+    if view.full {
+        for (i, l) in lines.iter().enumerate() {
+            if let Some(o) = &l.omitted {
+                let start = i.saturating_sub(o.head as usize);
+                let end = (i + o.tail as usize).min(lines.len().saturating_sub(1));
+                replaced.insert(start, (end, o.full.as_str()));
+            }
+        }
+    }
+    let mut i = 0;
+    while i < lines.len() {
+        if let Some((end, digest)) = replaced.get(&i) {
+            let step = &lines[i].step;
+            for (stderr, line) in h.full_output(digest)? {
+                show(step, stderr, &line);
+            }
+            i = end + 1;
+            continue;
+        }
+        show(&lines[i].step, lines[i].stderr, &lines[i].line);
+        i += 1;
+    }
+    if let (Some(step), true) = (&view.step, lines.is_empty()) {
+        say!("no output recorded for step {}", shown(step));
+    }
+    Ok(())
+}
+
+fn runs(h: &History, job: Option<&str>, limit: usize, steps: bool, run: Option<&str>, logs: Option<LogsView>, transcript: bool) -> Result<ExitCode> {
     let Some(store) = &h.store else {
         say!("no runs recorded for {}", h.label);
         return Ok(ExitCode::SUCCESS);
     };
-    if !steps && !logs && run.is_none() {
+    if !steps && logs.is_none() && run.is_none() {
         let rows = store.runs(job, limit)?;
         if rows.is_empty() {
             say!("no runs recorded for {}", h.label);
@@ -1190,7 +1264,7 @@ fn runs(h: &History, job: Option<&str>, limit: usize, steps: bool, run: Option<&
         None => store.runs(job, 1)?.into_iter().next().with_context(|| format!("no runs recorded for {}", h.label))?,
     };
     say!("run {} of job {} ({})", record.id, shown(&record.job), record.outcome.as_deref().unwrap_or("running"));
-    if steps || !logs {
+    if steps || logs.is_none() {
         say!("{:<40} {:<10} {:>9} {:>5} {:>9}", "STEP", "OUTCOME", "DURATION", "EXIT", "TOKENS");
         for s in store.steps(&record.id)? {
             let exit = s.exit_code.map(|c| c.to_string()).unwrap_or_else(|| "-".into());
@@ -1215,10 +1289,8 @@ fn runs(h: &History, job: Option<&str>, limit: usize, steps: bool, run: Option<&
             }
         }
     }
-    if logs {
-        for l in store.logs(&record.id)? {
-            say!("[{}]{} {}", shown(&l.step), if l.stderr { " (stderr)" } else { "" }, l.line);
-        }
+    if let Some(view) = &logs {
+        print_logs(h, &store.logs(&record.id)?, view)?;
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -559,3 +559,86 @@ fn steps_die_whole_and_workers_outlive_a_coordinator_restart() {
     gone_within("314.75", Duration::from_secs(5)).expect("the tree of an interrupted worker's step");
     stop([&mut coord, &mut redis]);
 }
+
+/// Runs `cmd` to its end, its output drained, and reports the peak
+/// resident memory of the process (MiB) with its output.
+fn run_measured(mut cmd: std::process::Command) -> (i32, String, u64) {
+    use std::io::Read;
+    let mut child = cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().expect("spawn");
+    let pid = child.id();
+    let mut out = child.stdout.take().expect("stdout");
+    let mut err = child.stderr.take().expect("stderr");
+    // Keep the first and last bits of what it printed, not all of it.
+    let reader = std::thread::spawn(move || {
+        let mut kept = Vec::new();
+        let mut buf = vec![0u8; 1 << 16];
+        let mut total = 0usize;
+        while let Ok(n) = out.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            total += n;
+            if kept.len() < 1 << 20 {
+                kept.extend_from_slice(&buf[..n]);
+            }
+        }
+        (String::from_utf8_lossy(&kept).into_owned(), total)
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let mut peak = 0;
+    loop {
+        peak = peak.max(peak_rss_mib(pid));
+        if child.try_wait().expect("try_wait").is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let code = child.wait().expect("wait").code().unwrap_or(-1);
+    let (out, _) = reader.join().expect("reader");
+    (code, out + &err_reader.join().expect("stderr reader"), peak)
+}
+
+/// A step that floods its output: memory stays bounded embedded and through
+/// a cluster, the store keeps its head and tail (the same both ways), and
+/// `--full` prints every line, from the coordinator too.
+#[test]
+fn a_flood_of_output_is_kept_bounded_and_whole() {
+    let work = scratch("flood");
+    let lines = 2_000_000;
+    std::fs::write(work.join("flood.yml"), format!("jobs:\n- name: j\n  plan:\n  - task: flood\n    run: seq 1 {lines}; echo to stderr >&2\n  - task: after\n    run: echo after\n")).expect("write");
+    let mut cmd = child_of_this_test(env!("CARGO_BIN_EXE_steppe"));
+    cmd.args(["run", "flood.yml"]).current_dir(&work);
+    let (code, out, peak) = run_measured(cmd);
+    assert_eq!(code, 0, "{}", &out[..out.len().min(2000)]);
+    assert!(peak < 300, "embedded: {peak} MiB for {lines} lines");
+    let logs = |extra: &[&str]| text(&steppe(&[&["runs", "flood.yml", "--logs"][..], extra].concat(), &work));
+    let record = logs(&[]);
+    assert!(record.starts_with("run ") && record.contains("[flood] 1\n") && record.contains("[flood] 500\n") && !record.contains("[flood] 501\n"), "the head: {}", &record[..record.len().min(500)]);
+    assert!(record.contains(&format!("[flood] {lines}\n")), "the tail");
+    assert!(record.contains("line(s),") && record.contains("not kept here; `steppe runs --logs --full` shows them"), "the gap is said");
+    assert!(record.lines().count() < 1_100, "the store keeps a head and a tail: {} lines", record.lines().count());
+    let full = logs(&["--full", "--step", "flood"]);
+    assert_eq!(full.lines().filter(|l| l.starts_with("[flood] ")).count(), lines + 1, "every line, and the one on stderr");
+    assert!(full.contains("[flood] 1234567\n") && full.contains("[flood] (stderr) to stderr\n"));
+    // The same through a coordinator and a worker on another "host" (streamed artifacts).
+    let (mut coord, url, mut clines) = serving(&["coordinator", "--listen", "127.0.0.1:0", "--state", "state"], &work);
+    std::thread::spawn(move || for _ in clines.by_ref() {});
+    let mut worker = spawn_worker(&url, &["--slots", "2", "--stream-artifacts"]);
+    let mut cmd = child_of_this_test(env!("CARGO_BIN_EXE_steppe"));
+    cmd.args(["submit", "flood.yml", "--coordinator", &url]).current_dir(&work);
+    let (code, out, _) = run_measured(cmd);
+    assert_eq!(code, 0, "{}", &out[..out.len().min(2000)]);
+    let coordinator_peak = peak_rss_mib(coord.id());
+    let worker_peak = peak_rss_mib(worker.id());
+    assert!(coordinator_peak < 300 && worker_peak < 300, "coordinator {coordinator_peak} MiB, worker {worker_peak} MiB");
+    let remote = |extra: &[&str]| text(&steppe(&[&["runs", "--coordinator", &url, "--logs"][..], extra].concat(), &work));
+    let strip = |t: &str| t.lines().skip(1).collect::<Vec<_>>().join("\n");
+    assert_eq!(strip(&remote(&[])), strip(&record), "the cluster keeps what embedded keeps");
+    let full = remote(&["--full", "--step", "flood"]);
+    assert_eq!(full.lines().filter(|l| l.starts_with("[flood] ")).count(), lines + 1, "every line, through the coordinator");
+    stop([&mut coord, &mut worker]);
+}

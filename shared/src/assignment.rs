@@ -101,6 +101,36 @@ impl Assignment {
     }
 }
 
+/// One line a step wrote.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct OutputLine {
+    pub stderr: bool,
+    pub line: String,
+}
+
+/// A step's output as the store keeps it: its first and last lines (at
+/// most [`OutputRecord::HEAD`] and [`OutputRecord::TAIL`]), and where the
+/// rest is, whatever the step printed.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct OutputRecord {
+    pub head: Vec<OutputLine>,
+    pub tail: Vec<OutputLine>,
+    /// Lines between head and tail, not in the record, and their bytes.
+    pub omitted_lines: u64,
+    pub omitted_bytes: u64,
+    /// The whole output (its `output.log`: a line per line, `o ` or `e `
+    /// before each), stored when anything was omitted.
+    pub full: Option<ArtifactRef>,
+}
+
+impl OutputRecord {
+    /// Lines kept from the start of a step's output, and from its end.
+    pub const HEAD: usize = 500;
+    pub const TAIL: usize = 500;
+    /// The most bytes of one line the record keeps.
+    pub const LINE: usize = 8 << 10;
+}
+
 #[derive(Debug, Clone)]
 pub struct AssignmentResult {
     pub assignment_id: String,
@@ -113,4 +143,28 @@ pub struct AssignmentResult {
     pub outputs: Vec<(String, ArtifactRef)>,
     pub result: Result<(), StepError>,
     pub agent: Option<AgentOutcome>,
+    /// What the step wrote, as the store keeps it.
+    pub output: OutputRecord,
+}
+
+impl AssignmentResult {
+    /// A result for `a` with nothing captured (it did not get to run, or
+    /// its outcome was decided before it did).
+    pub fn of(a: &Assignment, result: Result<(), StepError>) -> Self {
+        AssignmentResult::with_id(&a.id, a.epoch, result)
+    }
+
+    pub fn with_id(id: &str, epoch: u32, result: Result<(), StepError>) -> Self {
+        AssignmentResult {
+            assignment_id: id.to_string(),
+            epoch,
+            exit_code: None,
+            stdout: String::new(),
+            stderr: String::new(),
+            outputs: Vec::new(),
+            result,
+            agent: None,
+            output: OutputRecord::default(),
+        }
+    }
 }

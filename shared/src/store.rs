@@ -67,6 +67,44 @@ pub struct LogLine {
     pub step: String,
     pub stderr: bool,
     pub line: String,
+    /// On the line that stands for what a step's record left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub omitted: Option<Omitted>,
+}
+
+/// What a step's record left out of the store: `lines` lines (`bytes`
+/// bytes) after its first `head`, followed by `tail` more lines; all of it
+/// is in the `output.log` of artifact `full`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Omitted {
+    pub full: String,
+    pub head: u64,
+    pub lines: u64,
+    pub bytes: u64,
+    pub tail: u64,
+}
+
+impl LogLine {
+    pub fn new(step: &str, stderr: bool, line: &str) -> Self {
+        LogLine { step: step.to_string(), stderr, line: line.to_string(), omitted: None }
+    }
+
+    /// The lines a step's output record keeps: head, a line standing for
+    /// what was left out (when anything was), tail.
+    pub fn from_record(step: &str, r: &crate::assignment::OutputRecord) -> Vec<LogLine> {
+        let mut out: Vec<LogLine> = r.head.iter().map(|l| LogLine::new(step, l.stderr, &l.line)).collect();
+        if let Some(full) = &r.full {
+            let line = if r.omitted_lines > 0 {
+                format!("… {} line(s), {} byte(s) not kept here; `steppe runs --logs --full` shows them", r.omitted_lines, r.omitted_bytes)
+            } else {
+                "… long lines were cut here; `steppe runs --logs --full` shows them whole".to_string()
+            };
+            let omitted = Omitted { full: full.digest.clone(), head: r.head.len() as u64, lines: r.omitted_lines, bytes: r.omitted_bytes, tail: r.tail.len() as u64 };
+            out.push(LogLine { omitted: Some(omitted), ..LogLine::new(step, false, &line) });
+        }
+        out.extend(r.tail.iter().map(|l| LogLine::new(step, l.stderr, &l.line)));
+        out
+    }
 }
 
 /// What the coordinator records and the `runs` views read.
@@ -174,6 +212,7 @@ impl SqliteStore {
         for col in ["tokens INTEGER", "detail TEXT"] {
             let _ = conn.execute_batch(&format!("ALTER TABLE steps ADD COLUMN {col}"));
         }
+        let _ = conn.execute_batch("ALTER TABLE logs ADD COLUMN omitted TEXT");
         Ok(SqliteStore { path: p, conn: Mutex::new(conn) })
     }
 
@@ -248,9 +287,10 @@ impl Store for SqliteStore {
         self.with(|c| {
             let tx = c.transaction()?;
             {
-                let mut st = tx.prepare_cached("INSERT INTO logs (run_id, step, stderr, line) VALUES (?1, ?2, ?3, ?4)")?;
+                let mut st = tx.prepare_cached("INSERT INTO logs (run_id, step, stderr, line, omitted) VALUES (?1, ?2, ?3, ?4, ?5)")?;
                 for l in lines {
-                    st.execute(params![run_id, l.step, l.stderr, l.line])?;
+                    let omitted = l.omitted.as_ref().and_then(|o| serde_json::to_string(o).ok());
+                    st.execute(params![run_id, l.step, l.stderr, l.line, omitted])?;
                 }
             }
             tx.commit()
@@ -383,8 +423,11 @@ impl Store for SqliteStore {
 
     fn logs(&self, run_id: &str) -> Result<Vec<LogLine>, StoreError> {
         self.with(|c| {
-            let mut st = c.prepare("SELECT step, stderr, line FROM logs WHERE run_id = ?1 ORDER BY seq")?;
-            let rows = st.query_map(params![run_id], |r| Ok(LogLine { step: r.get(0)?, stderr: r.get(1)?, line: r.get(2)? }))?;
+            let mut st = c.prepare("SELECT step, stderr, line, omitted FROM logs WHERE run_id = ?1 ORDER BY seq")?;
+            let rows = st.query_map(params![run_id], |r| {
+                let omitted: Option<String> = r.get(3)?;
+                Ok(LogLine { step: r.get(0)?, stderr: r.get(1)?, line: r.get(2)?, omitted: omitted.and_then(|o| serde_json::from_str(&o).ok()) })
+            })?;
             rows.collect()
         })
     }
@@ -415,7 +458,8 @@ pub(crate) mod tests {
         s.start_run("r2", "test", 20).unwrap();
         s.record_step(&StepRecord { run_id: "r1".into(), seq: 0, name: "compile".into(), outcome: "succeeded".into(), message: String::new(), duration_ms: 5, exit_code: Some(0), tokens: None, detail: None }).unwrap();
         s.record_step(&StepRecord { run_id: "r1".into(), seq: 1, name: "agent".into(), outcome: "failed".into(), message: "no".into(), duration_ms: 7, exit_code: None, tokens: Some(12), detail: Some("{}".into()) }).unwrap();
-        s.append_logs("r1", &[LogLine { step: "compile".into(), stderr: false, line: "ok".into() }, LogLine { step: "compile".into(), stderr: true, line: "warn".into() }]).unwrap();
+        let omitted = Some(Omitted { full: "f".repeat(64), head: 1, lines: 10, bytes: 100, tail: 0 });
+        s.append_logs("r1", &[LogLine::new("compile", false, "ok"), LogLine::new("compile", true, "warn"), LogLine { omitted: omitted.clone(), ..LogLine::new("compile", false, "…") }]).unwrap();
         s.finish_run(&RunRecord { id: "r1".into(), job: "build".into(), started_ms: 10, finished_ms: Some(30), outcome: Some("succeeded".into()), message: String::new() }).unwrap();
         let runs = s.runs(None, 10).unwrap();
         assert_eq!(runs.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["r2", "r1"], "newest first");
@@ -428,7 +472,9 @@ pub(crate) mod tests {
         let steps = s.steps("r1").unwrap();
         assert_eq!(steps.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), ["compile", "agent"]);
         assert_eq!(steps[1].tokens, Some(12));
-        assert_eq!(s.logs("r1").unwrap().iter().map(|l| (l.line.as_str(), l.stderr)).collect::<Vec<_>>(), [("ok", false), ("warn", true)]);
+        let logs = s.logs("r1").unwrap();
+        assert_eq!(logs.iter().map(|l| (l.line.as_str(), l.stderr)).collect::<Vec<_>>(), [("ok", false), ("warn", true), ("…", false)]);
+        assert_eq!(logs[2].omitted, omitted, "the omission travels with its line");
         s.record_event("r1", "started", "compile", "").unwrap();
         s.record_event("r1", "ended", "compile", "succeeded").unwrap();
         assert_eq!(s.events("r1").unwrap().iter().map(|e| e.0.as_str()).collect::<Vec<_>>(), ["started", "ended"]);

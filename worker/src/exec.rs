@@ -54,7 +54,7 @@ pub async fn execute(
     sink: Arc<dyn LineSink>,
     cancel: watch::Receiver<bool>,
 ) -> AssignmentResult {
-    let fail = |e: StepError| AssignmentResult { assignment_id: a.id.clone(), epoch: a.epoch, exit_code: None, stdout: String::new(), stderr: String::new(), outputs: Vec::new(), result: Err(e), agent: None };
+    let fail = |e: StepError| AssignmentResult::of(a, Err(e));
     if let Some(image) = &a.image {
         return fail(StepError::errored(format!(
             "{}: image \"{image}\": container steps are not supported by this build of steppe yet",
@@ -69,11 +69,23 @@ pub async fn execute(
         },
     };
     let owned = !matches!(a.cwd, Cwd::Host(_));
-    let result = run_in(a, &dir, store, sink, cancel).await;
+    // What the step writes is recorded as it arrives (resource checks,
+    // which print only their answer, are not).
+    let recorder = a.stream.then(|| crate::output::Recorder::new(work_root, &format!("{}-{}", a.id, a.epoch), sink.clone()));
+    let sink: Arc<dyn LineSink> = match &recorder {
+        Some(r) => r.clone(),
+        None => sink,
+    };
+    let mut result = run_in(a, &dir, store.clone(), sink, cancel).await;
     if owned {
         // Most step directories are small: removing them inline is cheaper
         // than a round trip to the blocking pool.
         let _ = std::fs::remove_dir(&dir).or_else(|_| std::fs::remove_dir_all(&dir));
+    }
+    if let Some(r) = recorder {
+        if let Ok(record) = tokio::task::spawn_blocking(move || r.finish(store.as_ref())).await {
+            result.output = record;
+        }
     }
     result
 }
@@ -85,7 +97,7 @@ async fn run_in(
     sink: Arc<dyn LineSink>,
     cancel: watch::Receiver<bool>,
 ) -> AssignmentResult {
-    let fail = |e: StepError| AssignmentResult { assignment_id: a.id.clone(), epoch: a.epoch, exit_code: None, stdout: String::new(), stderr: String::new(), outputs: Vec::new(), result: Err(e), agent: None };
+    let fail = |e: StepError| AssignmentResult::of(a, Err(e));
     if *cancel.borrow() {
         // Cancelled before it started: nothing runs.
         return fail(StepError::aborted(format!("{}: cancelled before it started", a.step)));
@@ -108,16 +120,7 @@ async fn run_in(
     if let Some(work) = &a.agent {
         let (r, outcome) = crate::agent::run(work, dir, &a.run_id, sink.clone(), cancel.clone()).await;
         let r = r.and_then(|()| crate::agent::judge(work, dir, &outcome));
-        let mut res = AssignmentResult {
-            assignment_id: a.id.clone(),
-            epoch: a.epoch,
-            exit_code: None,
-            stdout: outcome.response.clone(),
-            stderr: String::new(),
-            outputs: Vec::new(),
-            result: r,
-            agent: Some(outcome),
-        };
+        let mut res = AssignmentResult { stdout: outcome.response.clone(), agent: Some(outcome), ..AssignmentResult::of(a, r) };
         if res.result.is_ok() {
             capture(a, dir, store, &mut res).await;
         }
@@ -215,7 +218,7 @@ fn cap(s: &str, n: usize) -> &str {
 /// Runs the assignment's command once: `Ok` with its result (timeouts and
 /// aborts already classified), `Err` when it could not start.
 async fn run_command(a: &Assignment, dir: &Path, sink: &Arc<dyn LineSink>, cancel: &watch::Receiver<bool>) -> Result<AssignmentResult, Box<AssignmentResult>> {
-    let fail = |e: StepError| Box::new(AssignmentResult { assignment_id: a.id.clone(), epoch: a.epoch, exit_code: None, stdout: String::new(), stderr: String::new(), outputs: Vec::new(), result: Err(e), agent: None });
+    let fail = |e: StepError| Box::new(AssignmentResult::of(a, Err(e)));
     let mut cancel = cancel.clone();
     let mut cmd = Command::new("sh");
     cmd.arg("-c").arg(&a.command).current_dir(dir).env_clear();
@@ -279,7 +282,7 @@ async fn run_command(a: &Assignment, dir: &Path, sink: &Arc<dyn LineSink>, cance
     let stdout = collect(out_task).await;
     let stderr = collect(err_task).await;
     let exit_code = status.and_then(|s| s.code().or_else(|| s.signal_code()));
-    let mut res = AssignmentResult { assignment_id: a.id.clone(), epoch: a.epoch, exit_code, stdout, stderr, outputs: Vec::new(), result: Ok(()), agent: None };
+    let mut res = AssignmentResult { exit_code, stdout, stderr, ..AssignmentResult::of(a, Ok(())) };
     if let Some(e) = stop {
         res.result = Err(e);
     }
@@ -320,6 +323,11 @@ impl SignalCode for std::process::ExitStatus {
     }
 }
 
+/// Reads a command's stream line by line: each line goes to the sink (the
+/// recorder, and the live view when `echo`), and the first [`CAPTURE_CAP`]
+/// bytes are kept for the result. A line longer than
+/// [`crate::wire::LINE_MAX`] arrives in pieces of that size: memory stays
+/// bounded whatever the command writes.
 async fn read_stream<R: tokio::io::AsyncRead + Unpin>(
     mut r: BufReader<R>,
     run_id: String,
@@ -329,23 +337,41 @@ async fn read_stream<R: tokio::io::AsyncRead + Unpin>(
     echo: bool,
 ) -> String {
     let mut captured = String::new();
-    let mut buf = Vec::new();
+    let mut buf: Vec<u8> = Vec::new();
     loop {
-        buf.clear();
-        match r.read_until(b'\n', &mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(_) => {
-                let line = String::from_utf8_lossy(&buf);
-                if echo {
-                    sink.line(&run_id, &step, stream, line.trim_end_matches('\n'));
-                }
-                if captured.len() < CAPTURE_CAP {
-                    captured.push_str(&line);
+        let (done, used) = match r.fill_buf().await {
+            Ok([]) | Err(_) => (true, 0),
+            Ok(chunk) => {
+                let room = crate::wire::LINE_MAX - buf.len();
+                match chunk.iter().take(room).position(|b| *b == b'\n') {
+                    Some(i) => {
+                        buf.extend_from_slice(&chunk[..=i]);
+                        (false, i + 1)
+                    }
+                    None => {
+                        let n = chunk.len().min(room);
+                        buf.extend_from_slice(&chunk[..n]);
+                        (false, n)
+                    }
                 }
             }
+        };
+        r.consume(used);
+        let complete = buf.last() == Some(&b'\n') || buf.len() >= crate::wire::LINE_MAX || (done && !buf.is_empty());
+        if complete {
+            let line = String::from_utf8_lossy(&buf);
+            if echo {
+                sink.line(&run_id, &step, stream, line.trim_end_matches('\n'));
+            }
+            if captured.len() < CAPTURE_CAP {
+                captured.push_str(&line);
+            }
+            buf.clear();
+        }
+        if done {
+            return captured;
         }
     }
-    captured
 }
 
 /// Success by exit code, or — when the step asserts anything — by every set

@@ -11,6 +11,7 @@
 pub mod agent;
 pub mod exec;
 pub mod local;
+pub mod output;
 pub mod process_group;
 pub mod provider;
 pub mod remote;

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use steppe_proto::v1;
 use steppe_shared::artifacts::ArtifactRef;
-use steppe_shared::assignment::{Assignment, AssignmentResult, Cwd, Judge};
+use steppe_shared::assignment::{Assignment, AssignmentResult, Cwd, Judge, OutputLine, OutputRecord};
 use steppe_shared::outcome::{Class, StepError};
 
 fn named(v: &[(String, ArtifactRef)]) -> Vec<v1::NamedArtifact> {
@@ -98,6 +98,35 @@ pub fn result_to_wire(r: &AssignmentResult) -> v1::AssignmentResult {
         message,
         agent_json: r.agent.as_ref().and_then(|o| serde_json::to_string(o).ok()).unwrap_or_default(),
         payload: None,
+        output: Some(record_to_wire(&r.output)),
+    }
+}
+
+fn lines_to_wire(v: &[OutputLine]) -> Vec<v1::RecordedLine> {
+    v.iter().map(|l| v1::RecordedLine { stderr: l.stderr, line: l.line.clone() }).collect()
+}
+
+fn lines_from_wire(v: Vec<v1::RecordedLine>) -> Vec<OutputLine> {
+    v.into_iter().map(|l| OutputLine { stderr: l.stderr, line: l.line }).collect()
+}
+
+fn record_to_wire(o: &OutputRecord) -> v1::OutputRecord {
+    v1::OutputRecord {
+        head: lines_to_wire(&o.head),
+        tail: lines_to_wire(&o.tail),
+        omitted_lines: o.omitted_lines,
+        omitted_bytes: o.omitted_bytes,
+        full: o.full.as_ref().map(|r| v1::ArtifactRef { digest: r.digest.clone() }),
+    }
+}
+
+fn record_from_wire(o: v1::OutputRecord) -> OutputRecord {
+    OutputRecord {
+        head: lines_from_wire(o.head),
+        tail: lines_from_wire(o.tail),
+        omitted_lines: o.omitted_lines,
+        omitted_bytes: o.omitted_bytes,
+        full: o.full.map(|r| ArtifactRef { digest: r.digest }),
     }
 }
 
@@ -172,6 +201,7 @@ pub fn result_from_wire(r: v1::AssignmentResult) -> AssignmentResult {
         outputs: unnamed(r.outputs),
         result,
         agent: if r.agent_json.is_empty() { None } else { serde_json::from_str(&r.agent_json).ok() },
+        output: r.output.map(record_from_wire).unwrap_or_default(),
     }
 }
 
@@ -211,9 +241,17 @@ mod tests {
             outputs: vec![],
             result: Err(StepError::failed("boom")),
             agent: None,
+            output: OutputRecord {
+                head: vec![OutputLine { stderr: false, line: "first".into() }],
+                tail: vec![OutputLine { stderr: true, line: "last".into() }],
+                omitted_lines: 7,
+                omitted_bytes: 70,
+                full: Some(ArtifactRef { digest: "d".repeat(64) }),
+            },
         };
         let back = result_from_wire(result_to_wire(&r));
         assert_eq!(back.result, r.result);
         assert_eq!(back.exit_code, Some(1));
+        assert_eq!(back.output, r.output);
     }
 }

@@ -256,7 +256,10 @@ impl JobRun {
             a.timeout = Some(a.timeout.map_or(grace, |t| t.min(grace)));
         }
         a.pool = self.engine.pool.clone();
-        self.engine.dispatcher.dispatch(a).await
+        let step = a.step.clone();
+        let r = self.engine.dispatcher.dispatch(a).await;
+        self.engine.out.record_output(&self.run_id, &step, &r.output);
+        r
     }
 
     fn artifact(&self, name: &str) -> Option<ArtifactRef> {

@@ -24,7 +24,11 @@ pub enum Event {
     RunNote { run_id: String, line: String },
     /// Redraw the status line (durations tick).
     Tick,
+    /// A line of live output: printed and sent to watchers, not stored
+    /// (a step's record is, when it ends).
     Line { run_id: String, line: LogLine },
+    /// A step's output record, for the store.
+    Output { run_id: String, lines: Vec<LogLine> },
     Step(StepRecord),
     /// Reply once everything before it is in the store.
     Flush(RpcReplyPort<()>),
@@ -44,6 +48,8 @@ pub struct HubState {
     running: Vec<(String, std::time::Instant)>,
     status_shown: bool,
     watchers: std::collections::HashMap<String, tokio::sync::mpsc::UnboundedSender<String>>,
+    /// Live lines sent to the hub and not yet printed (shared with the handle).
+    pending_lines: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl HubState {
@@ -127,15 +133,15 @@ impl HubState {
 impl Actor for HubActor {
     type Msg = Event;
     type State = HubState;
-    type Arguments = (bool, Option<Arc<dyn Store>>);
+    type Arguments = (bool, Option<Arc<dyn Store>>, Arc<std::sync::atomic::AtomicUsize>);
 
-    async fn pre_start(&self, me: ActorRef<Event>, (quiet, store): Self::Arguments) -> Result<HubState, ActorProcessingErr> {
+    async fn pre_start(&self, me: ActorRef<Event>, (quiet, store, pending_lines): Self::Arguments) -> Result<HubState, ActorProcessingErr> {
         use std::io::IsTerminal;
         let live = std::io::stdout().is_terminal() && std::env::var_os("TERM").is_some_and(|t| t != "dumb");
         if live && !quiet {
             let _ = me.send_interval(Duration::from_millis(500), || Event::Tick);
         }
-        Ok(HubState { quiet, store, batch: Vec::new(), live, running: Vec::new(), status_shown: false, watchers: Default::default() })
+        Ok(HubState { quiet, store, batch: Vec::new(), live, running: Vec::new(), status_shown: false, watchers: Default::default(), pending_lines })
     }
 
     async fn handle(&self, _me: ActorRef<Event>, ev: Event, st: &mut HubState) -> Result<(), ActorProcessingErr> {
@@ -162,9 +168,12 @@ impl Actor for HubActor {
             }
             Event::Tick => st.status(),
             Event::Line { run_id, line } => {
+                st.pending_lines.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
                 st.emit(&run_id, &format!("[{}] {}", escape_controls(&line.step), line.line));
+            }
+            Event::Output { run_id, lines } => {
                 if st.store.is_some() {
-                    st.batch.push((run_id, line));
+                    st.batch.extend(lines.into_iter().map(|l| (run_id.clone(), l)));
                     if st.batch.len() >= 500 {
                         st.flush();
                     }
@@ -221,15 +230,24 @@ fn masked(text: String) -> String {
 pub struct EventHub {
     actor: ActorRef<Event>,
     store: Option<Arc<dyn Store>>,
+    /// Live lines on their way to the terminal: a flood beyond
+    /// [`LIVE_LINES_MAX`] is dropped from the live view (counted in
+    /// `dropped`, said when the flood ends), never from a step's record.
+    pending_lines: Arc<std::sync::atomic::AtomicUsize>,
+    dropped: std::sync::atomic::AtomicU64,
 }
+
+/// The most live lines waiting to be printed.
+const LIVE_LINES_MAX: usize = 10_000;
 
 /// The name the engine uses for the terminal side of the hub.
 pub type Output = EventHub;
 
 impl EventHub {
     pub async fn start(quiet: bool, store: Option<Arc<dyn Store>>) -> Result<Self, ractor::SpawnErr> {
-        let (actor, _) = Actor::spawn(None, HubActor, (quiet, store.clone())).await?;
-        Ok(EventHub { actor, store })
+        let pending_lines = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (actor, _) = Actor::spawn(None, HubActor, (quiet, store.clone(), pending_lines.clone())).await?;
+        Ok(EventHub { actor, store, pending_lines, dropped: Default::default() })
     }
 
     pub fn store(&self) -> Option<&Arc<dyn Store>> {
@@ -272,6 +290,18 @@ impl EventHub {
         self.say(msg.to_string());
     }
 
+    /// Stores what a step wrote, as its record keeps it.
+    pub fn record_output(&self, run_id: &str, step: &str, record: &steppe_shared::assignment::OutputRecord) {
+        if self.store.is_none() || (record.head.is_empty() && record.full.is_none()) {
+            return;
+        }
+        let lines = LogLine::from_record(step, record).into_iter().map(|mut l| {
+            l.line = masked(l.line);
+            l
+        });
+        let _ = self.actor.cast(Event::Output { run_id: run_id.to_string(), lines: lines.collect() });
+    }
+
     pub fn record_step(&self, mut rec: StepRecord) {
         rec.message = masked(rec.message);
         let _ = self.actor.cast(Event::Step(rec));
@@ -285,7 +315,17 @@ impl EventHub {
 
 impl LineSink for EventHub {
     fn line(&self, run_id: &str, step: &str, stream: Stream, line: &str) {
-        let line = LogLine { step: step.to_string(), stderr: stream == Stream::Stderr, line: masked(line.to_string()) };
+        use std::sync::atomic::Ordering;
+        if self.pending_lines.load(Ordering::Relaxed) >= LIVE_LINES_MAX {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let dropped = self.dropped.swap(0, Ordering::Relaxed);
+        if dropped > 0 {
+            self.run_note(run_id, &format!("… {dropped} line(s) of live output not shown (a flood); each step's record keeps its first and last lines, `steppe runs --logs --full` all of them"));
+        }
+        self.pending_lines.fetch_add(1, Ordering::Relaxed);
+        let line = LogLine::new(step, stream == Stream::Stderr, &masked(line.to_string()));
         let _ = self.actor.cast(Event::Line { run_id: run_id.to_string(), line });
     }
 }
