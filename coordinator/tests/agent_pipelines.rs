@@ -156,3 +156,24 @@ fn an_agent_declared_in_a_container_never_runs_its_tools_on_the_host() {
         assert!(!escaped.exists(), "{what}: the tool ran on the host");
     }
 }
+
+/// A web_fetch the allow list refuses names the host it refused and is a
+/// sandbox denial like any other: listed at the end of the run and on the step.
+#[test]
+fn a_refused_web_fetch_is_a_recorded_denial() {
+    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/agents");
+    let work = std::env::temp_dir().join(format!("steppe-agents-fence-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).expect("mkdir");
+    std::fs::copy(base.join("web-fetch-fence.yml"), work.join("p.yml")).expect("copy");
+    std::fs::copy(base.join("web-fetch-fence.scenario.yaml"), work.join("s.yaml")).expect("copy");
+    let steppe = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_steppe")).args(args).current_dir(&work).env_remove("STEPPE_MODEL").output().expect("run");
+        (o.status.code(), format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)))
+    };
+    let (code, t) = steppe(&["test", "p.yml", "--script", "s.yaml"]);
+    assert_eq!(code, Some(0), "{t}");
+    assert!(t.contains("sandbox: 1 tool call(s) refused"), "{t}");
+    let (_, t) = steppe(&["runs", "p.yml", "--steps"]);
+    assert!(t.contains("denied: web_fetch https://issues.example/open — host \"issues.example\", which is not in this tool's allow: list (specification.website)"), "{t}");
+}

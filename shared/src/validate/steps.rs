@@ -996,6 +996,8 @@ fn check_agent(cx: &mut Cx, s: &Step, path: &str, place: Place) {
         for (i, p) in paths.iter().enumerate() {
             if p.trim().is_empty() {
                 cx.err(&format!("{path}.context_paths[{i}]"), "context_paths entries must be non-empty paths");
+            } else if p.starts_with('/') {
+                cx.err(&format!("{path}.context_paths[{i}]"), format!("context_paths entry \"{p}\" is an absolute path; name it relative to the step's working directory (a step reads only its own inputs)"));
             }
         }
         if !paths.is_empty() && !step_grant(cx, s).iter().any(|g| g.name == "read_file") {
