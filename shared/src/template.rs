@@ -6,15 +6,81 @@ use std::collections::HashMap;
 use gtmpl::{Context, Template};
 use gtmpl_value::{FuncError, Number, Value};
 
+/// How deeply a template's blocks (`if`, `range`, `with`, `else if` chains)
+/// and an action's parentheses may nest, and ranges inside ranges: the
+/// renderer recurses over them, on the coordinator, with a pipeline's data.
+const MAX_NESTING: usize = 32;
+const MAX_RANGES: usize = 2;
+
+/// The most a template may render, and a `replace` may make.
+const MAX_OUTPUT: usize = 8 << 20;
+
+/// Refuses what would make rendering recurse without bound or multiply
+/// without bound: `define`/`template`/`block` (a template may call itself),
+/// deep nesting, ranges in ranges in ranges.
+fn check(text: &str) -> Result<(), String> {
+    // Open blocks: (is a range, else-chain length).
+    let mut open: Vec<(bool, usize)> = Vec::new();
+    let mut rest = text;
+    while let Some(start) = rest.find("{{") {
+        let Some(len) = rest[start..].find("}}") else { break };
+        let action = rest[start + 2..start + len].trim_matches(|c: char| c == '-' || c.is_whitespace());
+        rest = &rest[start + len + 2..];
+        if action.starts_with("/*") {
+            continue;
+        }
+        let mut words = action.split_whitespace();
+        let first = words.next().unwrap_or_default();
+        let second = words.next().unwrap_or_default();
+        match first {
+            "define" | "template" | "block" => return Err(format!("template: {{{{{first}}}}} is not supported here (a template could call itself without end)")),
+            "if" | "with" | "range" => open.push((first == "range", 0)),
+            "else" if matches!(second, "if" | "with") => {
+                if let Some(top) = open.last_mut() {
+                    top.1 += 1;
+                }
+            }
+            "end" => {
+                open.pop();
+            }
+            _ => {}
+        }
+        let depth: usize = open.iter().map(|(_, chain)| 1 + chain).sum();
+        if depth > MAX_NESTING {
+            return Err(format!("template: blocks nest more than {MAX_NESTING} levels deep"));
+        }
+        if open.iter().filter(|(range, _)| *range).count() > MAX_RANGES {
+            return Err(format!("template: a range may hold at most {} more range(s)", MAX_RANGES - 1));
+        }
+        let mut parens = 0usize;
+        for c in action.chars() {
+            match c {
+                '(' => parens += 1,
+                ')' => parens = parens.saturating_sub(1),
+                _ => {}
+            }
+            if parens > MAX_NESTING {
+                return Err(format!("template: parentheses nest more than {MAX_NESTING} levels deep"));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Renders `text` with `data` (a JSON object such as `{source, version, params}`).
 pub fn render(text: &str, data: &serde_json::Value) -> Result<String, String> {
     if !text.contains("{{") {
         return Ok(text.to_string());
     }
+    check(text)?;
     let mut t = Template::default();
     t.add_funcs(&FUNCS);
     t.parse(text).map_err(|e| format!("template: {e}"))?;
-    t.render(&Context::from(to_value(data))).map_err(|e| format!("template: {e}"))
+    let out = t.render(&Context::from(to_value(data))).map_err(|e| format!("template: {e}"))?;
+    if out.len() > MAX_OUTPUT {
+        return Err(format!("template: renders {} bytes, over the limit of {MAX_OUTPUT}", out.len()));
+    }
+    Ok(out)
 }
 
 /// JSON → template value. Objects become `Object`s, whose missing fields are
@@ -134,6 +200,11 @@ fn f_trim_suffix(args: &[Value]) -> Result<Value, FuncError> {
 
 fn f_replace(args: &[Value]) -> Result<Value, FuncError> {
     let (old, new, s) = (arg(args, 0, "replace")?, arg(args, 1, "replace")?, arg(args, 2, "replace")?);
+    // Checked before it is made: nested replaces could multiply without bound.
+    let count = if old.is_empty() { s.chars().count() + 1 } else { s.matches(old.as_str()).count() };
+    if s.len().saturating_add(count.saturating_mul(new.len())) > MAX_OUTPUT {
+        return Err(FuncError::Generic(format!("replace would make over {MAX_OUTPUT} bytes")));
+    }
     Ok(Value::String(s.replace(&old, &new)))
 }
 
@@ -216,6 +287,25 @@ static FUNCS: [(&str, gtmpl_value::Func); 17] = [
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn templates_that_would_recurse_or_multiply_are_refused() {
+        let d = json!({"source": {"l": [1, 2, 3]}, "vars": {"x": "a"}});
+        let recursive = r#"{{define "a"}}x{{template "a"}}{{end}}{{template "a"}}"#;
+        assert!(render(recursive, &d).unwrap_err().contains("is not supported here"));
+        let deep = format!("{}x{}", "{{if true}}".repeat(20_000), "{{end}}".repeat(20_000));
+        assert!(render(&deep, &d).unwrap_err().contains("nest more than"));
+        let chain = format!("{{{{if false}}}}{}x{{{{end}}}}", "{{else if false}}".repeat(20_000));
+        assert!(render(&chain, &d).unwrap_err().contains("nest more than"));
+        let parens = format!("{{{{ {}1{} }}}}", "(".repeat(10_000), ")".repeat(10_000));
+        assert!(render(&parens, &d).unwrap_err().contains("parentheses nest"));
+        let ranges = "{{range .source.l}}{{range $.source.l}}{{range $.source.l}}x{{end}}{{end}}{{end}}";
+        assert!(render(ranges, &d).unwrap_err().contains("at most 1 more range"));
+        assert_eq!(render("{{range .source.l}}{{range $.source.l}}x{{end}}{{end}}", &d).unwrap(), "x".repeat(9), "a range in a range is fine");
+        let grow = format!("{{{{ {}.vars.x{} }}}}", r#"replace "a" "aaaaaaaaaaaaaaaa" ("#.repeat(12), ")".repeat(12));
+        let e = render(&grow, &d).unwrap_err();
+        assert!(e.contains("replace would make over"), "nested replaces multiply: refused: {e}");
+    }
 
     #[test]
     fn renders_fields_and_functions() {

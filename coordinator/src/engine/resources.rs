@@ -62,7 +62,7 @@ impl JobRun {
         let (r, t) = self.resource(name)?;
         if let Some(e) = t.config.as_ref().and_then(|c| c.expr.as_ref()) {
             let src = e.check.clone().ok_or_else(|| StepError::errored(format!("check {name}: type \"{}\" sets no expr.check", t.name)))?;
-            let v = run_expr(&src, Stage::Check, json!({"source": r.source.clone().unwrap_or(json!({})), "version": {}}), Self::env_of(r, t), None)
+            let v = run_expr(&src, Stage::Check, json!({"source": r.source.clone().unwrap_or(json!({})), "version": {}}), Self::env_of(r, t), self.engine.submission.is_none(), None)
                 .map_err(|e| StepError::errored(format!("check {name}: {e}")))?;
             return match v {
                 Value::Array(items) if items.iter().all(Value::is_object) => Ok(items),
@@ -175,7 +175,7 @@ impl JobRun {
                 None => files.push(("version.json".into(), serde_json::to_string_pretty(&version).unwrap_or_default())),
                 Some(src) => {
                     let data = json!({"source": r.source.clone().unwrap_or(json!({})), "version": version, "params": params});
-                    let v = run_expr(src, Stage::In, data, Self::env_of(r, t), None).map_err(|e| StepError::errored(format!("get {name}: {e}")))?;
+                    let v = run_expr(src, Stage::In, data, Self::env_of(r, t), self.engine.submission.is_none(), None).map_err(|e| StepError::errored(format!("get {name}: {e}")))?;
                     let Value::Object(m) = v else {
                         return Err(StepError::errored(format!("get {name}: expr.in must give an object of path → contents, got {v}")));
                     };
@@ -287,7 +287,7 @@ impl JobRun {
                 read_in_view(&view, p)
             };
             let r = params.and_then(|params| {
-                run_expr(&src, Stage::Out, json!({"source": r.source.clone().unwrap_or(json!({})), "params": params}), Self::env_of(r, t), Some(&read))
+                run_expr(&src, Stage::Out, json!({"source": r.source.clone().unwrap_or(json!({})), "params": params}), Self::env_of(r, t), self.engine.submission.is_none(), Some(&read))
                     .map_err(|e| StepError::errored(format!("put {name}: {e}")))
             });
             let _ = std::fs::remove_dir_all(&view);
@@ -322,7 +322,7 @@ fn resolve_file_markers(v: Value, view: &std::path::Path) -> Result<Value, Strin
 }
 
 /// Compiles and evaluates one expr stage over `data` (`{source, version, params}`).
-fn run_expr(src: &str, stage: Stage, data: Value, env_allowed: Vec<String>, read_file: Option<&dyn Fn(&str) -> Result<String, String>>) -> Result<Value, String> {
+fn run_expr(src: &str, stage: Stage, data: Value, env_allowed: Vec<String>, host_env: bool, read_file: Option<&dyn Fn(&str) -> Result<String, String>>) -> Result<Value, String> {
     let e = compile(src, stage).map_err(|e| e.to_string())?;
     let mut vars = std::collections::HashMap::new();
     if let Value::Object(m) = &data {
@@ -332,7 +332,7 @@ fn run_expr(src: &str, stage: Stage, data: Value, env_allowed: Vec<String>, read
             }
         }
     }
-    eval(&e, &Env { vars, env_allowed, read_file }).map_err(|e| e.to_string())
+    eval(&e, &Env { vars, env_allowed, host_env, read_file, spent: Default::default() }).map_err(|e| e.to_string())
 }
 
 fn as_text(v: &Value) -> String {

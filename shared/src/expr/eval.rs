@@ -12,8 +12,36 @@ pub struct Env<'a> {
     pub vars: HashMap<&'a str, Value>,
     /// `env(NAME)`: only these names (the type's and resource's `env:`).
     pub env_allowed: Vec<String>,
+    /// `env()` reads the host's environment at all: not for a submitted
+    /// pipeline, whose stages run on a coordinator that is not its host.
+    pub host_env: bool,
     /// `file(PATH)` (out only): reads a file of the put's inputs view.
     pub read_file: Option<&'a dyn Fn(&str) -> Result<String, String>>,
+    /// Work done so far (see [`BUDGET`]).
+    pub spent: std::cell::Cell<u64>,
+}
+
+/// How much work one evaluation may do: a step per node evaluated, plus the
+/// size of every array and map (four per element) and string (a quarter per
+/// byte) it makes. An expression runs in the coordinator; it may not hold it
+/// up or fill its memory (this bounds what it makes to about 100 MB).
+pub const BUDGET: u64 = 10_000_000;
+
+impl Env<'_> {
+    fn charge(&self, v: &Value) -> Result<(), EvalError> {
+        let size = match v {
+            Value::Array(a) => 4 * a.len() as u64,
+            Value::Object(m) => 4 * m.len() as u64,
+            Value::String(s) => s.len() as u64 / 4,
+            _ => 0,
+        };
+        let spent = self.spent.get().saturating_add(1 + size);
+        self.spent.set(spent);
+        if spent > BUDGET {
+            return err(format!("the expression does too much work (over {BUDGET} steps and elements); simplify it"));
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -88,6 +116,12 @@ pub fn eval(e: &Expr, env: &Env) -> R {
 }
 
 fn ev(e: &Expr, env: &Env, scope: &mut Vec<(String, Value)>, frames: &mut Vec<Frame>) -> R {
+    let v = ev_here(e, env, scope, frames)?;
+    env.charge(&v)?;
+    Ok(v)
+}
+
+fn ev_here(e: &Expr, env: &Env, scope: &mut Vec<(String, Value)>, frames: &mut Vec<Frame>) -> R {
     use Expr::*;
     Ok(match e {
         Nil => Value::Null,
@@ -179,7 +213,7 @@ fn ev(e: &Expr, env: &Env, scope: &mut Vec<(String, Value)>, frames: &mut Vec<Fr
             match *op {
                 "!" => Value::Bool(!truthy(&v)),
                 "-" => match &v {
-                    Value::Number(n) if n.is_i64() => int(-n.as_i64().unwrap_or(0)),
+                    Value::Number(n) if n.is_i64() => int(n.as_i64().unwrap_or(0).wrapping_neg()),
                     Value::Number(n) => float(-n.as_f64().unwrap_or(0.0)),
                     other => return err(format!("cannot negate {}", kind(other))),
                 },
@@ -262,7 +296,7 @@ fn binary(op: &str, a: &Expr, b: &Expr, env: &Env, scope: &mut Vec<(String, Valu
                         if y == 0 {
                             return err("modulo by zero");
                         }
-                        int(x % y)
+                        int(x.wrapping_rem(y))
                     }
                 }
             } else {
@@ -299,7 +333,7 @@ fn binary(op: &str, a: &Expr, b: &Expr, env: &Env, scope: &mut Vec<(String, Valu
         }
         ".." => {
             let (Some(x), Some(y)) = (l.as_i64(), r.as_i64()) else { return err("a..b needs integers") };
-            if y - x > 1_000_000 {
+            if y.checked_sub(x).is_none_or(|n| n > 1_000_000) {
                 return err("range too large");
             }
             Value::Array((x..=y).map(int).collect())
@@ -521,6 +555,9 @@ fn call(name: &str, args: &[Expr], env: &Env, scope: &mut Vec<(String, Value)>, 
         },
         "env" => {
             let n = text(&a0);
+            if !env.host_env {
+                return err(format!("env(\"{n}\"): a submitted pipeline's expr stages run on the coordinator, whose environment is not the pipeline's to read; read credentials in a shell resource type, whose stages run on workers"));
+            }
             if !env.env_allowed.iter().any(|x| x == &n) {
                 return err(format!("env(\"{n}\"): only names declared in env: may be read"));
             }
@@ -564,7 +601,30 @@ mod tests {
         for (k, v) in vars.as_object().cloned().unwrap_or_default() {
             m.insert(Box::leak(k.into_boxed_str()) as &str, v);
         }
-        eval(&e, &Env { vars: m, env_allowed: vec![], read_file: None })
+        eval(&e, &Env { vars: m, env_allowed: vec![], host_env: true, read_file: None, spent: Default::default() })
+    }
+
+    #[test]
+    fn hostile_expressions_end_in_errors_not_in_a_stuck_or_crashed_coordinator() {
+        let v = json!({"source": {}, "version": {}, "params": {}});
+        let doubling = format!("let a = 1..1000000; {}len(a)", (0..30).map(|_| "let a = a + a; ").collect::<String>());
+        let e = run(&doubling, v.clone()).unwrap_err();
+        assert!(e.0.contains("too much work"), "{e}");
+        let nested = "reduce(1..1000000, reduce(1..1000000, #acc + 1, 0), 0)";
+        assert!(run(nested, v.clone()).unwrap_err().0.contains("too much work"));
+        let strings = format!("let s = 'xxxxxxxxxxxxxxxx'; {}len(s)", (0..40).map(|_| "let s = s + s; ").collect::<String>());
+        assert!(run(&strings, v.clone()).unwrap_err().0.contains("too much work"));
+        assert!(run("(-9223372036854775807 - 1) % -1", v.clone()).is_ok(), "no overflow panic");
+        assert!(run("-(-9223372036854775807 - 1)", v.clone()).is_ok());
+        assert!(run("(-9223372036854775807)..9223372036854775807", v.clone()).unwrap_err().0.contains("range too large"));
+    }
+
+    #[test]
+    fn a_submitted_pipeline_reads_no_environment_of_the_coordinator() {
+        let e = compile("env('HOME')", Stage::Check).unwrap();
+        let env = Env { vars: HashMap::new(), env_allowed: vec!["HOME".into()], host_env: false, read_file: None, spent: Default::default() };
+        let r = eval(&e, &env).unwrap_err();
+        assert!(r.0.contains("not the pipeline's to read"), "{r}");
     }
 
     #[test]

@@ -159,6 +159,23 @@ mod tests {
     }
 
     #[test]
+    fn nesting_is_bounded_in_every_shape() {
+        let deep = |open: &str, close: &str, n: usize| format!("{}1{}", open.repeat(n), close.repeat(n));
+        assert!(compile(&deep("(", ")", 40), Stage::Check).is_ok(), "ordinary nesting is fine");
+        for (what, src) in [
+            ("parens", deep("(", ")", 100_000)),
+            ("lists", deep("[", "]", 100_000)),
+            ("unary", format!("{}1", "-".repeat(100_000))),
+            ("power chain", vec!["2"; 100_000].join(" ** ")),
+            ("ternaries", format!("{}1", "true ? 1 : ".repeat(100_000))),
+            ("lets", format!("{}1", (0..100_000).map(|i| format!("let a{i} = 1; ")).collect::<String>())),
+        ] {
+            let e = compile(&src, Stage::Check).unwrap_err();
+            assert!(e.message.contains("nests too deeply"), "{what}: {e}");
+        }
+    }
+
+    #[test]
     fn reports_unknown_names_and_stage_limits() {
         let e = compile("sorce.uri", Stage::Check).unwrap_err();
         assert!(e.message.contains("unknown name \"sorce\"") && e.message.contains("did you mean \"source\""), "{e}");

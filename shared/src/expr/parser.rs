@@ -49,7 +49,7 @@ const PREDICATES: &[&str] = &[
 
 pub fn parse(src: &str) -> Result<Expr, ParseError> {
     let toks = lex(src)?;
-    let mut p = Parser { toks, i: 0 };
+    let mut p = Parser { toks, i: 0, depth: 0 };
     let e = p.expr()?;
     match p.peek() {
         Tok::Eof => Ok(e),
@@ -72,7 +72,13 @@ fn describe(t: &Tok) -> String {
 struct Parser {
     toks: Vec<(Tok, usize)>,
     i: usize,
+    /// How deep the parse has recursed (see [`MAX_DEPTH`]).
+    depth: usize,
 }
+
+/// How deeply an expression may nest (each bracket is a few levels): deeper
+/// input would exhaust the stack of whoever parses or evaluates it.
+const MAX_DEPTH: usize = 400;
 
 /// Binary operators: (spelling, precedence, right-associative).
 fn binary_op(t: &Tok) -> Option<(&'static str, u8, bool)> {
@@ -141,6 +147,10 @@ impl Parser {
     }
 
     fn expr(&mut self) -> Result<Expr, ParseError> {
+        self.nested(Self::expr_here)
+    }
+
+    fn expr_here(&mut self) -> Result<Expr, ParseError> {
         if matches!(self.peek(), Tok::Ident(w) if w == "let") {
             self.next();
             let name = match self.next() {
@@ -175,6 +185,10 @@ impl Parser {
     }
 
     fn ternary(&mut self) -> Result<Expr, ParseError> {
+        self.nested(Self::ternary_here)
+    }
+
+    fn ternary_here(&mut self) -> Result<Expr, ParseError> {
         let c = self.binary(0)?;
         if self.eat("?") {
             let a = self.ternary()?;
@@ -186,6 +200,21 @@ impl Parser {
     }
 
     fn binary(&mut self, min: u8) -> Result<Expr, ParseError> {
+        self.nested(|p| p.binary_here(min))
+    }
+
+    /// Runs one level of the descent, refusing to go deeper than [`MAX_DEPTH`].
+    fn nested(&mut self, f: impl FnOnce(&mut Self) -> Result<Expr, ParseError>) -> Result<Expr, ParseError> {
+        if self.depth >= MAX_DEPTH {
+            return Err(self.error(format!("the expression nests too deeply (more than {MAX_DEPTH} levels); split it with let")));
+        }
+        self.depth += 1;
+        let r = f(self);
+        self.depth -= 1;
+        r
+    }
+
+    fn binary_here(&mut self, min: u8) -> Result<Expr, ParseError> {
         let mut lhs = self.unary()?;
         loop {
             // `not in`, `not matches`, …
@@ -208,6 +237,10 @@ impl Parser {
     }
 
     fn unary(&mut self) -> Result<Expr, ParseError> {
+        self.nested(Self::unary_here)
+    }
+
+    fn unary_here(&mut self) -> Result<Expr, ParseError> {
         match self.peek() {
             Tok::Sym("-") => {
                 self.next();
