@@ -70,7 +70,7 @@ struct Cluster {
     url: String,
     work: std::path::PathBuf,
     /// What the coordinator printed, for failure messages.
-    log: std::sync::Arc<std::sync::Mutex<String>>,
+    log: Log,
 }
 
 impl Cluster {
@@ -90,28 +90,7 @@ fn cluster(name: &str) -> Cluster {
     let work = scratch(name);
     std::fs::write(work.join("token"), "t0ken").expect("token");
     std::fs::write(work.join("secret.txt"), SECRET).expect("secret");
-    let coordinator = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
-        .args(["coordinator", "--listen", "127.0.0.1:0", "--token-file", "token", "--state", "state"])
-        .current_dir(&work)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("coordinator");
-    let (mut coord, url, lines) = serving_child(coordinator);
-    let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let keep = |log: std::sync::Arc<std::sync::Mutex<String>>, lines: Box<dyn Iterator<Item = String> + Send>| {
-        std::thread::spawn(move || {
-            for l in lines {
-                if let Ok(mut g) = log.lock() {
-                    g.push_str(&l);
-                    g.push('\n');
-                }
-            }
-        })
-    };
-    keep(log.clone(), Box::new(lines.map_while(Result::ok)));
-    let stderr = coord.stderr.take().expect("stderr");
-    keep(log.clone(), Box::new(std::io::BufRead::lines(std::io::BufReader::new(stderr)).map_while(Result::ok)));
+    let (coord, url, log) = serving_logged(&["coordinator", "--listen", "127.0.0.1:0", "--token-file", "token", "--state", "state"], &work);
     // The worker runs in `work` too: the same host, as in a one-machine cluster.
     let worker = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
         .args(["worker", "--coordinator", &url, "--slots", "2", "--token-file", "token"])
@@ -396,26 +375,7 @@ fn a_redis_restart_is_survived_and_its_password_never_shown() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("port");
     let mut redis = redis_on(port, password);
     let url = format!("redis://127.0.0.1:{port}/");
-    let coordinator = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
-        .args(["coordinator", "--listen", "127.0.0.1:0", "--token-file", "token", "--state", "state", "--queue", &url, "--store", &url, "--redis-password-file", "redis-password"])
-        .current_dir(&work)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("coordinator");
-    let (mut coord, curl, lines) = serving_child(coordinator);
-    let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    for src in [Box::new(lines.map_while(Result::ok)) as Box<dyn Iterator<Item = String> + Send>, Box::new(std::io::BufRead::lines(std::io::BufReader::new(coord.stderr.take().expect("stderr"))).map_while(Result::ok))] {
-        let log = log.clone();
-        std::thread::spawn(move || {
-            for l in src {
-                if let Ok(mut g) = log.lock() {
-                    g.push_str(&l);
-                    g.push('\n');
-                }
-            }
-        });
-    }
+    let (mut coord, curl, log) = serving_logged(&["coordinator", "--listen", "127.0.0.1:0", "--token-file", "token", "--state", "state", "--queue", &url, "--store", &url, "--redis-password-file", "redis-password"], &work);
     let cmdline = std::fs::read(format!("/proc/{}/cmdline", coord.id())).expect("cmdline");
     assert!(!String::from_utf8_lossy(&cmdline).contains(password), "the password is on the command line");
     // One slot: of two parallel steps one waits in the queue.

@@ -96,3 +96,34 @@ pub fn redis_server() -> (std::process::Child, String) {
     (child, format!("redis://127.0.0.1:{port}/"))
 }
 
+
+/// What a process printed (stdout and stderr, in arrival order), kept for
+/// failure messages.
+pub type Log = std::sync::Arc<std::sync::Mutex<String>>;
+
+/// As [`serving`], with everything the process prints kept in a [`Log`].
+pub fn serving_logged(args: &[&str], dir: &Path) -> (std::process::Child, String, Log) {
+    let child = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
+        .args(args)
+        .current_dir(dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn steppe");
+    let (mut child, url, lines) = serving_child(child);
+    let log = Log::default();
+    let stderr = child.stderr.take().expect("stderr");
+    let sources: [Box<dyn Iterator<Item = String> + Send>; 2] = [Box::new(lines.map_while(Result::ok)), Box::new(std::io::BufRead::lines(std::io::BufReader::new(stderr)).map_while(Result::ok))];
+    for src in sources {
+        let log = log.clone();
+        std::thread::spawn(move || {
+            for l in src {
+                if let Ok(mut g) = log.lock() {
+                    g.push_str(&l);
+                    g.push('\n');
+                }
+            }
+        });
+    }
+    (child, url, log)
+}
