@@ -300,7 +300,7 @@ fn submit_through_a_coordinator_and_two_workers() {
         }
         child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(&args).current_dir(&work).stderr(std::process::Stdio::piped()).spawn().expect("spawn worker")
     };
-    let mut workers = vec![worker(&url, true), worker(&url, true)];
+    let mut workers = [worker(&url, true), worker(&url, true)];
     let intruder = worker(&url, false).wait_with_output().expect("intruder");
     assert_ne!(intruder.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&intruder.stderr).contains("valid token is required"));
