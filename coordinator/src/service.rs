@@ -176,103 +176,110 @@ impl Coordinator for WorkerService {
             // Once fenced: the assignments it held, which it may still report on.
             let mut fenced: Option<std::collections::HashSet<String>> = None;
             let mut silent_leases = 0u32;
-            loop {
-                let m = match tokio::time::timeout(lease, inbound.message()).await {
-                    Err(_silent) if fenced.is_some() => {
-                        silent_leases += 1;
-                        if silent_leases >= 10 {
-                            break;
-                        }
-                        continue;
-                    }
-                    Err(_silent) => {
-                        // Cut off or frozen: its work goes to others, and the
-                        // session is fenced so a late result cannot count twice.
-                        puller.stop();
-                        let held = requeue_all();
-                        registry.lease_ended(&name, held.len(), lease);
-                        fenced = Some(held);
-                        continue;
-                    }
-                    Ok(m) => m,
-                };
-                match m {
-                    Ok(Some(WorkerMessage { msg: Some(m) })) if fenced.is_some() => {
-                        // Heard from again: nothing it says counts; the session
-                        // closes once it has reported on what it held.
-                        silent_leases = 0;
-                        if let (worker_message::Msg::Result(r), Some(held)) = (m, fenced.as_mut()) {
-                            registry.refused(&name, &r.assignment_id);
-                            held.remove(&r.assignment_id);
-                            if held.is_empty() {
+            let reader = async {
+                loop {
+                    let m = match tokio::time::timeout(lease, inbound.message()).await {
+                        Err(_silent) if fenced.is_some() => {
+                            silent_leases += 1;
+                            if silent_leases >= 10 {
                                 break;
                             }
+                            continue;
                         }
-                    }
-                    Ok(Some(WorkerMessage { msg: Some(m) })) => match m {
-                        worker_message::Msg::Line(l) => {
-                            sink.line(&l.run_id, &l.step, if l.stderr { Stream::Stderr } else { Stream::Stdout }, &l.line);
-                        }
-                        worker_message::Msg::Result(mut r) => {
-                            // Fencing by assignment id: only what this session holds counts.
-                            if inflight.lock().ok().and_then(|mut m| m.remove(&r.assignment_id)).is_some() {
-                                if r.payload.is_some() {
-                                    let (store, id, epoch) = (store.clone(), r.assignment_id.clone(), r.epoch);
-                                    let unreadable = |e: &dyn std::fmt::Display| format!("the step's output could not be read back: {e}");
-                                    r = match tokio::task::spawn_blocking(move || {
-                                        if let Err(e) = restore_payload(&mut r, store.as_ref(), &std::env::temp_dir()) {
-                                            r.class = steppe_proto::v1::OutcomeClass::Errored as i32;
-                                            r.message = unreadable(&e);
-                                        }
-                                        r
-                                    })
-                                    .await
-                                    {
-                                        Ok(r) => r,
-                                        Err(e) => steppe_proto::v1::AssignmentResult {
-                                            assignment_id: id,
-                                            epoch,
-                                            class: steppe_proto::v1::OutcomeClass::Errored as i32,
-                                            message: unreadable(&e),
-                                            ..Default::default()
-                                        },
-                                    };
-                                }
-                                d.complete(result_from_wire(r));
-                            } else {
-                                registry.refused(&name, &r.assignment_id);
-                            }
-                        }
-                        worker_message::Msg::Heartbeat(_) => registry.heartbeat(&name),
-                        worker_message::Msg::Drain(_) => {
-                            // Nothing more for this worker; what it runs still reports here.
+                        Err(_silent) => {
+                            // Cut off or frozen: its work goes to others, and the
+                            // session is fenced so a late result cannot count twice.
                             puller.stop();
+                            let held = requeue_all();
+                            registry.lease_ended(&name, held.len(), lease);
+                            fenced = Some(held);
+                            continue;
                         }
-                        worker_message::Msg::Release(r) => {
-                            if inflight.lock().ok().and_then(|mut m| m.remove(&r.assignment_id)).is_some() {
-                                d.requeue(&r.assignment_id);
+                        Ok(m) => m,
+                    };
+                    match m {
+                        Ok(Some(WorkerMessage { msg: Some(m) })) if fenced.is_some() => {
+                            // Heard from again: nothing it says counts; the session
+                            // closes once it has reported on what it held.
+                            silent_leases = 0;
+                            if let (worker_message::Msg::Result(r), Some(held)) = (m, fenced.as_mut()) {
+                                registry.refused(&name, &r.assignment_id);
+                                held.remove(&r.assignment_id);
+                                if held.is_empty() {
+                                    break;
+                                }
                             }
                         }
-                        worker_message::Msg::Taken(t) if pulls && !d.wanted(&t.assignment_id) => {
-                            // Nobody here waits for it: the worker drops it unrun.
-                            sink.note(&format!("dropped assignment {}: no run here waits for it", t.assignment_id));
-                            let cancel = CoordinatorMessage { msg: Some(coordinator_message::Msg::Cancel(steppe_proto::v1::Cancel { assignment_id: t.assignment_id })) };
-                            let _ = session_tx.send(Ok(cancel)).await;
-                        }
-                        worker_message::Msg::Taken(t) if pulls => {
-                            d.running_remotely(&t.assignment_id, session_tx.clone());
-                            if let Ok(mut m) = inflight.lock() {
-                                m.insert(t.assignment_id.clone(), None);
+                        Ok(Some(WorkerMessage { msg: Some(m) })) => match m {
+                            worker_message::Msg::Line(l) => {
+                                sink.line(&l.run_id, &l.step, if l.stderr { Stream::Stderr } else { Stream::Stdout }, &l.line);
                             }
-                            let confirm = CoordinatorMessage { msg: Some(coordinator_message::Msg::Confirm(steppe_proto::v1::Confirm { assignment_id: t.assignment_id })) };
-                            let _ = session_tx.send(Ok(confirm)).await;
-                        }
-                        worker_message::Msg::Taken(_) => {}
-                        worker_message::Msg::Hello(_) => {}
-                    },
-                    Ok(Some(WorkerMessage { msg: None })) => {}
-                    Ok(None) | Err(_) => break,
+                            worker_message::Msg::Result(mut r) => {
+                                // Fencing by assignment id: only what this session holds counts.
+                                if inflight.lock().ok().and_then(|mut m| m.remove(&r.assignment_id)).is_some() {
+                                    if r.payload.is_some() {
+                                        let (store, id, epoch) = (store.clone(), r.assignment_id.clone(), r.epoch);
+                                        let unreadable = |e: &dyn std::fmt::Display| format!("the step's output could not be read back: {e}");
+                                        r = match tokio::task::spawn_blocking(move || {
+                                            if let Err(e) = restore_payload(&mut r, store.as_ref(), &std::env::temp_dir()) {
+                                                r.class = steppe_proto::v1::OutcomeClass::Errored as i32;
+                                                r.message = unreadable(&e);
+                                            }
+                                            r
+                                        })
+                                        .await
+                                        {
+                                            Ok(r) => r,
+                                            Err(e) => steppe_proto::v1::AssignmentResult {
+                                                assignment_id: id,
+                                                epoch,
+                                                class: steppe_proto::v1::OutcomeClass::Errored as i32,
+                                                message: unreadable(&e),
+                                                ..Default::default()
+                                            },
+                                        };
+                                    }
+                                    d.complete(result_from_wire(r));
+                                } else {
+                                    registry.refused(&name, &r.assignment_id);
+                                }
+                            }
+                            worker_message::Msg::Heartbeat(_) => registry.heartbeat(&name),
+                            worker_message::Msg::Drain(_) => {
+                                // Nothing more for this worker; what it runs still reports here.
+                                puller.stop();
+                            }
+                            worker_message::Msg::Release(r) => {
+                                if inflight.lock().ok().and_then(|mut m| m.remove(&r.assignment_id)).is_some() {
+                                    d.requeue(&r.assignment_id);
+                                }
+                            }
+                            worker_message::Msg::Taken(t) if pulls && !d.wanted(&t.assignment_id) => {
+                                // Nobody here waits for it: the worker drops it unrun.
+                                sink.note(&format!("dropped assignment {}: no run here waits for it", t.assignment_id));
+                                let cancel = CoordinatorMessage { msg: Some(coordinator_message::Msg::Cancel(steppe_proto::v1::Cancel { assignment_id: t.assignment_id })) };
+                                let _ = session_tx.send(Ok(cancel)).await;
+                            }
+                            worker_message::Msg::Taken(t) if pulls => {
+                                d.running_remotely(&t.assignment_id, session_tx.clone());
+                                if let Ok(mut m) = inflight.lock() {
+                                    m.insert(t.assignment_id.clone(), None);
+                                }
+                                let confirm = CoordinatorMessage { msg: Some(coordinator_message::Msg::Confirm(steppe_proto::v1::Confirm { assignment_id: t.assignment_id })) };
+                                let _ = session_tx.send(Ok(confirm)).await;
+                            }
+                            worker_message::Msg::Taken(_) => {}
+                            worker_message::Msg::Hello(_) => {}
+                        },
+                        Ok(Some(WorkerMessage { msg: None })) => {}
+                        Ok(None) | Err(_) => break,
+                    }
                 }
+            };
+            // A panic handling this session ends this session only; what it
+            // held goes back on the queue like any lost worker's.
+            if futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(reader)).await.is_err() {
+                sink.note(&format!("the session of worker {name} failed inside the coordinator; what it held goes back on the queue"));
             }
             // The worker is gone (or fenced and heard from again, and now
             // told to go): what it held goes back on the queue.
