@@ -83,7 +83,9 @@ pub async fn execute(
         let _ = std::fs::remove_dir(&dir).or_else(|_| std::fs::remove_dir_all(&dir));
     }
     if let Some(r) = recorder {
-        if let Ok(record) = tokio::task::spawn_blocking(move || r.finish(store.as_ref())).await {
+        if !r.stores() {
+            result.output = r.finish(store.as_ref());
+        } else if let Ok(record) = tokio::task::spawn_blocking(move || r.finish(store.as_ref())).await {
             result.output = record;
         }
     }

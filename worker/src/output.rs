@@ -91,6 +91,13 @@ impl Recorder {
         })
     }
 
+    /// Whether [`Recorder::finish`] will store anything (and so should run
+    /// where blocking is fine); most steps print little, and it will not.
+    pub fn stores(&self) -> bool {
+        let k = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        k.omitted_lines > 0 || k.file.is_some() || k.head.iter().chain(k.tail.iter()).any(|l| l.line.len() > OutputRecord::LINE)
+    }
+
     /// The record, and (when anything was left out of it, lines or the
     /// ends of long ones) the whole output stored as an artifact. The file
     /// goes either way.
@@ -99,6 +106,7 @@ impl Recorder {
         let long = k.head.iter().chain(k.tail.iter()).any(|l| l.line.len() > OutputRecord::LINE);
         let mut full = None;
         let mut failure = None;
+        let wrote = k.file.is_some() || k.omitted_lines > 0 || long;
         if k.omitted_lines > 0 || long {
             k.open(&self.path);
             let flushed = k.file.take().map(|mut f| f.flush());
@@ -113,7 +121,9 @@ impl Recorder {
                 Err(why) => failure = Some(OutputLine { stderr: true, line: format!("steppe: {why}; only the first and last lines are kept") }),
             }
         }
-        let _ = std::fs::remove_file(&self.path);
+        if wrote {
+            let _ = std::fs::remove_file(&self.path);
+        }
         let mut record = OutputRecord {
             head: std::mem::take(&mut k.head).into_iter().map(shortened).collect(),
             tail: k.tail.drain(..).map(shortened).collect(),
