@@ -151,13 +151,14 @@ pub fn unpack(root: &Path, id: &str, pipeline: &str, files: &[BundleFile]) -> Re
         rel.push(format!("d{i}"));
     }
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    // Makes the snapshot of these files (resource checks run in it) this
-    // submission's own: another with the same files does not share it.
-    std::fs::write(root.join(".steppe-submission"), id).map_err(|e| format!("{}: {e}", root.display()))?;
+    let marker = root.join(MARKER);
     for f in files {
         let full = steppe_shared::confine::normalize(&dir.join(&f.path));
         if !full.starts_with(root) || full == root {
             return Err(format!("bundle path {:?} leads outside the submission", f.path));
+        }
+        if full == marker {
+            return Err(format!("bundle path {:?} is the coordinator's own", f.path));
         }
         if let Some(parent) = full.parent() {
             std::fs::create_dir_all(parent).map_err(|e| format!("bundle path {:?}: {e}", f.path))?;
@@ -168,8 +169,14 @@ pub fn unpack(root: &Path, id: &str, pipeline: &str, files: &[BundleFile]) -> Re
             std::fs::set_permissions(&full, std::fs::Permissions::from_mode(0o755)).map_err(|e| format!("bundle path {:?}: {e}", f.path))?;
         }
     }
+    // Makes the snapshot of these files (resource checks run in it) this
+    // submission's own: another with the same files does not share it.
+    std::fs::write(&marker, id).map_err(|e| format!("{}: {e}", root.display()))?;
     Ok((dir.join(pipeline), rel.join("/")))
 }
+
+/// The file that makes a submission's snapshot its own.
+const MARKER: &str = ".steppe-submission";
 
 #[cfg(test)]
 mod tests {
@@ -190,6 +197,7 @@ mod tests {
         for bad in ["/etc/passwd", &("../".repeat(17) + "etc/x"), "a/\0b"] {
             assert!(unpack(&root, "s1", "ci.yml", &[f("ci.yml"), f(bad)]).is_err(), "{bad:?}");
         }
+        assert!(unpack(&root, "s1", "ci.yml", &[f("ci.yml"), f("../.steppe-submission")]).is_err(), "the marker is not the submitter's");
         for bad in ["../ci.yml", "a/b.yml", "", "."] {
             assert!(unpack(&root, "s1", bad, &[f("ci.yml")]).is_err(), "pipeline name {bad:?}");
         }

@@ -751,6 +751,7 @@ async fn start_services_with(
             lease: worker_lease,
             pull_queue,
             ephemeral: !long_lived,
+            scratch: svc.scratch.clone(),
         };
         let artifacts = artifacts::ArtifactService { store: local_store };
         let runs = submit::RunService { svc: svc.clone(), active: Default::default() };
@@ -1312,7 +1313,7 @@ fn approvals(h: &History) -> Result<ExitCode> {
     }
     say!("{:<4} {:<20} {:<21} MESSAGE", "ID", "JOB", "REQUESTED");
     for a in pending {
-        say!("{:<4} {:<20} {:<21} {}", a.id, a.job, fmt_time(a.requested_ms), a.message);
+        say!("{:<4} {:<20} {:<21} {}", a.id, shown(&a.job), fmt_time(a.requested_ms), shown(&a.message));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -1396,7 +1397,7 @@ fn runs_cost(h: &History, job: Option<&str>, limit: usize, run: Option<&str>) ->
         Some(id) => {
             say!("{:<40} {:>12} {:>9}", "STEP", "TOKENS", "DURATION");
             for s in store.steps(id)?.into_iter().filter(|s| s.tokens.is_some()) {
-                say!("{:<40} {:>12} {:>9}", s.name, thousands(s.tokens.unwrap_or(0)), fmt_ms(s.duration_ms));
+                say!("{:<40} {:>12} {:>9}", shown(&s.name), thousands(s.tokens.unwrap_or(0)), fmt_ms(s.duration_ms));
             }
         }
     }
@@ -1413,7 +1414,7 @@ fn runs_events(h: &History, job: Option<&str>, run: Option<&str>) -> Result<Exit
         None => store.runs(job, 1)?.into_iter().next().map(|r| r.id).with_context(|| format!("no runs recorded for {}", h.label))?,
     };
     for (kind, step, message) in store.events(&id)? {
-        say!("{kind:<8} {step:<30} {message}");
+        say!("{kind:<8} {:<30} {}", shown(&step), shown(&message));
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -38,6 +38,8 @@ pub struct WorkerService {
     /// This coordinator lives for one run (`steppe run --listen`): its
     /// workers exit when it goes, instead of waiting for it to come back.
     pub ephemeral: bool,
+    /// Where large results are unpacked while they are read back.
+    pub scratch: PathBuf,
 }
 
 /// Tells a session's puller to take nothing more (also when the session's
@@ -158,7 +160,7 @@ impl Coordinator for WorkerService {
                 }
             }
         });
-        let (d, sink, registry, lease, store) = (self.dispatcher.clone(), self.sink.clone(), self.registry.clone(), self.lease, self.store.clone());
+        let (d, sink, registry, lease, store, scratch) = (self.dispatcher.clone(), self.sink.clone(), self.registry.clone(), self.lease, self.store.clone(), self.scratch.clone());
         // The reader owns the session's sender: the worker's stream stays open
         // exactly as long as the coordinator reads it (a fenced worker must
         // still be able to report, and be refused).
@@ -218,10 +220,10 @@ impl Coordinator for WorkerService {
                                 // Fencing by assignment id: only what this session holds counts.
                                 if inflight.lock().ok().and_then(|mut m| m.remove(&r.assignment_id)).is_some() {
                                     if r.payload.is_some() {
-                                        let (store, id, epoch) = (store.clone(), r.assignment_id.clone(), r.epoch);
+                                        let (store, id, epoch, scratch) = (store.clone(), r.assignment_id.clone(), r.epoch, scratch.clone());
                                         let unreadable = |e: &dyn std::fmt::Display| format!("the step's output could not be read back: {e}");
                                         r = match tokio::task::spawn_blocking(move || {
-                                            if let Err(e) = restore_payload(&mut r, store.as_ref(), &std::env::temp_dir()) {
+                                            if let Err(e) = restore_payload(&mut r, store.as_ref(), &scratch) {
                                                 r.class = steppe_proto::v1::OutcomeClass::Errored as i32;
                                                 r.message = unreadable(&e);
                                             }

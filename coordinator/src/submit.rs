@@ -103,9 +103,11 @@ type Lines = mpsc::UnboundedSender<String>;
 
 impl RunService {
     /// Runs one submission whose files go under `root`.
-    async fn handle(&self, req: SubmitRequest, root: &Path, lines: &Lines, started: &Lines) -> i32 {
+    async fn handle(&self, mut req: SubmitRequest, root: &Path, lines: &Lines, started: &Lines) -> i32 {
         let id = root.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let (path, sub_dir) = match crate::bundle::unpack(root, &id, &req.pipeline, &req.files) {
+        let (r, i, p, f) = (root.to_path_buf(), id.clone(), req.pipeline.clone(), std::mem::take(&mut req.files));
+        let unpacked = tokio::task::spawn_blocking(move || crate::bundle::unpack(&r, &i, &p, &f)).await.unwrap_or_else(|e| Err(e.to_string()));
+        let (path, sub_dir) = match unpacked {
             Ok(p) => p,
             Err(e) => {
                 let _ = lines.send(format!("steppe: error: {e}"));
@@ -279,6 +281,8 @@ impl Runs for RunService {
                     }
                     l = lrx.recv() => {
                         let Some(l) = l else { return };
+                        // Everything a submitter reads has its URLs' credentials masked.
+                        let l = steppe_shared::secrets::mask_urls(&l).into_owned();
                         if forward_tx.send(Ok(RunEvent { event: Some(run_event::Event::Line(l)) })).await.is_err() {
                             // Dropping the receiver tells the run its submitter is gone.
                             return;
@@ -296,7 +300,7 @@ impl Runs for RunService {
             let code = match std::panic::AssertUnwindSafe(me.handle(req, &root, &ltx, &stx)).catch_unwind().await {
                 Ok(code) => code,
                 Err(panic) => {
-                    let what = panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default();
+                    let what = steppe_shared::outcome::panic_text(panic.as_ref());
                     me.svc.out.note(&format!("steppe coordinator: a submission failed inside the coordinator: {what}"));
                     let _ = ltx.send(format!("steppe: error: the coordinator failed handling this submission ({what}); it goes on serving others"));
                     2

@@ -159,6 +159,18 @@ fn submitted_paths_never_reach_the_coordinators_files() {
     let link_across = format!("jobs:\n- name: j\n  plan:\n  - task: make\n    outputs: [out]\n    run: ln -s {abs} out/cells.json\n  - task: cell\n    across:\n    - var: x\n      from_file: out/cells.json\n    run: echo {{{{ .vars.x }}}}\n");
     let r = submit_raw(&c.url, "t0ken", request(&link_across, vec![]));
     assert!(r.0 != 0 && r.1.contains("leads outside the artifact"), "across from_file through a symlink: {}", r.1);
+    // Cell values read from a file name directories of a collected output:
+    // one that climbs (or is absolute) would write outside the coordinator's
+    // scratch directory.
+    let planted = c.work.join("planted");
+    let collect = format!("jobs:\n- name: j\n  plan:\n  - task: make\n    outputs: [out]\n    run: printf '[\"../../../../../../../../..{}\"]' > out/cells.json\n  - task: cell\n    outputs: [built]\n    across:\n    - var: x\n      from_file: out/cells.json\n    run: echo planted > built/file\n", planted.display());
+    let r = submit_raw(&c.url, "t0ken", request(&collect, vec![]));
+    assert!(r.0 != 0 && r.1.contains("cannot name a collected output directory"), "{}", r.1);
+    assert!(!planted.exists(), "a cell value wrote outside the coordinator's scratch");
+    // A load_var value used many times may not grow a step's text without bound.
+    let big_var = format!("jobs:\n- name: j\n  plan:\n  - task: make\n    outputs: [out]\n    run: head -c 1000000 /dev/zero | tr '\\\\0' x > out/v\n  - load_var: v\n    file: out/v\n    inputs: [out]\n  - task: use\n    run: echo {}\n", "((v))".repeat(20));
+    let r = submit_raw(&c.url, "t0ken", request(&big_var, vec![]));
+    assert!(r.0 != 0 && r.1.contains("substituting ((vars)) would make"), "{}", r.1);
     // Still serving, and a submission's files do not outlive it.
     let r = submit_raw(&c.url, "t0ken", request(&task("run", "echo fine"), vec![]));
     assert_eq!(r.0, 0, "{}", r.1);
@@ -208,7 +220,7 @@ fn hostile_documents_fail_their_submission_and_the_coordinator_stays_up() {
         ("doubling expr", expr_type(&format!("let a = 1..1000000; {}[{{v: string(len(a))}}]", "let a = a + a; ".repeat(30))), "too much work"),
         ("env in a submitted expr", expr_type("[{v: env('HOME')}]"), "not the pipeline's to read"),
         ("recursive template", template_type(r#"{{define "a"}}x{{template "a"}}{{end}}{{template "a"}}{{ .source.a }}"#), "is not supported here"),
-        ("deep template", template_type(&format!("{}{{{{ .source.a }}}}{}", "{{if true}}".repeat(20_000), "{{end}}".repeat(20_000))), "nest more than"),
+        ("deep template", template_type(&format!("{}{{{{ .source.a }}}}{}", "{{if true}}".repeat(100), "{{end}}".repeat(100))), "nest more than"),
     ];
     for (what, pipeline, fragment) in evaluated {
         let r = submit_raw(&c.url, "t0ken", request(&pipeline, vec![]));
@@ -218,7 +230,7 @@ fn hostile_documents_fail_their_submission_and_the_coordinator_stays_up() {
     let mut req = request(&vars_bomb, vec![]);
     req.vars.insert("v".into(), "x".repeat(4096));
     let r = submit_raw(&c.url, "t0ken", req);
-    assert_refused("((vars)) bomb", &r, "substituting ((vars)) would make the pipeline");
+    assert_refused("((vars)) bomb", &r, "substituting ((vars)) would make");
     // As deep as the loader allows is fine: the plan walker has the stack for it.
     let mut deep = String::from("{task: leaf, run: echo deep}");
     for _ in 0..(steppe_shared::yaml::MAX_DEPTH - 8) {
@@ -368,7 +380,18 @@ fn redis_on(port: u16, password: &str) -> std::process::Child {
 /// line, reply or log.
 #[test]
 fn a_redis_restart_is_survived_and_its_password_never_shown() {
-    let work = scratch("redis-restart");
+    redis_restart(false);
+}
+
+/// The same with a worker that takes from the Redis queue itself: it finds
+/// the lost queue first, and the coordinator still learns of it.
+#[test]
+fn a_redis_restart_under_a_pulling_worker_is_survived() {
+    redis_restart(true);
+}
+
+fn redis_restart(pulling: bool) {
+    let work = scratch(if pulling { "redis-restart-pull" } else { "redis-restart" });
     let password = "s3cret-redis-pw";
     std::fs::write(work.join("token"), "t0ken").expect("token");
     std::fs::write(work.join("redis-password"), format!("{password}\n")).expect("password");
@@ -381,6 +404,7 @@ fn a_redis_restart_is_survived_and_its_password_never_shown() {
     // One slot: of two parallel steps one waits in the queue.
     let mut worker = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
         .args(["worker", "--coordinator", &curl, "--slots", "1", "--token-file", "token"])
+        .args(if pulling { vec!["--queue", url.as_str(), "--redis-password-file", "redis-password"] } else { vec![] })
         .current_dir(&work)
         .stderr(std::fs::File::create(work.join("worker.log")).expect("log"))
         .spawn()
@@ -586,7 +610,7 @@ fn run_measured(mut cmd: std::process::Command) -> (i32, String, u64) {
 fn a_flood_of_output_is_kept_bounded_and_whole() {
     let work = scratch("flood");
     let lines = 2_000_000;
-    std::fs::write(work.join("flood.yml"), format!("jobs:\n- name: j\n  plan:\n  - task: flood\n    run: seq 1 {lines}\n  - task: after\n    run: echo after; echo to stderr >&2\n")).expect("write");
+    std::fs::write(work.join("flood.yml"), format!("jobs:\n- name: j\n  plan:\n  - task: flood\n    run: seq 1 {lines}\n  - task: after\n    run: echo after\n  - task: err\n    run: echo to stderr >&2\n")).expect("write");
     let mut cmd = child_of_this_test(env!("CARGO_BIN_EXE_steppe"));
     cmd.args(["run", "flood.yml"]).current_dir(&work);
     let (code, out, peak) = run_measured(cmd);
@@ -601,7 +625,7 @@ fn a_flood_of_output_is_kept_bounded_and_whole() {
     let full = logs(&["--full", "--step", "flood"]);
     assert_eq!(full.lines().filter(|l| l.starts_with("[flood] ")).count(), lines, "every line");
     assert!(full.contains("[flood] 1234567\n"));
-    assert!(record.contains("[after] (stderr) to stderr\n"), "stderr is marked");
+    assert!(record.contains("[err] (stderr) to stderr\n"), "stderr is marked");
     // The same through a coordinator and a worker on another "host" (streamed artifacts).
     let (mut coord, url, mut clines) = serving(&["coordinator", "--listen", "127.0.0.1:0", "--state", "state"], &work);
     std::thread::spawn(move || for _ in clines.by_ref() {});

@@ -59,6 +59,11 @@ pub struct Assignment {
     pub epoch: u32,
     /// Run with `sh -c`.
     pub command: String,
+    /// When set, `command` is a template rendered with this data by the
+    /// worker that runs it (a resource stage's: `{source, version, params}`),
+    /// so a hostile template costs a worker, not the coordinator.
+    #[serde(default)]
+    pub template: Option<serde_json::Value>,
     /// Declared environment variable names passed through from the host.
     pub env: Vec<String>,
     pub cwd: Cwd,
@@ -87,6 +92,7 @@ impl Assignment {
             epoch: 0,
             pool: String::new(),
             command,
+            template: None,
             env: Vec::new(),
             cwd: Cwd::StepDir,
             inputs: Vec::new(),

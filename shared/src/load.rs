@@ -14,7 +14,7 @@ use crate::de::decode;
 use crate::model::{FileRef, Fix, Message, Pipeline, Step, StepKind};
 use crate::source::{Diagnostic, Diagnostics, Mark, SourceFiles};
 use crate::validate;
-use crate::vars::{substitute, Vars};
+use crate::vars::Vars;
 use crate::yaml::{self, Node, NodeKind};
 
 /// What a load needs besides the file.
@@ -175,11 +175,7 @@ pub fn load_str(text: &str, path: &Path, opts: &LoadOptions) -> Result<Loaded, D
     match outcome {
         Ok(Ok(r)) => r,
         Ok(Err(panic)) => {
-            let what = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
+            let what = crate::outcome::panic_text(panic.as_ref());
             Err(whole_file_error(path, format!("cannot read the pipeline: the loader failed on it ({what}); please report this file")))
         }
         Err(e) => Err(whole_file_error(path, format!("cannot read the pipeline: starting the loader: {e}"))),
@@ -196,7 +192,9 @@ fn load_here(text: &str, path: &Path, opts: &LoadOptions) -> Result<Loaded, Diag
     let file_id = files.add(path);
     let text = substitute_bounded(text, &opts.vars).map_err(|m| whole_file_error(path, m))?;
     let mut reader = FileReader { dir: dir.clone(), root: opts.root.clone(), inlined: 0, reads: Vec::new(), cache: HashMap::new() };
-    let (root, yaml_problems) = yaml::parse(&text, file_id).map_err(|e| {
+    // One allowance of nodes and text for the pipeline and every file it includes.
+    let mut spent = yaml::Size::default();
+    let (root, yaml_problems) = yaml::parse_within(&text, file_id, &mut spent).map_err(|e| {
         Diagnostics(vec![Diagnostic {
             file: path.to_path_buf(),
             line: e.mark.line,
@@ -217,7 +215,7 @@ fn load_here(text: &str, path: &Path, opts: &LoadOptions) -> Result<Loaded, Diag
 
     // Includes first, so positions and decoding cover the included documents.
     let mut include_problems = Vec::new();
-    inline_includes(&mut root, &mut reader, &mut files, opts, &mut include_problems);
+    inline_includes(&mut root, &mut reader, &mut files, opts, &mut spent, &mut include_problems);
     let map = SourceMap::build(&root);
     let mut report = Report::new(&files, &map);
     for p in yaml_problems {
@@ -266,16 +264,7 @@ fn load_here(text: &str, path: &Path, opts: &LoadOptions) -> Result<Loaded, Diag
 const SUBSTITUTED_CAP: usize = 16 << 20;
 
 fn substitute_bounded(text: &str, vars: &Vars) -> Result<String, String> {
-    let grown: usize = crate::vars::find_refs(text)
-        .iter()
-        .filter_map(|(_, name)| vars.get(*name).map(String::len))
-        .fold(text.len(), usize::saturating_add);
-    if grown > SUBSTITUTED_CAP {
-        return Err(format!(
-            "substituting ((vars)) would make the pipeline {grown} bytes, over the limit of {SUBSTITUTED_CAP}: a variable holding a large value is used many times"
-        ));
-    }
-    Ok(substitute(text, vars))
+    crate::vars::substitute_within(text, vars, SUBSTITUTED_CAP)
 }
 
 /// The most text the loader inlines from files (each use counts: a file
@@ -339,6 +328,7 @@ fn inline_includes(
     reader: &mut FileReader,
     files: &mut SourceFiles,
     opts: &LoadOptions,
+    spent: &mut yaml::Size,
     problems: &mut Vec<(Mark, String, String)>,
 ) {
     let NodeKind::Map(entries) = &mut root.kind else { return };
@@ -370,7 +360,7 @@ fn inline_includes(
                     continue;
                 }
             };
-            let doc = match yaml::parse(&text, id) {
+            let doc = match yaml::parse_within(&text, id, spent) {
                 Ok((Some(doc), dup)) => {
                     for d in dup {
                         problems.push((d.mark, fpath.clone(), d.message));

@@ -245,10 +245,17 @@ pub struct RedisQueue {
     /// The ids among them this consumer took: the leases it renews. (An
     /// entry it only pushed is renewed by whoever took it, or comes back.)
     taken: Mutex<std::collections::HashSet<String>>,
-    /// How many times this consumer found the group gone and made it again,
-    /// and how many of those [`Queue::ensure`] has reported.
-    resets: std::sync::atomic::AtomicU64,
-    reported_resets: std::sync::atomic::AtomicU64,
+    /// The generation of the stream this consumer last saw: whoever makes
+    /// the consumer group (a Redis that restarted empty lost it) writes a
+    /// new one beside it, so every consumer learns the queue was lost,
+    /// whoever noticed first.
+    generation: Mutex<Option<String>>,
+}
+
+/// A new generation mark for a stream.
+fn new_generation() -> String {
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    format!("{}-{t}", std::process::id())
 }
 
 impl RedisQueue {
@@ -265,7 +272,12 @@ impl RedisQueue {
             .set_max_delay(2_000);
         let mut conn = client.get_connection_manager_with_config(config).await.map_err(err)?;
         let group = "steppe-workers".to_string();
-        create_group(&mut conn, key, &group).await.map_err(err)?;
+        let gen_key = format!("{key}:generation");
+        if create_group(&mut conn, key, &group).await.map_err(err)? {
+            let _: () = redis::cmd("SET").arg(&gen_key).arg(new_generation()).query_async(&mut conn).await.map_err(err)?;
+        }
+        let _: () = redis::cmd("SET").arg(&gen_key).arg(new_generation()).arg("NX").query_async(&mut conn).await.map_err(err)?;
+        let seen: Option<String> = redis::cmd("GET").arg(&gen_key).query_async(&mut conn).await.map_err(err)?;
         Ok(RedisQueue {
             url: shown.clone(),
             client,
@@ -276,8 +288,7 @@ impl RedisQueue {
             lease,
             entries: Mutex::new(HashMap::new()),
             taken: Default::default(),
-            resets: Default::default(),
-            reported_resets: Default::default(),
+            generation: Mutex::new(seen),
         })
     }
 
@@ -353,9 +364,9 @@ impl RedisQueue {
     }
 
     /// Runs a command that answers at once on the managed connection; a
-    /// connection error is retried with backoff for about ten seconds while
-    /// the connection comes back, so one dropped connection or a quick Redis
-    /// restart fails nothing.
+    /// lost connection is retried with backoff (about six seconds of waiting
+    /// in all) while it comes back, so one dropped connection or a quick
+    /// Redis restart fails nothing.
     async fn retry<T, F, Fut>(&self, f: F) -> Result<T, QueueError>
     where
         F: Fn(redis::aio::ConnectionManager) -> Fut,
@@ -364,13 +375,29 @@ impl RedisQueue {
         let mut wait = Duration::from_millis(100);
         loop {
             match f(self.conn.clone()).await {
-                Err(e) if transient(&e) && wait <= Duration::from_millis(3200) => {
+                Err(e) if connection_lost(&e) && wait <= Duration::from_millis(3200) => {
                     tokio::time::sleep(wait).await;
                     wait *= 2;
                 }
                 r => return r.map_err(|e| self.err(e)),
             }
         }
+    }
+
+    /// Makes the consumer group (and the stream) if it is missing, marking
+    /// a new generation when it was; true if it was.
+    async fn make_group(&self) -> Result<bool, QueueError> {
+        let created = self.retry(|mut c| async move { create_group(&mut c, &self.key, &self.group).await }).await?;
+        if created {
+            let (gen_key, generation) = (format!("{}:generation", self.key), new_generation());
+            let _: () = self
+                .retry(|mut c| {
+                    let (gen_key, generation) = (&gen_key, &generation);
+                    async move { redis::cmd("SET").arg(gen_key).arg(generation).query_async(&mut c).await }
+                })
+                .await?;
+        }
+        Ok(created)
     }
 
     /// A connection for one read that blocks up to `wait`.
@@ -380,10 +407,12 @@ impl RedisQueue {
     }
 }
 
-/// A connection error (a dropped connection, Redis restarting): the
-/// connection manager reconnects, so the command is worth sending again.
-fn transient(e: &redis::RedisError) -> bool {
-    e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout()
+/// The connection was lost before the command could be answered (dropped,
+/// refused, Redis restarting): worth sending again once connected. Not a
+/// timeout: that command may have been carried out, and a second XADD
+/// would queue a step twice.
+pub(crate) fn connection_lost(e: &redis::RedisError) -> bool {
+    !e.is_timeout() && (e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal())
 }
 
 /// How long to wait for Redis to accept a connection, and to answer a
@@ -494,9 +523,7 @@ impl Queue for RedisQueue {
                 // The group went with a Redis that restarted empty: make it
                 // again (whoever watches `ensure` learns the queue was lost).
                 Err(QueueError::Backend { message, .. }) if missing_group(&message) => {
-                    if self.retry(|mut c| async move { create_group(&mut c, &self.key, &self.group).await }).await? {
-                        self.resets.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                    }
+                    self.make_group().await?;
                     self.pop_once(wait).await
                 }
                 r => r,
@@ -571,10 +598,17 @@ impl Queue for RedisQueue {
 
     fn ensure(&self) -> BoxFuture<'_, Result<bool, QueueError>> {
         Box::pin(async move {
-            let created = self.retry(|mut c| async move { create_group(&mut c, &self.key, &self.group).await }).await?;
-            let resets = self.resets.load(std::sync::atomic::Ordering::SeqCst);
-            let seen = self.reported_resets.swap(resets, std::sync::atomic::Ordering::SeqCst);
-            Ok(created || resets != seen)
+            let created = self.make_group().await?;
+            let gen_key = format!("{}:generation", self.key);
+            let now: Option<String> = self.retry(|mut c| {
+                let gen_key = &gen_key;
+                async move { redis::cmd("GET").arg(gen_key).query_async(&mut c).await }
+            })
+            .await?;
+            let mut seen = self.generation.lock().unwrap_or_else(|p| p.into_inner());
+            let changed = now.is_some() && *seen != now;
+            *seen = now;
+            Ok(created || changed)
         })
     }
 }

@@ -30,7 +30,10 @@ pub fn mask_urls(text: &str) -> Cow<'_, str> {
 
 /// Reads a secret (a token, a password) from a file: trimmed, never empty.
 pub fn read_file(path: &std::path::Path, flag: &str) -> Result<String, String> {
-    let bytes = crate::confine::read_capped(path, 64 << 10).map_err(|e| format!("{flag} {}: it {e}", path.display()))?;
+    use std::io::Read;
+    // A file, or a pipe (`--token-file <(pass show steppe)`); 64 KiB at most.
+    let mut bytes = Vec::new();
+    std::fs::File::open(path).and_then(|f| f.take(64 << 10).read_to_end(&mut bytes)).map_err(|e| format!("{flag} {}: {e}", path.display()))?;
     let text = String::from_utf8(bytes).map_err(|_| format!("{flag} {}: not UTF-8 text", path.display()))?;
     let text = text.trim().to_string();
     if text.is_empty() {

@@ -9,8 +9,8 @@ use std::sync::Mutex;
 
 use crate::store::{ApprovalRecord, LogLine, RunRecord, StepRecord, Store, StoreError};
 
-/// The most writes kept while the backend is away; more are refused.
-const KEPT_MAX: usize = 100_000;
+/// The most kept while the backend is away (bytes, about); more is refused.
+const KEPT_MAX: usize = 64 << 20;
 
 enum Write {
     StartRun(String, String, i64),
@@ -22,14 +22,29 @@ enum Write {
     Green(String, String, serde_json::Value),
 }
 
+impl Write {
+    /// About how much memory it takes.
+    fn weight(&self) -> usize {
+        64 + match self {
+            Write::Logs(_, lines) => lines.iter().map(|l| l.line.len() + l.step.len() + 32).sum(),
+            Write::Step(s) => s.message.len() + s.detail.as_ref().map_or(0, String::len),
+            Write::FinishRun(r) => r.message.len(),
+            Write::Event(_, _, _, m) => m.len(),
+            Write::Versions(_, v) => v.iter().map(|x| x.to_string().len()).sum(),
+            Write::StartRun(..) | Write::Green(..) => 0,
+        }
+    }
+}
+
 pub struct Outbox<S> {
     inner: S,
-    kept: Mutex<VecDeque<Write>>,
+    /// The writes waiting, and their weight.
+    kept: Mutex<(VecDeque<Write>, usize)>,
 }
 
 impl<S: Store> Outbox<S> {
     pub fn new(inner: S) -> Self {
-        Outbox { inner, kept: Mutex::new(VecDeque::new()) }
+        Outbox { inner, kept: Mutex::new((VecDeque::new(), 0)) }
     }
 
     fn apply(&self, w: &Write) -> Result<(), StoreError> {
@@ -45,15 +60,17 @@ impl<S: Store> Outbox<S> {
     }
 
     /// Delivers what was kept, oldest first; stops at the first that fails.
-    fn drain(&self, kept: &mut VecDeque<Write>) -> Result<(), StoreError> {
-        while let Some(w) = kept.front() {
+    fn drain(&self, kept: &mut (VecDeque<Write>, usize)) -> Result<(), StoreError> {
+        while let Some(w) = kept.0.front() {
             match self.apply(w) {
                 Ok(()) => {}
                 Err(e @ StoreError::Unavailable { .. }) => return Err(e),
                 // The backend is back but refuses this one: it would block the rest.
                 Err(e) => eprintln!("steppe: a kept history write was refused and dropped: {e}"),
             }
-            kept.pop_front();
+            if let Some(w) = kept.0.pop_front() {
+                kept.1 -= w.weight();
+            }
         }
         if let Some(l) = crate::outage::recovered("the history store") {
             eprintln!("steppe: {l}");
@@ -64,17 +81,18 @@ impl<S: Store> Outbox<S> {
     /// Writes now, after whatever waits; keeps it if the backend is away.
     fn write(&self, w: Write) -> Result<(), StoreError> {
         let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
-        let r = if kept.is_empty() { self.apply(&w) } else { self.drain(&mut kept).and_then(|()| self.apply(&w)) };
+        let r = if kept.0.is_empty() { self.apply(&w) } else { self.drain(&mut kept).and_then(|()| self.apply(&w)) };
         match r {
             Ok(()) => Ok(()),
             Err(e @ StoreError::Unavailable { .. }) => {
                 if let Some(l) = crate::outage::failed("the history store", &format!("{e}; keeping its writes until it is back")) {
                     eprintln!("steppe: {l}");
                 }
-                if kept.len() >= KEPT_MAX {
+                if kept.1 + w.weight() > KEPT_MAX {
                     return Err(e);
                 }
-                kept.push_back(w);
+                kept.1 += w.weight();
+                kept.0.push_back(w);
                 Ok(())
             }
             Err(e) => Err(e),
@@ -84,7 +102,7 @@ impl<S: Store> Outbox<S> {
     /// Reads see what was written: what waits goes first (if it can).
     fn settle(&self) {
         let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
-        if !kept.is_empty() {
+        if !kept.0.is_empty() {
             let _ = self.drain(&mut kept);
         }
     }

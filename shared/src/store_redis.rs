@@ -26,9 +26,9 @@ const RESPONSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10)
 const BACKOFF_MIN: std::time::Duration = std::time::Duration::from_secs(1);
 const BACKOFF_MAX: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// An error of the connection rather than of the command: worth connecting again.
+/// An error of the connection rather than of the command: it is made again.
 fn broken(e: &redis::RedisError) -> bool {
-    e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout()
+    crate::queue::connection_lost(e) || e.is_timeout()
 }
 
 impl RedisStore {
@@ -90,13 +90,16 @@ impl RedisStore {
             };
             match f(conn) {
                 Ok(v) => return Ok(v),
-                Err(e) if broken(&e) => {
-                    *c = None;
-                    if fresh {
-                        return Err(self.err(e));
+                // Lost before an answer: try once more on a new connection.
+                Err(e) if crate::queue::connection_lost(&e) && !fresh => *c = None,
+                // A timeout may have been carried out: not repeated, but the
+                // connection (which may still get that answer) is replaced.
+                Err(e) => {
+                    if broken(&e) {
+                        *c = None;
                     }
+                    return Err(self.err(e));
                 }
-                Err(e) => return Err(self.err(e)),
             }
         }
         Err(StoreError::Redis { url: self.url.clone(), message: "no connection".into() })

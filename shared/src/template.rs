@@ -7,33 +7,74 @@ use gtmpl::{Context, Template};
 use gtmpl_value::{FuncError, Number, Value};
 
 /// How deeply a template's blocks (`if`, `range`, `with`, `else if` chains)
-/// and an action's parentheses may nest, and ranges inside ranges: the
-/// renderer recurses over them, on the coordinator, with a pipeline's data.
+/// and an action's parentheses may nest, how many actions it may hold, and
+/// whether a range may hold another: the renderer recurses over blocks and
+/// a range multiplies what it holds by its data.
 const MAX_NESTING: usize = 32;
-const MAX_RANGES: usize = 2;
+const MAX_ACTIONS: usize = 10_000;
 
 /// The most a template may render, and a `replace` may make.
 const MAX_OUTPUT: usize = 8 << 20;
 
-/// Refuses what would make rendering recurse without bound or multiply
-/// without bound: `define`/`template`/`block` (a template may call itself),
-/// deep nesting, ranges in ranges in ranges.
-fn check(text: &str) -> Result<(), String> {
-    // Open blocks: (is a range, else-chain length).
-    let mut open: Vec<(bool, usize)> = Vec::new();
+/// The actions of a template (`{{ … }}`), read the way the renderer reads
+/// them: a `}}` inside a string or a comment does not end one.
+fn actions(text: &str) -> Result<Vec<&str>, String> {
+    let mut out = Vec::new();
     let mut rest = text;
     while let Some(start) = rest.find("{{") {
-        let Some(len) = rest[start..].find("}}") else { break };
-        let action = rest[start + 2..start + len].trim_matches(|c: char| c == '-' || c.is_whitespace());
-        rest = &rest[start + len + 2..];
+        let body = &rest[start + 2..];
+        let bytes = body.as_bytes();
+        let mut i = 0;
+        let end = loop {
+            match bytes.get(i) {
+                None => return Err("template: an action is not closed with }}".into()),
+                Some(b'}') if bytes.get(i + 1) == Some(&b'}') => break i,
+                Some(q @ (b'"' | b'\'' | b'`')) => {
+                    let q = *q;
+                    i += 1;
+                    while let Some(&c) = bytes.get(i) {
+                        if c == b'\\' && q != b'`' {
+                            i += 2;
+                            continue;
+                        }
+                        i += 1;
+                        if c == q {
+                            break;
+                        }
+                    }
+                }
+                Some(b'/') if bytes.get(i + 1) == Some(&b'*') => {
+                    i = body[i + 2..].find("*/").map(|j| i + 2 + j + 2).unwrap_or(bytes.len());
+                }
+                Some(_) => i += 1,
+            }
+        };
+        out.push(body[..end].trim_matches(|c: char| c == '-' || c.is_whitespace()));
+        rest = &body[end + 2..];
+    }
+    Ok(out)
+}
+
+/// Refuses what would make rendering recurse or multiply without bound:
+/// `define`/`template`/`block` (a template may call itself), deep nesting,
+/// a range inside a range, very many actions.
+fn check(text: &str) -> Result<(), String> {
+    let actions = actions(text)?;
+    if actions.len() > MAX_ACTIONS {
+        return Err(format!("template: {} actions; at most {MAX_ACTIONS}", actions.len()));
+    }
+    // Open blocks: (is a range, else-chain length).
+    let mut open: Vec<(bool, usize)> = Vec::new();
+    for action in actions {
         if action.starts_with("/*") {
             continue;
         }
-        let mut words = action.split_whitespace();
+        let mut words = action.split(|c: char| c.is_whitespace() || c == '(').filter(|w| !w.is_empty());
         let first = words.next().unwrap_or_default();
         let second = words.next().unwrap_or_default();
         match first {
             "define" | "template" | "block" => return Err(format!("template: {{{{{first}}}}} is not supported here (a template could call itself without end)")),
+            "range" if open.iter().any(|(range, _)| *range) => return Err("template: a range may not hold another range".into()),
             "if" | "with" | "range" => open.push((first == "range", 0)),
             "else" if matches!(second, "if" | "with") => {
                 if let Some(top) = open.last_mut() {
@@ -48,9 +89,6 @@ fn check(text: &str) -> Result<(), String> {
         let depth: usize = open.iter().map(|(_, chain)| 1 + chain).sum();
         if depth > MAX_NESTING {
             return Err(format!("template: blocks nest more than {MAX_NESTING} levels deep"));
-        }
-        if open.iter().filter(|(range, _)| *range).count() > MAX_RANGES {
-            return Err(format!("template: a range may hold at most {} more range(s)", MAX_RANGES - 1));
         }
         let mut parens = 0usize;
         for c in action.chars() {
@@ -67,6 +105,23 @@ fn check(text: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Where a render goes: refuses to grow past [`MAX_OUTPUT`], so a template
+/// stops as soon as it would.
+struct Bounded(Vec<u8>);
+
+impl std::io::Write for Bounded {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if self.0.len() + b.len() > MAX_OUTPUT {
+            return Err(std::io::Error::other(format!("renders over {MAX_OUTPUT} bytes")));
+        }
+        self.0.extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Renders `text` with `data` (a JSON object such as `{source, version, params}`).
 pub fn render(text: &str, data: &serde_json::Value) -> Result<String, String> {
     if !text.contains("{{") {
@@ -76,11 +131,9 @@ pub fn render(text: &str, data: &serde_json::Value) -> Result<String, String> {
     let mut t = Template::default();
     t.add_funcs(&FUNCS);
     t.parse(text).map_err(|e| format!("template: {e}"))?;
-    let out = t.render(&Context::from(to_value(data))).map_err(|e| format!("template: {e}"))?;
-    if out.len() > MAX_OUTPUT {
-        return Err(format!("template: renders {} bytes, over the limit of {MAX_OUTPUT}", out.len()));
-    }
-    Ok(out)
+    let mut out = Bounded(Vec::new());
+    t.execute(&mut out, &Context::from(to_value(data))).map_err(|e| format!("template: {e}"))?;
+    String::from_utf8(out.0).map_err(|e| format!("template: {e}"))
 }
 
 /// JSON → template value. Objects become `Object`s, whose missing fields are
@@ -293,15 +346,24 @@ mod tests {
         let d = json!({"source": {"l": [1, 2, 3]}, "vars": {"x": "a"}});
         let recursive = r#"{{define "a"}}x{{template "a"}}{{end}}{{template "a"}}"#;
         assert!(render(recursive, &d).unwrap_err().contains("is not supported here"));
-        let deep = format!("{}x{}", "{{if true}}".repeat(20_000), "{{end}}".repeat(20_000));
+        let deep = format!("{}x{}", "{{if true}}".repeat(100), "{{end}}".repeat(100));
         assert!(render(&deep, &d).unwrap_err().contains("nest more than"));
-        let chain = format!("{{{{if false}}}}{}x{{{{end}}}}", "{{else if false}}".repeat(20_000));
+        let chain = format!("{{{{if false}}}}{}x{{{{end}}}}", "{{else if false}}".repeat(100));
         assert!(render(&chain, &d).unwrap_err().contains("nest more than"));
         let parens = format!("{{{{ {}1{} }}}}", "(".repeat(10_000), ")".repeat(10_000));
         assert!(render(&parens, &d).unwrap_err().contains("parentheses nest"));
-        let ranges = "{{range .source.l}}{{range $.source.l}}{{range $.source.l}}x{{end}}{{end}}{{end}}";
-        assert!(render(ranges, &d).unwrap_err().contains("at most 1 more range"));
-        assert_eq!(render("{{range .source.l}}{{range $.source.l}}x{{end}}{{end}}", &d).unwrap(), "x".repeat(9), "a range in a range is fine");
+        let ranges = "{{range .source.l}}{{range $.source.l}}x{{end}}{{end}}";
+        assert!(render(ranges, &d).unwrap_err().contains("may not hold another range"));
+        assert_eq!(render("{{range .source.l}}x{{end}}{{range .source.l}}y{{end}}", &d).unwrap(), "xxxyyy", "ranges one after another are fine");
+        // A `}}` inside a string or a comment does not hide a block from the count.
+        let hidden = format!("{}x{}", r#"{{if 1}}{{"}}{{end}}"}}"#.repeat(100), "{{end}}".repeat(100));
+        assert!(render(&hidden, &d).unwrap_err().contains("nest more than"));
+        let commented = format!("{}x{}", "{{if 1}}{{/* }} */}}".repeat(100), "{{end}}".repeat(100));
+        assert!(render(&commented, &d).unwrap_err().contains("nest more than"));
+        let many = "{{ .vars.x }}".repeat(20_000);
+        assert!(render(&many, &d).unwrap_err().contains("actions; at most"));
+        let big = json!({"source": {"l": vec!["y".repeat(1 << 20); 16]}});
+        assert!(render("{{range .source.l}}{{.}}{{.}}{{end}}", &big).unwrap_err().contains("renders over"), "stopped as it grows, not after");
         let grow = format!("{{{{ {}.vars.x{} }}}}", r#"replace "a" "aaaaaaaaaaaaaaaa" ("#.repeat(12), ")".repeat(12));
         let e = render(&grow, &d).unwrap_err();
         assert!(e.contains("replace would make over"), "nested replaces multiply: refused: {e}");

@@ -48,6 +48,16 @@ pub fn substitute(text: &str, vars: &Vars) -> String {
     out
 }
 
+/// As [`substitute`], refusing to make more than `cap` bytes (a variable
+/// holding a large value, used many times).
+pub fn substitute_within(text: &str, vars: &Vars, cap: usize) -> Result<String, String> {
+    let grown: usize = find_refs(text).iter().filter_map(|(_, name)| vars.get(*name).map(String::len)).fold(text.len(), usize::saturating_add);
+    if grown > cap {
+        return Err(format!("substituting ((vars)) would make {grown} bytes, over the limit of {cap}: a variable holding a large value is used many times"));
+    }
+    Ok(substitute(text, vars))
+}
+
 /// Parses a `--var k=v` flag.
 pub fn parse_var_flag(flag: &str) -> Result<(String, String), String> {
     match flag.split_once('=') {

@@ -158,9 +158,11 @@ pub const MAX_NODES: usize = 500_000;
 /// How much scalar text a document may hold once its aliases are expanded.
 pub const MAX_TEXT: usize = 64 << 20;
 
-/// What a subtree weighs: its nodes and the bytes of its scalars.
+/// What a subtree weighs: its nodes and the bytes of its scalars. A
+/// [`Size`] carried from one parse to the next (a pipeline and the files it
+/// includes) holds them to [`MAX_NODES`] and [`MAX_TEXT`] together.
 #[derive(Debug, Clone, Copy, Default)]
-struct Size {
+pub struct Size {
     nodes: usize,
     bytes: usize,
 }
@@ -179,13 +181,18 @@ const ONE: Size = Size { nodes: 1, bytes: 0 };
 /// A document nested deeper than [`MAX_DEPTH`] or larger than [`MAX_NODES`]
 /// is an error at the node that crossed the limit.
 pub fn parse(text: &str, file: FileId) -> Result<(Option<Node>, Vec<YamlError>), YamlError> {
+    parse_within(text, file, &mut Size::default())
+}
+
+/// As [`parse`], counting against (and adding to) `spent`.
+pub fn parse_within(text: &str, file: FileId, spent: &mut Size) -> Result<(Option<Node>, Vec<YamlError>), YamlError> {
     let mut builder = Builder {
         file,
         stack: Vec::new(),
         anchors: HashMap::new(),
         root: None,
         problems: Vec::new(),
-        total: Size::default(),
+        total: *spent,
         fatal: None,
     };
     let mut parser = Parser::new_from_str(text);
@@ -197,6 +204,7 @@ pub fn parse(text: &str, file: FileId) -> Result<(Option<Node>, Vec<YamlError>),
         },
         message: e.info().to_string(),
     })?;
+    *spent = builder.total;
     if let Some(f) = builder.fatal {
         return Err(f);
     }
@@ -259,7 +267,8 @@ impl Builder {
     }
 
     fn complete(&mut self, node: Node, anchor: usize, size: Size) {
-        if anchor != 0 {
+        // An anchor keeps a copy of its tree: that copy counts too.
+        if anchor != 0 && self.grow(size, node.mark, false) {
             self.anchors.insert(anchor, (node.clone(), size));
         }
         match self.stack.last_mut() {
@@ -546,6 +555,24 @@ mod tests {
         doc.push_str("]\n");
         let e = parse(&doc, 0).unwrap_err();
         assert!(e.message.contains("MiB of text"), "{e:?}");
+    }
+
+    #[test]
+    fn anchored_copies_and_several_documents_count_together() {
+        // Each anchor keeps a copy of its tree: nested anchors around a large
+        // list hold as many copies as there are anchors.
+        let mut doc = format!("[{}]", vec!["x"; 10_000].join(", "));
+        for i in 0..100 {
+            doc = format!("[&a{i} {doc}]");
+        }
+        let e = parse(&doc, 0).unwrap_err();
+        assert!(e.message.contains("more than"), "{e:?}");
+        // A pipeline and its includes share one allowance.
+        let part = format!("[{}]", vec!["x"; MAX_NODES / 3].join(","));
+        let mut spent = Size::default();
+        assert!(parse_within(&part, 0, &mut spent).is_ok());
+        assert!(parse_within(&part, 1, &mut spent).is_ok());
+        assert!(parse_within(&part, 2, &mut spent).is_err(), "the third third crosses the pipeline's allowance");
     }
 
     #[test]

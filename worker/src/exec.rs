@@ -221,9 +221,13 @@ fn cap(s: &str, n: usize) -> &str {
 /// aborts already classified), `Err` when it could not start.
 async fn run_command(a: &Assignment, dir: &Path, sink: &Arc<dyn LineSink>, cancel: &watch::Receiver<bool>) -> Result<AssignmentResult, Box<AssignmentResult>> {
     let fail = |e: StepError| Box::new(AssignmentResult::of(a, Err(e)));
+    let command = match &a.template {
+        Some(data) => steppe_shared::template::render(&a.command, data).map_err(|e| fail(StepError::errored(format!("{}: {e}", a.step))))?,
+        None => a.command.clone(),
+    };
     let mut cancel = cancel.clone();
     let mut cmd = Command::new("sh");
-    cmd.arg("-c").arg(&a.command).current_dir(dir).env_clear();
+    cmd.arg("-c").arg(&command).current_dir(dir).env_clear();
     for name in HOST_ENV.iter().copied().chain(a.env.iter().map(String::as_str)) {
         if let Some(v) = std::env::var_os(name) {
             cmd.env(name, v);

@@ -142,7 +142,14 @@ impl Running {
     async fn run_one(self, a: Assignment, cancel: tokio::sync::watch::Receiver<bool>, _slot: Option<tokio::sync::OwnedSemaphorePermit>) {
         let Running { tx, store, work_root, cancels, queue } = self;
         let sink = Arc::new(Lines { tx: tx.clone(), id: a.id.clone(), dropped: Default::default() });
-        let r = execute(&a, store.clone(), &work_root, sink.clone(), cancel).await;
+        let r = match &a.cwd {
+            // Only the coordinator's own process runs a step in a directory of its host.
+            steppe_shared::assignment::Cwd::Host(p) => steppe_shared::assignment::AssignmentResult::of(
+                &a,
+                Err(steppe_shared::outcome::StepError::errored(format!("{}: a worker does not run a step in a directory of its host ({}) named by the coordinator", a.step, p.display()))),
+            ),
+            _ => execute(&a, store.clone(), &work_root, sink.clone(), cancel).await,
+        };
         cancels.done(&a.id);
         let dropped = sink.dropped.swap(0, std::sync::atomic::Ordering::Relaxed);
         if dropped > 0 {
@@ -290,7 +297,11 @@ pub async fn run(config: WorkerConfig) -> Result<(), WorkerError> {
                 lost_at = Some(std::time::Instant::now());
                 backoff = Duration::from_millis(250);
             }
-            Err(e) if e.transient() => {
+            Err(e) if e.transient() && !config.reconnect_for.is_zero() => {
+                if lost_at.is_none() {
+                    // Said once: a coordinator not up yet, or a mistyped URL.
+                    eprintln!("steppe worker {}: {e}; trying again for up to {} (--reconnect-for)", config.name, crate::exec::fmt_duration(config.reconnect_for));
+                }
                 let since = *lost_at.get_or_insert_with(std::time::Instant::now);
                 if since.elapsed() >= config.reconnect_for {
                     return Err(e);

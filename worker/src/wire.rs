@@ -43,6 +43,7 @@ pub fn assignment_to_wire(a: &Assignment) -> v1::Assignment {
         stream: a.stream,
         agent_json: a.agent.as_ref().and_then(|w| serde_json::to_string(w).ok()).unwrap_or_default(),
         fix_json: a.fix.as_ref().and_then(|w| serde_json::to_string(w).ok()).unwrap_or_default(),
+        template_json: a.template.as_ref().map(|d| d.to_string()).unwrap_or_default(),
     }
 }
 
@@ -72,6 +73,7 @@ pub fn assignment_from_wire(a: v1::Assignment) -> Assignment {
         stream: a.stream,
         agent: if a.agent_json.is_empty() { None } else { serde_json::from_str(&a.agent_json).ok().map(Box::new) },
         fix: if a.fix_json.is_empty() { None } else { serde_json::from_str(&a.fix_json).ok().map(Box::new) },
+        template: if a.template_json.is_empty() { None } else { serde_json::from_str(&a.template_json).ok() },
     }
 }
 
@@ -169,14 +171,21 @@ pub fn offload_payload(r: &mut v1::AssignmentResult, store: &dyn steppe_shared::
     Ok(())
 }
 
+/// The most one file of a result's payload may hold.
+const PAYLOAD_FILE_MAX: u64 = 64 << 20;
+
 /// Brings a result's text back from its payload artifact, if it has one.
 pub fn restore_payload(r: &mut v1::AssignmentResult, store: &dyn steppe_shared::artifacts::ArtifactStore, scratch: &std::path::Path) -> std::io::Result<()> {
     let Some(p) = r.payload.take() else { return Ok(()) };
     let dir = scratch.join(format!("payload-in-{}-{}", r.assignment_id, r.epoch));
     let _ = std::fs::remove_dir_all(&dir);
-    let got = store.materialize(&ArtifactRef { digest: p.digest }, &dir).and_then(|()| {
-        Ok((std::fs::read(dir.join("stdout"))?, std::fs::read(dir.join("stderr"))?, std::fs::read(dir.join("agent.json"))?))
-    });
+    // The artifact came from a worker: a symlink in it must not lead to this host's files.
+    let read = |name: &str| {
+        steppe_shared::confine::resolve(&dir, name, Some(&dir), "the result's payload")
+            .and_then(|p| steppe_shared::confine::read_capped(&p, PAYLOAD_FILE_MAX))
+            .map_err(|e| std::io::Error::other(format!("{name} {e}")))
+    };
+    let got = store.materialize(&ArtifactRef { digest: p.digest }, &dir).and_then(|()| Ok((read("stdout")?, read("stderr")?, read("agent.json")?)));
     let _ = std::fs::remove_dir_all(&dir);
     let (out, err, agent) = got?;
     r.stdout = String::from_utf8_lossy(&out).into_owned();
@@ -210,6 +219,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_payload_pointing_out_of_itself_is_refused() {
+        let base = std::env::temp_dir().join(format!("steppe-payload-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let tree = base.join("tree");
+        std::fs::create_dir_all(&tree).unwrap();
+        std::fs::write(base.join("secret"), "coordinator only").unwrap();
+        std::os::unix::fs::symlink(base.join("secret"), tree.join("stdout")).unwrap();
+        std::fs::write(tree.join("stderr"), "").unwrap();
+        std::fs::write(tree.join("agent.json"), "").unwrap();
+        let store = steppe_shared::artifacts::LocalArtifactStore::new(&base.join("store")).unwrap();
+        let r = steppe_shared::artifacts::ArtifactStore::put_dir(&store, &tree).unwrap();
+        let mut wire = v1::AssignmentResult { payload: Some(v1::ArtifactRef { digest: r.digest }), ..Default::default() };
+        let e = restore_payload(&mut wire, &store, &base).unwrap_err();
+        assert!(e.to_string().contains("leads outside"), "{e}");
+        assert!(!wire.stdout.contains("coordinator only"));
+    }
+
+    #[test]
     fn assignments_and_results_round_trip() {
         let a = Assignment {
             id: "a1".into(),
@@ -218,7 +245,8 @@ mod tests {
             attempt: 2,
             epoch: 1,
             pool: String::new(),
-            command: "echo hi".into(),
+            command: "echo {{ .source.x }}".into(),
+            template: Some(serde_json::json!({"source": {"x": 1}})),
             env: vec!["GOFLAGS".into()],
             cwd: Cwd::Host(PathBuf::from("/srv")),
             inputs: vec![("src".into(), ArtifactRef { digest: "abc".into() })],
@@ -231,7 +259,7 @@ mod tests {
             fix: None,
         };
         let b = assignment_from_wire(assignment_to_wire(&a));
-        assert_eq!((b.id, b.cwd, b.inputs, b.timeout, b.judge), (a.id, a.cwd, a.inputs, a.timeout, a.judge));
+        assert_eq!((b.id, b.cwd, b.inputs, b.timeout, b.judge, b.template), (a.id, a.cwd, a.inputs, a.timeout, a.judge, a.template));
         let r = AssignmentResult {
             assignment_id: "a1".into(),
             epoch: 3,

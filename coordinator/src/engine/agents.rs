@@ -71,7 +71,7 @@ fn refuse_unconfined(name: &str, def: &AgentDef, s: &Step) -> Result<(), StepErr
         ("image", def.image.as_deref().or(s.image.as_deref()).map(str::to_string)),
         ("network", def.network.as_deref().or(s.network.as_deref()).map(str::to_string)),
         ("user", def.user.as_deref().or(s.user.as_deref()).map(str::to_string)),
-        ("privileged", def.privileged.or(s.privileged).filter(|p| *p).map(|_| "true".to_string())),
+        ("privileged", (def.privileged == Some(true) || s.privileged == Some(true)).then(|| "true".to_string())),
         ("container_limits", (def.container_limits.is_some() || s.container_limits.is_some()).then(|| "set".to_string())),
     ];
     let set: Vec<String> = asked.iter().filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}: {v}"))).collect();
@@ -140,7 +140,7 @@ impl JobRun {
                 .map(|fs| self.endpoint(fs, fs.model.as_deref().unwrap_or(&model), None))
                 .collect(),
         };
-        let render = |t: &str| render_cell(&self.subst(t), cell).map_err(|e| StepError::errored(format!("{name}: {e}")));
+        let render = |t: &str| self.subst(t).and_then(|t| render_cell(&t, cell)).map_err(|e| StepError::errored(format!("{name}: {e}")));
         let mut messages = Vec::new();
         for m in &s.resolved_messages {
             messages.push(match m {

@@ -30,6 +30,9 @@ use tokio::sync::watch;
 /// The most a `load_var:` step reads (its value is substituted into steps).
 const LOAD_VAR_CAP: u64 = 1 << 20;
 
+/// The most text substituting `load_var` values may make of one field.
+const SUBSTITUTED_CAP: usize = 16 << 20;
+
 type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Everything one process-wide engine shares between runs.
@@ -275,25 +278,28 @@ impl JobRun {
     }
 
     /// Replaces `((name))` captured by earlier `load_var:` steps.
-    fn subst(&self, text: &str) -> String {
+    fn subst(&self, text: &str) -> Result<String, String> {
+        if find_refs(text).is_empty() {
+            return Ok(text.to_string());
+        }
         let vars = match self.vars.lock() {
             Ok(v) => v.clone(),
-            Err(_) => return text.to_string(),
+            Err(_) => return Ok(text.to_string()),
         };
-        if vars.is_empty() || find_refs(text).is_empty() {
-            return text.to_string();
+        if vars.is_empty() {
+            return Ok(text.to_string());
         }
         let map = vars.into_iter().collect();
-        steppe_shared::vars::substitute(text, &map)
+        steppe_shared::vars::substitute_within(text, &map, SUBSTITUTED_CAP)
     }
 
-    fn subst_value(&self, v: &Value) -> Value {
-        match v {
-            Value::String(s) => Value::String(self.subst(s)),
-            Value::Array(a) => Value::Array(a.iter().map(|x| self.subst_value(x)).collect()),
-            Value::Object(o) => Value::Object(o.iter().map(|(k, x)| (k.clone(), self.subst_value(x))).collect()),
+    fn subst_value(&self, v: &Value) -> Result<Value, String> {
+        Ok(match v {
+            Value::String(s) => Value::String(self.subst(s)?),
+            Value::Array(a) => Value::Array(a.iter().map(|x| self.subst_value(x)).collect::<Result<_, _>>()?),
+            Value::Object(o) => Value::Object(o.iter().map(|(k, x)| Ok((k.clone(), self.subst_value(x)?))).collect::<Result<_, String>>()?),
             other => other.clone(),
-        }
+        })
     }
 
     /// Runs the job: plan (with routing), job hooks, job assert.
@@ -614,7 +620,7 @@ impl JobRun {
             cwd: Cwd::StepDir,
             inputs,
             stream: false,
-            ..Assignment::command(&self.run_id, &format!("{} (when)", s.name().unwrap_or("step")), render_cell(&self.subst(cmd), cell).map_err(StepError::errored)?)
+            ..Assignment::command(&self.run_id, &format!("{} (when)", s.name().unwrap_or("step")), render_cell(&self.subst(cmd).map_err(StepError::errored)?, cell).map_err(StepError::errored)?)
         };
         let r = self.dispatch(a).await;
         match r.result {
@@ -699,13 +705,13 @@ impl JobRun {
         let label = if cell.is_empty() { name.clone() } else { cell_label(&name, cell) };
         let entry = self.entry(s);
         let run = s.run.clone().or_else(|| entry.and_then(|e| e.run.clone())).unwrap_or_default();
-        let command = match render_cell(&self.subst(&run), cell) {
+        let command = match self.subst(&run).and_then(|r| render_cell(&r, cell)) {
             Ok(c) => c,
             Err(e) => return self.finish_err(&label, StepError::errored(format!("{label}: {e}"))),
         };
         let outputs = s.outputs.clone().or_else(|| entry.and_then(|e| e.outputs.clone())).unwrap_or_default();
         let image = s.image.clone().filter(|i| !i.is_empty()).or_else(|| entry.and_then(|e| e.image.clone()));
-        let image = match image.map(|i| render_cell(&self.subst(&i), cell)).transpose() {
+        let image = match image.map(|i| self.subst(&i).and_then(|i| render_cell(&i, cell))).transpose() {
             Ok(i) => i,
             Err(e) => return self.finish_err(&label, StepError::errored(format!("{label}: {e}"))),
         };
@@ -761,18 +767,19 @@ impl JobRun {
         self.usage.lock().map(|u| u.iter().map(|(_, t)| t).sum()).unwrap_or(0)
     }
 
+    /// A temporary directory under the engine's scratch, gone when dropped.
+    fn temp(&self, what: &str) -> TempDir {
+        TempDir(self.engine.scratch.join(format!("{what}-{}", rand_suffix())))
+    }
+
     /// Stores a directory of small files (name → contents) as an artifact.
     fn store_files(&self, files: &[(String, String)]) -> std::io::Result<ArtifactRef> {
-        let dir = self.engine.scratch.join(format!("files-{}", rand_suffix()));
-        std::fs::create_dir_all(&dir)?;
-        let r = (|| {
-            for (n, t) in files {
-                std::fs::write(dir.join(n), t)?;
-            }
-            self.engine.store.put_dir(&dir)
-        })();
-        let _ = std::fs::remove_dir_all(&dir);
-        r
+        let dir = self.temp("files");
+        std::fs::create_dir_all(&dir.0)?;
+        for (n, t) in files {
+            std::fs::write(dir.0.join(n), t)?;
+        }
+        self.engine.store.put_dir(&dir.0)
     }
 
     fn finish_err(&self, label: &str, e: StepError) -> Done {
@@ -821,18 +828,17 @@ impl JobRun {
         let Some(r) = self.artifact(&first) else {
             return self.finish_err(&name, StepError::errored(format!("load_var {name}: input \"{first}\" was not produced")));
         };
-        let tmp = self.engine.scratch.join(format!("loadvar-{}", rand_suffix()));
+        let tmp = self.temp("loadvar");
         let store = self.engine.store.clone();
-        let dest = tmp.clone();
-        let res = tokio::task::spawn_blocking(move || store.materialize(&r, &dest)).await;
-        let rest: String = file.splitn(2, '/').nth(1).unwrap_or_default().to_string();
-        let text = match res {
-            // The artifact came from a step: a symlink in it must not lead to this host's files.
-            Ok(Ok(())) => steppe_shared::confine::read_text(&tmp, &rest, Some(&tmp), "the artifact", LOAD_VAR_CAP).map_err(|e| std::io::Error::other(format!("\"{rest}\" {e}"))),
-            Ok(Err(e)) => Err(e),
-            Err(e) => Err(std::io::Error::other(e.to_string())),
+        let rest: String = file.split_once('/').map(|(_, r)| r).unwrap_or_default().to_string();
+        let (dest, inside) = (tmp.0.clone(), rest.clone());
+        // The artifact came from a step: a symlink in it must not lead to this host's files.
+        let read = move || {
+            store.materialize(&r, &dest)?;
+            steppe_shared::confine::read_text(&dest, &inside, Some(&dest), "the artifact", LOAD_VAR_CAP).map_err(|e| std::io::Error::other(format!("\"{inside}\" {e}")))
         };
-        let _ = std::fs::remove_dir_all(&tmp);
+        let text = tokio::task::spawn_blocking(read).await.unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
+        drop(tmp);
         match text {
             Ok(t) => {
                 if let Ok(mut v) = self.vars.lock() {
@@ -848,7 +854,10 @@ impl JobRun {
     /// Approved succeeds; rejected fails; no decision in time aborts.
     async fn approval(self: &Arc<Self>, s: &Step) -> Done {
         let spec = s.approval.clone().unwrap_or_default();
-        let message = self.subst(spec.message.as_deref().unwrap_or("approve?"));
+        let message = match self.subst(spec.message.as_deref().unwrap_or("approve?")) {
+            Ok(m) => m,
+            Err(e) => return self.finish_err("approval", StepError::errored(format!("approval: {e}"))),
+        };
         let timeout = spec.timeout.and_then(|t| t.to_std()).unwrap_or(Duration::from_secs(24 * 3600));
         let Some(store) = self.engine.out.store().cloned() else {
             return Done::err(StepError::errored("approval: no store to park the approval in"), Vec::new());
@@ -973,6 +982,21 @@ impl JobRun {
                 Err(e) => return Done::err(e, Vec::new()),
             }
         }
+        // Collected outputs land in <out>/<v1>/<v2>/…: every value, those
+        // read from a file too, must be one plain directory name.
+        if !s.output_names().is_empty() {
+            let mut seen = std::collections::HashSet::new();
+            for (var, vals) in &values {
+                for v in vals {
+                    if !steppe_shared::validate::is_artifact_name(v) || !seen.insert((var.clone(), v.clone())) {
+                        return Done::err(
+                            StepError::failed(format!("across: value {v:?} of {var} cannot name a collected output directory (letters, digits, . _ - only, unique per axis)")),
+                            Vec::new(),
+                        );
+                    }
+                }
+            }
+        }
         let count = values.iter().map(|(_, v)| v.len()).fold(1usize, usize::saturating_mul);
         if count > steppe_shared::validate::MAX_ACROSS_CELLS {
             return Done::err(
@@ -1047,19 +1071,18 @@ impl JobRun {
             let res = tokio::task::spawn_blocking(move || -> std::io::Result<Vec<(String, ArtifactRef)>> {
                 let mut regs = Vec::new();
                 for o in outs {
-                    let tmp = scratch.join(format!("collect-{o}-{}", rand_suffix()));
-                    std::fs::create_dir_all(&tmp)?;
+                    let tmp = TempDir(scratch.join(format!("collect-{o}-{}", rand_suffix())));
+                    std::fs::create_dir_all(&tmp.0)?;
                     for (c, outputs) in &collected {
                         if let Some((_, r)) = outputs.iter().find(|(n, _)| n == &o) {
-                            let mut dest = tmp.clone();
+                            let mut dest = tmp.0.clone();
                             for (_, v) in c {
                                 dest.push(v);
                             }
                             store.materialize(r, &dest)?;
                         }
                     }
-                    regs.push((o, store.put_dir(&tmp)?));
-                    let _ = std::fs::remove_dir_all(&tmp);
+                    regs.push((o, store.put_dir(&tmp.0)?));
                 }
                 Ok(regs)
             })
@@ -1088,15 +1111,15 @@ impl JobRun {
         let first = f.split('/').next().unwrap_or_default();
         let rest = f.splitn(2, '/').nth(1).unwrap_or_default().to_string();
         let r = self.artifact(first).ok_or_else(|| StepError::failed(format!("across from_file {f}: artifact \"{first}\" was not produced")))?;
-        let tmp = self.engine.scratch.join(format!("across-{}", rand_suffix()));
+        let tmp = self.temp("across");
         let store = self.engine.store.clone();
-        let dest = tmp.clone();
+        let dest = tmp.0.clone();
         tokio::task::spawn_blocking(move || store.materialize(&r, &dest))
             .await
             .map_err(|e| StepError::errored(e.to_string()))?
             .map_err(|e| StepError::errored(format!("across from_file {f}: {e}")))?;
-        let text = steppe_shared::confine::resolve(&tmp, &rest, Some(&tmp), "the artifact").and_then(|p| steppe_shared::confine::read_capped(&p, 1 << 20));
-        let _ = std::fs::remove_dir_all(&tmp);
+        let text = steppe_shared::confine::resolve(&tmp.0, &rest, Some(&tmp.0), "the artifact").and_then(|p| steppe_shared::confine::read_capped(&p, 1 << 20));
+        drop(tmp);
         let text = text.map_err(|e| match e {
             steppe_shared::confine::PathError::TooLarge { .. } => StepError::failed(format!("across from_file {f}: larger than 1 MiB")),
             e => StepError::failed(format!("across from_file {f}: \"{rest}\" {e}")),
@@ -1127,6 +1150,15 @@ fn group(n: u64) -> String {
 enum Route {
     Next,
     To(usize),
+}
+
+/// A temporary directory, removed when dropped (on every error path too).
+pub(crate) struct TempDir(pub(crate) PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 fn rand_suffix() -> u64 {

@@ -10,7 +10,6 @@ use steppe_shared::assignment::{Assignment, Cwd};
 use steppe_shared::model::{Inputs, Resource, ResourceType, Step, VersionSpec};
 use steppe_shared::outcome::StepError;
 use steppe_shared::expr::{compile, eval, Env, Stage};
-use steppe_shared::template;
 
 use super::{Done, JobRun};
 
@@ -73,13 +72,14 @@ impl JobRun {
             return Err(StepError::errored(format!("resource \"{name}\": could not parse JSON output of check (type \"{}\" declares no check:)", t.name)));
         };
         let data = json!({"source": r.source.clone().unwrap_or(json!({})), "version": {}});
-        let command = template::render(&check, &data).map_err(|e| StepError::errored(format!("check {name}: {e}")))?;
+        // Rendered by whoever runs it: a hostile template costs a worker.
         let a = Assignment {
             env: Self::env_of(r, t),
             cwd: Cwd::Host(self.engine.dir.clone()),
             image: t.image.clone(),
             stream: false,
-            ..Assignment::command(&self.run_id, &format!("{name} (check)"), command)
+            template: Some(data),
+            ..Assignment::command(&self.run_id, &format!("{name} (check)"), check)
         };
         let res = match &self.engine.submission {
             // A submitted pipeline's check runs on a worker, in a copy of
@@ -168,7 +168,7 @@ impl JobRun {
         if let Ok(mut f) = self.fetched.lock() {
             f.push((name.to_string(), version.clone()));
         }
-        let params = s.params.as_ref().map(|p| self.subst_value(p)).unwrap_or(json!({}));
+        let params = s.params.as_ref().map(|p| self.subst_value(p)).transpose().map_err(|e| StepError::errored(format!("get {name}: {e}")))?.unwrap_or(json!({}));
         if let Some(e) = t.config.as_ref().and_then(|c| c.expr.as_ref()) {
             let mut files: Vec<(String, String)> = Vec::new();
             match &e.in_ {
@@ -190,38 +190,33 @@ impl JobRun {
                     }
                 }
             }
-            let dir = self.engine.scratch.join(format!("expr-in-{}", super::rand_suffix()));
+            let dir = self.temp("expr-in");
             let write = || -> std::io::Result<steppe_shared::artifacts::ArtifactRef> {
-                std::fs::create_dir_all(&dir)?;
+                std::fs::create_dir_all(&dir.0)?;
                 for (p, c) in &files {
-                    let full = dir.join(p);
+                    let full = dir.0.join(p);
                     if let Some(parent) = full.parent() {
                         std::fs::create_dir_all(parent)?;
                     }
                     std::fs::write(full, c)?;
                 }
-                self.engine.store.put_dir(&dir)
+                self.engine.store.put_dir(&dir.0)
             };
-            let r = write().map_err(|e| StepError::errored(format!("get {name}: {e}")));
-            let _ = std::fs::remove_dir_all(&dir);
-            return Ok(vec![(artifact.to_string(), r?)]);
+            let r = write().map_err(|e| StepError::errored(format!("get {name}: {e}")))?;
+            return Ok(vec![(artifact.to_string(), r)]);
         }
         let Some(in_cmd) = t.config.as_ref().and_then(|c| c.in_.clone()) else {
-            let dir = self.engine.scratch.join(format!("version-{}", super::rand_suffix()));
-            std::fs::create_dir_all(&dir).map_err(|e| StepError::errored(e.to_string()))?;
-            std::fs::write(dir.join("version.json"), serde_json::to_string_pretty(&version).unwrap_or_default()).map_err(|e| StepError::errored(e.to_string()))?;
-            let r = self.engine.store.put_dir(&dir).map_err(|e| StepError::errored(e.to_string()));
-            let _ = std::fs::remove_dir_all(&dir);
-            return Ok(vec![(artifact.to_string(), r?)]);
+            let r = self.store_files(&[("version.json".to_string(), serde_json::to_string_pretty(&version).unwrap_or_default())]).map_err(|e| StepError::errored(e.to_string()))?;
+            return Ok(vec![(artifact.to_string(), r)]);
         };
         let data = json!({"source": r.source.clone().unwrap_or(json!({})), "version": version, "params": params});
-        let command = template::render(&in_cmd, &data).map_err(|e| StepError::errored(format!("get {name}: {e}")))?;
         let a = Assignment {
             env: Self::env_of(r, t),
             cwd: Cwd::CaptureSelf,
             timeout: s.timeout.and_then(|t| t.to_std()),
             image: t.image.clone(),
-            ..Assignment::command(&self.run_id, name, command)
+            template: Some(data),
+            ..Assignment::command(&self.run_id, name, in_cmd)
         };
         let res = self.dispatch(a).await;
         res.result?;
@@ -241,12 +236,11 @@ impl JobRun {
         let Some(out) = t.config.as_ref().and_then(|c| c.out.clone()) else {
             return self.finish_err(&label, StepError::errored(format!("put {name}: type declares no out:")));
         };
-        let params = s.params.as_ref().map(|p| self.subst_value(p)).unwrap_or(json!({}));
-        let data = json!({"source": r.source.clone().unwrap_or(json!({})), "params": params});
-        let command = match template::render(&out, &data) {
-            Ok(c) => c,
+        let params = match s.params.as_ref().map(|p| self.subst_value(p)).transpose() {
+            Ok(p) => p.unwrap_or(json!({})),
             Err(e) => return self.finish_err(&label, StepError::errored(format!("put {name}: {e}"))),
         };
+        let data = json!({"source": r.source.clone().unwrap_or(json!({})), "params": params});
         let names = match &s.inputs {
             Some(Inputs::All) => self.artifacts.lock().map(|a| a.keys().cloned().collect()).unwrap_or_default(),
             _ => s.input_names().to_vec(),
@@ -256,7 +250,8 @@ impl JobRun {
             inputs: self.input_refs(&names, None),
             timeout: s.timeout.and_then(|t| t.to_std()),
             image: t.image.clone(),
-            ..Assignment::command(&self.run_id, &label, command)
+            template: Some(data),
+            ..Assignment::command(&self.run_id, &label, out)
         };
         self.attempts(&label, a, s.attempts.unwrap_or(1)).await
     }
@@ -273,12 +268,13 @@ impl JobRun {
                 Some(Inputs::All) => self.artifacts.lock().map(|a| a.keys().cloned().collect()).unwrap_or_default(),
                 _ => s.input_names().to_vec(),
             };
-            let view = self.engine.scratch.join(format!("put-view-{}", super::rand_suffix()));
+            let tmp = self.temp("put-view");
+            let view = tmp.0.clone();
             std::fs::create_dir_all(&view).map_err(|e| StepError::errored(e.to_string()))?;
             for (n, a) in self.input_refs(&names, None) {
                 self.engine.store.materialize(&a, &view.join(n)).map_err(|e| StepError::errored(e.to_string()))?;
             }
-            let params = s.params.as_ref().map(|p| self.subst_value(p)).unwrap_or(json!({}));
+            let params = s.params.as_ref().map(|p| self.subst_value(p)).transpose().map_err(|e| StepError::errored(format!("put {name}: {e}")))?.unwrap_or(json!({}));
             let params = resolve_file_markers(params, &view).map_err(|e| StepError::errored(format!("put {name}: {e}")));
             let read = |p: &str| -> Result<String, String> {
                 if !p.contains('/') {
@@ -290,7 +286,7 @@ impl JobRun {
                 run_expr(&src, Stage::Out, json!({"source": r.source.clone().unwrap_or(json!({})), "params": params}), Self::env_of(r, t), self.engine.submission.is_none(), Some(&read))
                     .map_err(|e| StepError::errored(format!("put {name}: {e}")))
             });
-            let _ = std::fs::remove_dir_all(&view);
+            drop(tmp);
             r.map(|_| ())
         }
         .await;

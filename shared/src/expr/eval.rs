@@ -22,20 +22,43 @@ pub struct Env<'a> {
 }
 
 /// How much work one evaluation may do: a step per node evaluated, plus the
-/// size of every array and map (four per element) and string (a quarter per
-/// byte) it makes. An expression runs in the coordinator; it may not hold it
-/// up or fill its memory (this bounds what it makes to about 100 MB).
+/// whole size of every value it makes or copies (four per array or map
+/// element at any depth, a quarter per byte of string). An expression runs
+/// in the coordinator; it may not hold it up or fill its memory (this bounds
+/// what it makes to about 100 MB).
 pub const BUDGET: u64 = 10_000_000;
+
+/// How deeply a value an expression makes may nest (dropping, copying or
+/// printing one recurses over it).
+const MAX_VALUE_DEPTH: usize = 128;
 
 impl Env<'_> {
     fn charge(&self, v: &Value) -> Result<(), EvalError> {
-        let size = match v {
-            Value::Array(a) => 4 * a.len() as u64,
-            Value::Object(m) => 4 * m.len() as u64,
-            Value::String(s) => s.len() as u64 / 4,
-            _ => 0,
-        };
-        let spent = self.spent.get().saturating_add(1 + size);
+        let remaining = BUDGET.saturating_sub(self.spent.get());
+        // Walked without recursion, and only as far as the budget reaches.
+        let mut weight = 1u64;
+        let mut stack: Vec<(&Value, usize)> = vec![(v, 0)];
+        while let Some((x, depth)) = stack.pop() {
+            if depth > MAX_VALUE_DEPTH {
+                return err(format!("the expression makes a value nested more than {MAX_VALUE_DEPTH} deep"));
+            }
+            match x {
+                Value::Array(a) => {
+                    weight += 4 * a.len() as u64;
+                    stack.extend(a.iter().map(|c| (c, depth + 1)));
+                }
+                Value::Object(m) => {
+                    weight += 4 * m.len() as u64;
+                    stack.extend(m.values().map(|c| (c, depth + 1)));
+                }
+                Value::String(s) => weight += s.len() as u64 / 4,
+                _ => {}
+            }
+            if weight > remaining {
+                break;
+            }
+        }
+        let spent = self.spent.get().saturating_add(weight);
         self.spent.set(spent);
         if spent > BUDGET {
             return err(format!("the expression does too much work (over {BUDGET} steps and elements); simplify it"));
@@ -614,6 +637,11 @@ mod tests {
         assert!(run(nested, v.clone()).unwrap_err().0.contains("too much work"));
         let strings = format!("let s = 'xxxxxxxxxxxxxxxx'; {}len(s)", (0..40).map(|_| "let s = s + s; ").collect::<String>());
         assert!(run(&strings, v.clone()).unwrap_err().0.contains("too much work"));
+        // Nesting doubles the whole size at little top-level cost; deep values are refused.
+        let nested = format!("let a = 1..100000; {}len(a)", (0..30).map(|_| "let a = [a, a]; ").collect::<String>());
+        assert!(run(&nested, v.clone()).unwrap_err().0.contains("too much work"));
+        let deep = run("reduce(1..400000, [#acc], [])", v.clone()).unwrap_err();
+        assert!(deep.0.contains("nested more than") || deep.0.contains("too much work"), "{deep}");
         assert!(run("(-9223372036854775807 - 1) % -1", v.clone()).is_ok(), "no overflow panic");
         assert!(run("-(-9223372036854775807 - 1)", v.clone()).is_ok());
         assert!(run("(-9223372036854775807)..9223372036854775807", v.clone()).unwrap_err().0.contains("range too large"));

@@ -45,10 +45,10 @@ impl<'p> Cx<'p, '_, '_> {
     }
 }
 
-/// Runs every rule against a decoded pipeline, reporting into `r`.
 /// The most cells one `across:` step runs (the product of its axes).
 pub const MAX_ACROSS_CELLS: usize = 10_000;
 
+/// Runs every rule against a decoded pipeline, reporting into `r`.
 pub fn validate(p: &Pipeline, opts: &LoadOptions, r: &mut Report) {
     let mut cx = Cx {
         p,
@@ -327,7 +327,7 @@ pub(crate) fn check_artifact_names(cx: &mut Cx, names: &[String], path: &str, wh
     }
 }
 
-pub(crate) fn is_artifact_name(n: &str) -> bool {
+pub fn is_artifact_name(n: &str) -> bool {
     let mut c = n.chars();
     matches!(c.next(), Some(f) if f.is_ascii_alphanumeric())
         && c.all(|ch| ch.is_ascii_alphanumeric() || matches!(ch, '.' | '_' | '-'))
