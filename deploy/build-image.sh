@@ -5,6 +5,10 @@
 # this host, goes on top. The host and the image must share a Debian suite
 # (the binary links the host's glibc): SUITE defaults to the host's own.
 #
+# The mirror is the one this host's apt uses for SUITE (from
+# /etc/apt/sources.list and sources.list.d, either format), so the image
+# builds wherever the host's apt works; MIRROR overrides it.
+#
 # Environment: SUITE, MIRROR; IMAGE (default steppe:latest); STEPPE_BINARY, a
 # steppe binary to put in the image instead of building the release one
 # (the tests use their own debug build).
@@ -12,7 +16,30 @@ set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 suite=${SUITE:-$(. /etc/os-release && echo "$VERSION_CODENAME")}
-mirror=${MIRROR:-http://deb.debian.org/debian}
+# The first URI the host's apt sources give for $suite itself (not -updates
+# or -security): one-line `deb URI SUITE …` entries and deb822 stanzas.
+host_mirror() {
+  apt=${APT_ETC:-/etc/apt}
+  for f in "$apt/sources.list" "$apt"/sources.list.d/*.list; do
+    [ -f "$f" ] || continue
+    awk -v s="$1" '$1 == "deb" { i = 2; if ($2 ~ /^\[/) { while (i <= NF && $i !~ /\]$/) i++; i++ } if ($(i + 1) == s) { print $i; exit } }' "$f"
+  done
+  for f in "$apt"/sources.list.d/*.sources; do
+    [ -f "$f" ] || continue
+    awk -v s="$1" '
+      function found() { if (uri != "" && hit && deb) { print uri; done = 1; exit } }
+      /^[[:space:]]*$/ { found(); uri = ""; hit = 0; deb = 0; next }
+      /^Types:/ { for (i = 2; i <= NF; i++) if ($i == "deb") deb = 1 }
+      /^URIs:/ { uri = $2 }
+      /^Suites:/ { for (i = 2; i <= NF; i++) if ($i == s) hit = 1 }
+      END { if (!done) found() }' "$f"
+  done
+}
+mirror=${MIRROR:-$(host_mirror "$suite" | head -n 1)}
+if [ -z "$mirror" ]; then
+  echo "deploy: no apt source of this host serves $suite; set MIRROR=URL (a Debian mirror)" >&2
+  exit 2
+fi
 tmp="" context=""
 trap 'rm -rf ${tmp:+"$tmp"} ${context:+"$context"}' EXIT
 

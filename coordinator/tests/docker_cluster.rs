@@ -229,3 +229,28 @@ fn the_compose_file_comes_up_and_runs_the_example() {
     assert_eq!(out.status.code(), Some(0), "{t}\n{}", String::from_utf8_lossy(&compose(&["logs"]).stdout));
     assert!(t.lines().any(|l| l.ends_with(" passed")), "{t}");
 }
+
+/// `deploy/build-image.sh` takes its Debian mirror from the host's apt
+/// sources, in either format, for the suite itself (not -updates or
+/// -security), so the image builds wherever the host's apt works.
+#[test]
+fn the_image_build_reads_its_mirror_from_the_hosts_apt_sources() {
+    let apt = std::env::temp_dir().join(format!("steppe-apt-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&apt);
+    std::fs::create_dir_all(apt.join("sources.list.d")).expect("mkdir");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/build-image.sh");
+    let mirror = |suite: &str| {
+        let sh = format!("eval \"$(sed -n '/^host_mirror() {{/,/^}}/p' {})\"; host_mirror {suite} | head -n 1", script.display());
+        let out = std::process::Command::new("sh").args(["-c", &sh]).env("APT_ETC", &apt).output().expect("sh");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    std::fs::write(
+        apt.join("sources.list.d/debian.sources"),
+        "Types: deb\nURIs: http://security.example/debian-security\nSuites: trixie-security\nComponents: main\n\nTypes: deb deb-src\nURIs: http://mirror.example/debian\nSuites: trixie trixie-updates\nComponents: main\n",
+    )
+    .expect("write");
+    assert_eq!(mirror("trixie"), "http://mirror.example/debian", "deb822, the suite's own stanza");
+    std::fs::write(apt.join("sources.list"), "# a comment\ndeb [arch=amd64 signed-by=/k.gpg] http://old.example/debian bookworm main\ndeb http://old.example/debian bookworm-updates main\n").expect("write");
+    assert_eq!(mirror("bookworm"), "http://old.example/debian", "one-line entries, options skipped");
+    assert_eq!(mirror("sid"), "", "no source for the suite: the script asks for MIRROR");
+}
