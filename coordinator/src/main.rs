@@ -616,14 +616,20 @@ fn load_or_report(path: &Path, vars: &VarArgs) -> Result<Result<steppe_shared::L
 }
 
 /// Loads the pipeline; on problems prints every one and gives the exit code (2).
-fn load_reporting(path: &Path, opts: &LoadOptions) -> Result<steppe_shared::Loaded, ExitCode> {
-    load_file(path, opts).map_err(|diags| {
+/// Loads the pipeline; prints what it loaded but will not act on (warnings),
+/// or every problem and gives the exit code (2).
+pub(crate) fn load_reporting(path: &Path, opts: &LoadOptions) -> Result<steppe_shared::Loaded, ExitCode> {
+    let loaded = load_file(path, opts).map_err(|diags| {
         for d in diags.iter() {
             warn!("{d}");
         }
         warn!("steppe: error: {} problem(s) in {}", diags.len(), path.display());
         ExitCode::from(2)
-    })
+    })?;
+    for w in &loaded.warnings {
+        warn!("{w}");
+    }
+    Ok(loaded)
 }
 
 /// The process-wide parts every run shares: the artifact store, the queue and

@@ -339,16 +339,7 @@ pub async fn submit(remote: &Remote, path: &Path, o: SubmitOptions) -> anyhow::R
     let SubmitOptions { job, test, detach, pool, vars, answers, include } = o;
     let (job, pool) = (job.as_deref(), pool.as_deref());
     let opts = LoadOptions { submission: true, ..LoadOptions::from_env(vars.clone().into_iter().collect()) };
-    let loaded = match load_file(path, &opts) {
-        Ok(l) => l,
-        Err(diags) => {
-            for d in diags.iter() {
-                warn!("{d}");
-            }
-            warn!("steppe: error: {} problem(s) in {}", diags.len(), path.display());
-            return Ok(2);
-        }
-    };
+    let Ok(loaded) = crate::load_reporting(path, &opts) else { return Ok(2) };
     let bundle = crate::bundle::collect(path, &loaded, &include)?;
     warn!("steppe: sending {} to {}", bundle.summary(), remote.url);
     let name = bundle.files.first().map(|f| f.path.clone()).unwrap_or_default();

@@ -177,3 +177,24 @@ fn a_refused_web_fetch_is_a_recorded_denial() {
     let (_, t) = steppe(&["runs", "p.yml", "--steps"]);
     assert!(t.contains("denied: web_fetch https://issues.example/open — host \"issues.example\", which is not in this tool's allow: list (specification.website)"), "{t}");
 }
+
+/// A step granted tools this build cannot serve (an MCP server's) fails
+/// before it starts, saying why, rather than run with fewer tools.
+#[test]
+fn a_grant_that_cannot_be_served_fails_before_the_step_starts() {
+    let work = std::env::temp_dir().join(format!("steppe-agents-mcp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).expect("mkdir");
+    std::fs::write(
+        work.join("p.yml"),
+        "mcp_servers:\n- name: tracker\n  endpoint: http://127.0.0.1:9/mcp\nagents:\n- name: w\n  source: {model: openrouter/x/y}\n  tools: [read_file, {mcp: tracker}]\njobs:\n- name: granted\n  plan:\n  - agent: w\n    messages: [Look.]\n- name: narrowed\n  plan:\n  - agent: w\n    tools: [read_file]\n    messages: [Look.]\n",
+    )
+    .expect("write");
+    std::fs::write(work.join("s.yaml"), "model:\n  rules:\n    - say: done\n").expect("write");
+    let o = Command::new(env!("CARGO_BIN_EXE_steppe")).args(["test", "p.yml", "--script", "s.yaml"]).current_dir(&work).env_remove("STEPPE_MODEL").output().expect("run");
+    let t = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert_eq!(o.status.code(), Some(2), "{t}");
+    assert!(t.contains("FAIL granted") && t.contains("MCP server(s) tracker, which this build of steppe cannot serve yet"), "{t}");
+    assert!(t.contains("PASS narrowed"), "a step that leaves the server out runs: {t}");
+    assert!(t.contains("mcp_servers: warning: mcp_servers: is not honoured"), "{t}");
+}

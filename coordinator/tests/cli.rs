@@ -132,3 +132,27 @@ fn unreadable_and_empty_files_are_clear_errors() {
     assert_eq!(code, 2);
     assert!(err.contains("empty"), "{err}");
 }
+
+/// Nothing the language accepts is silently ignored: a key this build does
+/// not act on loads with a warning that names it and where it is, on
+/// validate, run and test alike, and the run still goes.
+#[test]
+fn keys_not_honoured_yet_are_warned_about_with_positions() {
+    let d = scratch("unhonoured");
+    std::fs::write(
+        d.join("p.yml"),
+        "resource_types:\n- name: t\n  config:\n    check: echo '[{\"v\":\"1\"}]'\n    in: 'true'\nresources:\n- {name: r, type: t, webhook_token_env: HOOK_TOKEN}\njobs:\n- name: build\n  serial: true\n  plan:\n  - get: r\n    trigger: true\n  - task: hello\n    run: echo hi\n",
+    )
+    .expect("write");
+    let (code, out, err) = steppe(&["validate", "--syntax-only", "p.yml"], &d);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(err.contains("p.yml:13:5: jobs[0].plan[0].trigger: warning: trigger: is not honoured by this build yet"), "{err}");
+    assert!(err.contains("p.yml:10:3: jobs[0].serial: warning: serial: is not honoured"), "{err}");
+    assert!(err.contains("resources[0].webhook_token_env: warning: webhook_token_env: is not honoured"), "{err}");
+    let (code, out, err) = steppe(&["run", "p.yml"], &d);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(err.contains("trigger: is not honoured") && out.contains("[hello] hi"), "{out}{err}");
+    std::fs::write(d.join("ok.yml"), "jobs:\n- name: j\n  plan:\n  - task: t\n    run: echo\n").expect("write");
+    let (_, _, err) = steppe(&["validate", "--syntax-only", "ok.yml"], &d);
+    assert!(!err.contains("warning"), "a pipeline without such keys loads quietly: {err}");
+}

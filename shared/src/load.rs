@@ -58,6 +58,8 @@ pub struct Loaded {
     /// Every file the load read besides the pipeline (includes and `*_file`
     /// fields), relative to `dir`: what a remote coordinator needs with it.
     pub read_files: Vec<String>,
+    /// What loaded but will not be acted on (keys not honoured yet), positioned.
+    pub warnings: Vec<Diagnostic>,
 }
 
 /// Key path → position, for every key and list item of the loaded document.
@@ -109,16 +111,30 @@ impl SourceMap {
     }
 }
 
-/// Collects positioned diagnostics for one load.
+/// Collects positioned diagnostics for one load: problems, and warnings
+/// (which do not stop it).
 pub struct Report<'a> {
     pub files: &'a SourceFiles,
     pub map: &'a SourceMap,
     pub diags: Vec<Diagnostic>,
+    pub warnings: Vec<Diagnostic>,
 }
 
 impl<'a> Report<'a> {
     pub fn new(files: &'a SourceFiles, map: &'a SourceMap) -> Self {
-        Report { files, map, diags: Vec::new() }
+        Report { files, map, diags: Vec::new(), warnings: Vec::new() }
+    }
+
+    /// A warning at `path`: the message says what is not done.
+    pub fn warn(&mut self, path: &str, message: impl Into<String>) {
+        let mark = self.map.lookup(path);
+        self.warnings.push(Diagnostic {
+            file: self.files.path(mark.file).to_path_buf(),
+            line: mark.line,
+            col: mark.col,
+            path: path.to_string(),
+            message: format!("warning: {}", message.into()),
+        });
     }
 
     pub fn at_mark(&mut self, mark: Mark, path: &str, message: impl Into<String>) {
@@ -250,6 +266,7 @@ fn load_here(text: &str, path: &Path, opts: &LoadOptions) -> Result<Loaded, Diag
     if !report.diags.is_empty() {
         return Err(Diagnostics(report.diags));
     }
+    let warnings = std::mem::take(&mut report.warnings);
     Ok(Loaded {
         pipeline,
         path: path.to_path_buf(),
@@ -257,6 +274,7 @@ fn load_here(text: &str, path: &Path, opts: &LoadOptions) -> Result<Loaded, Diag
         files,
         source_map: map,
         read_files: reader.reads,
+        warnings,
     })
 }
 

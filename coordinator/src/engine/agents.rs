@@ -34,8 +34,8 @@ fn custom(s: &ToolSpec) -> ToolDef {
     }
 }
 
-/// The agent's grant as tool definitions (sub-agent and MCP grants are not
-/// served by this build: they are left out, and the caller says so).
+/// The agent's grant as tool definitions, and the MCP servers it grants
+/// tools of (not served by this build: a step that would use them fails).
 fn grant(tools: Option<&[ToolGrant]>) -> (Vec<(String, ToolDef)>, Vec<String>) {
     let mut out = Vec::new();
     let mut skipped = Vec::new();
@@ -52,7 +52,7 @@ fn grant(tools: Option<&[ToolGrant]>) -> (Vec<(String, ToolDef)>, Vec<String>) {
                         } else if s.agent.is_some() {
                             // Served as a sub-agent (see `sub_agents`).
                         } else if let Some(m) = &s.mcp {
-                            skipped.push(format!("mcp {m}"));
+                            skipped.push(m.clone());
                         }
                     }
                 }
@@ -148,9 +148,22 @@ impl JobRun {
                 Message::Artifact { artifact, path } => AgentMessage::Artifact { artifact: artifact.clone(), path: path.clone() },
             });
         }
-        let (all, skipped) = grant(def.tools.as_deref());
-        if !skipped.is_empty() {
-            self.engine.out.run_note(&self.run_id, &format!("{name}: {} not served by this build; granted tools without them", skipped.join(", ")));
+        let (all, servers) = grant(def.tools.as_deref());
+        // The step's own selection may leave the servers out; if it uses
+        // them, it fails now rather than run with fewer tools than granted.
+        let used: Vec<&String> = match &s.tools {
+            Some(sel) if !sel.is_empty() => servers
+                .iter()
+                .filter(|m| sel.iter().any(|g| matches!(g, ToolGrant::Name(n) if n == *m) || matches!(g, ToolGrant::Spec(sp) if sp.mcp.as_ref() == Some(*m))))
+                .collect(),
+            _ => servers.iter().collect(),
+        };
+        if !used.is_empty() {
+            let names: Vec<&str> = used.iter().map(|m| m.as_str()).collect();
+            return Err(StepError::errored(format!(
+                "agent \"{name}\" is granted tools of MCP server(s) {}, which this build of steppe cannot serve yet; it would run with fewer tools than granted (narrow the step's tools: to leave them out)",
+                names.join(", ")
+            )));
         }
         let tools: Vec<ToolDef> = match &s.tools {
             Some(sel) if !sel.is_empty() => {

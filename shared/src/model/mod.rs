@@ -7,6 +7,7 @@
 //! misplaced key gets a message naming the rule rather than "unknown key".
 
 mod forms;
+pub mod walk;
 
 pub use forms::*;
 

@@ -8,6 +8,7 @@ mod agents;
 mod flow;
 mod resources;
 mod steps;
+pub mod unhonoured;
 
 use std::collections::{HashMap, HashSet};
 
@@ -71,6 +72,7 @@ pub fn validate(p: &Pipeline, opts: &LoadOptions, r: &mut Report) {
         steps::check_job(&mut cx, job, &format!("jobs[{j}]"));
     }
     agents::check(&mut cx);
+    unhonoured::warn(p, cx.r);
 }
 
 /// Builds the name indexes, reporting duplicate and empty names.

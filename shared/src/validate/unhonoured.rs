@@ -1,0 +1,102 @@
+//! Keys the language accepts that this build does not act on yet. Each one
+//! set in a pipeline is a warning at load, naming the key and where it is,
+//! so nothing accepted is silently ignored; an entry leaves [`NOT_HONOURED`]
+//! when its feature lands.
+
+use crate::load::Report;
+use crate::model::walk::each_step;
+use crate::model::Pipeline;
+
+/// What is accepted but not acted on, and what happens instead.
+pub const NOT_HONOURED: &[(&str, &str)] = &[
+    ("trigger", "steppe does not watch resources yet; the get runs when the plan reaches it"),
+    ("volatile", "steppe has no step cache yet; every step runs"),
+    ("budget.reserve_per_cell", "across cells do not reserve tokens yet; the budget is checked before each cell"),
+    ("serial", "runs of a job are not serialised yet"),
+    ("serial_groups", "runs of a job are not serialised yet"),
+    ("max_in_flight", "concurrent runs of a job are not limited yet"),
+    ("interruptible", "a new run does not interrupt an older one yet"),
+    ("max_consecutive_failures", "a job is not paused after failures yet"),
+    ("webhook_token_env", "steppe serves no webhooks yet"),
+    ("delegate_budget_percent", "sub-agents share their caller's budget as a whole"),
+    ("preflight", "steppe does not probe models before a run yet"),
+    ("compact_after_tokens", "conversations are not compacted yet; they stop at their token budget"),
+    ("context_window", "conversations are not compacted yet; they stop at their token budget"),
+    ("version_history", "resource versions are all kept"),
+    ("run_history", "runs are all kept"),
+    ("workspace", "step directories are always fresh copies of their inputs"),
+    ("mcp_servers", "steppe does not serve MCP servers yet; a step granted their tools fails before it starts"),
+];
+
+fn why(key: &str) -> &'static str {
+    NOT_HONOURED.iter().find(|(k, _)| *k == key).map(|(_, w)| *w).unwrap_or("")
+}
+
+/// Adds a warning for every key of [`NOT_HONOURED`] the pipeline sets.
+pub fn warn(p: &Pipeline, r: &mut Report) {
+    let mut say = |path: String, key: &str| {
+        r.warn(&path, format!("{key}: is not honoured by this build yet: {}", why(key)));
+    };
+    if let Some(d) = &p.defaults {
+        for (set, key) in [
+            (d.delegate_budget_percent.is_some(), "delegate_budget_percent"),
+            (d.version_history.is_some(), "version_history"),
+            (d.run_history.is_some(), "run_history"),
+            (d.preflight.is_some(), "preflight"),
+        ] {
+            if set {
+                say(format!("defaults.{key}"), key);
+            }
+        }
+    }
+    if let Some(w) = &p.workspace {
+        if w.strategy.as_deref().is_some_and(|s| s != "copy") || w.root.is_some() || w.options.is_some() || w.cache.is_some() {
+            say("workspace".into(), "workspace");
+        }
+    }
+    if !p.mcp_servers.is_empty() {
+        say("mcp_servers".into(), "mcp_servers");
+    }
+    for (i, res) in p.resources.iter().enumerate() {
+        if res.webhook_token_env.is_some() {
+            say(format!("resources[{i}].webhook_token_env"), "webhook_token_env");
+        }
+    }
+    // Built-in profiles set none of these; only what the file says is named.
+    for (i, a) in p.agents.iter().enumerate() {
+        for (set, key) in [
+            (a.delegate_budget_percent.is_some(), "delegate_budget_percent"),
+            (a.preflight.is_some(), "preflight"),
+            (a.compact_after_tokens.is_some(), "compact_after_tokens"),
+            (a.context_window.is_some(), "context_window"),
+        ] {
+            if set {
+                say(format!("agents[{i}].{key}"), key);
+            }
+        }
+    }
+    for (j, job) in p.jobs.iter().enumerate() {
+        for (set, key) in [
+            (job.serial.is_some(), "serial"),
+            (job.serial_groups.is_some(), "serial_groups"),
+            (job.max_in_flight.is_some(), "max_in_flight"),
+            (job.interruptible.is_some(), "interruptible"),
+            (job.max_consecutive_failures.is_some(), "max_consecutive_failures"),
+        ] {
+            if set {
+                say(format!("jobs[{j}].{key}"), key);
+            }
+        }
+    }
+    each_step(p, &mut |s, path| {
+        if s.trigger.is_some() {
+            say(format!("{path}.trigger"), "trigger");
+        }
+        if s.volatile.is_some() {
+            say(format!("{path}.volatile"), "volatile");
+        }
+        if s.budget.as_ref().is_some_and(|b| b.reserve_per_cell.is_some()) {
+            say(format!("{path}.budget.reserve_per_cell"), "budget.reserve_per_cell");
+        }
+    });
+}
