@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use steppe_shared::store::{SqliteStore, Store};
-use steppe_shared::store_redis::RedisStore;
+use steppe_runtime::store::{SqliteStore, Store};
+use steppe_runtime::store::RedisStore;
 
 const STEPS: usize = 2000;
 const SLOTS_PER_WORKER: usize = 8;
@@ -44,7 +44,7 @@ fn embedded(dir: &Path) -> Figures {
     let out = steppe().args(["run", "bench.yml", "-q", "--workers", &IN_FLIGHT.to_string()]).current_dir(dir).output().expect("run steppe");
     let wall = t.elapsed();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let store = SqliteStore::open(&steppe_shared::store::db_path(&dir.join("bench.yml"))).expect("open store");
+    let store = SqliteStore::open(&steppe_runtime::store::db_path(&dir.join("bench.yml"))).expect("open store");
     figures(wall, &store)
 }
 

@@ -3,7 +3,7 @@
 
 use steppe_proto::v1::artifacts_server::Artifacts;
 use steppe_proto::v1::{ArtifactChunk, ArtifactRef, HasReply};
-use steppe_shared::artifacts::{self, LocalArtifactStore};
+use steppe_runtime::artifacts::{self, LocalArtifactStore};
 use steppe_worker::transfer::{forward_chunks, ChunkReader, ChunkWriter};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;

@@ -5,7 +5,7 @@
 use std::path::{Component, Path, PathBuf};
 
 use steppe_proto::v1::BundleFile;
-use steppe_shared::Loaded;
+use steppe_language::Loaded;
 
 /// The gRPC message limit a submission must fit in.
 pub const SUBMISSION_MAX: usize = 4 << 20;
@@ -52,7 +52,7 @@ pub fn human_bytes(n: usize) -> String {
 
 fn file(full: &Path, rel: &str) -> anyhow::Result<BundleFile> {
     use std::os::unix::fs::PermissionsExt;
-    let content = steppe_shared::confine::read_capped(full, steppe_shared::confine::FILE_CAP).map_err(|e| anyhow::anyhow!("{}: it {e}", full.display()))?;
+    let content = steppe_language::confine::read_capped(full, steppe_language::confine::FILE_CAP).map_err(|e| anyhow::anyhow!("{}: it {e}", full.display()))?;
     let executable = std::fs::metadata(full).is_ok_and(|m| m.permissions().mode() & 0o111 != 0);
     Ok(BundleFile { path: rel.to_string(), content, executable })
 }
@@ -141,7 +141,7 @@ pub fn unpack(root: &Path, id: &str, pipeline: &str, files: &[BundleFile]) -> Re
     }
     let mut depth = 0usize;
     for f in files {
-        let climb = steppe_shared::confine::check_relative(&f.path, "the pipeline's directory").map_err(|e| format!("bundle path {:?} {e}", f.path))?;
+        let climb = steppe_language::confine::check_relative(&f.path, "the pipeline's directory").map_err(|e| format!("bundle path {:?} {e}", f.path))?;
         depth = depth.max(climb);
     }
     let mut dir = root.to_path_buf();
@@ -153,7 +153,7 @@ pub fn unpack(root: &Path, id: &str, pipeline: &str, files: &[BundleFile]) -> Re
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let marker = root.join(MARKER);
     for f in files {
-        let full = steppe_shared::confine::normalize(&dir.join(&f.path));
+        let full = steppe_language::confine::normalize(&dir.join(&f.path));
         if !full.starts_with(root) || full == root {
             return Err(format!("bundle path {:?} leads outside the submission", f.path));
         }

@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use steppe_proto::v1::{coordinator_message, Cancel, CoordinatorMessage};
-use steppe_shared::assignment::{Assignment, AssignmentResult};
-use steppe_shared::outcome::StepError;
-use steppe_shared::queue::{Pools, Queue};
+use steppe_runtime::assignment::{Assignment, AssignmentResult};
+use steppe_runtime::outcome::StepError;
+use steppe_runtime::queue::{Pools, Queue};
 use steppe_worker::local::{Cancels, Reporter};
 use tokio::sync::mpsc;
 
@@ -188,7 +188,7 @@ impl Actor for DispatcherActor {
                 }
             }
             DispatchMsg::QueueLost(pool) => {
-                let same = |p: &str| p == pool || (p.is_empty() && pool == steppe_shared::queue::DEFAULT_POOL);
+                let same = |p: &str| p == pool || (p.is_empty() && pool == steppe_runtime::queue::DEFAULT_POOL);
                 let waiting: Vec<String> = st
                     .pending
                     .iter()
@@ -221,7 +221,7 @@ fn watch_queues(pools: Arc<Pools>, actor: ActorRef<DispatchMsg>) {
             for (pool, q) in pools.named().await {
                 match q.ensure().await {
                     Ok(lost) => {
-                        if let Some(l) = steppe_shared::outage::recovered("the queue") {
+                        if let Some(l) = steppe_runtime::outage::recovered("the queue") {
                             eprintln!("steppe: {l}");
                         }
                         if lost && actor.cast(DispatchMsg::QueueLost(pool)).is_err() {
@@ -229,7 +229,7 @@ fn watch_queues(pools: Arc<Pools>, actor: ActorRef<DispatchMsg>) {
                         }
                     }
                     Err(e) => {
-                        if let Some(l) = steppe_shared::outage::failed("the queue", &e) {
+                        if let Some(l) = steppe_runtime::outage::failed("the queue", &e) {
                             eprintln!("steppe: {l}");
                         }
                     }
@@ -317,7 +317,7 @@ impl Drop for InFlight {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use steppe_shared::queue::InProcessQueue;
+    use steppe_runtime::queue::InProcessQueue;
 
     fn result(id: &str, epoch: u32, stdout: &str) -> AssignmentResult {
         AssignmentResult { exit_code: Some(0), stdout: stdout.into(), ..AssignmentResult::with_id(id, epoch, Ok(())) }

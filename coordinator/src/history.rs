@@ -10,7 +10,7 @@ use steppe_proto::v1::history_client::HistoryClient;
 use steppe_proto::v1::history_query::What;
 use steppe_proto::v1::history_server::History;
 use steppe_proto::v1::{DecideReply, DecideRequest, HistoryQuery, HistoryReply, RunsQuery};
-use steppe_shared::store::{ApprovalRecord, LogLine, RunRecord, StepRecord, Store, StoreError};
+use steppe_runtime::store::{ApprovalRecord, LogLine, RunRecord, StepRecord, Store, StoreError};
 use tonic::codegen::InterceptedService;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
@@ -95,12 +95,12 @@ impl RemoteStore {
             }
             anyhow::Ok(())
         })?;
-        let store = steppe_shared::artifacts::LocalArtifactStore::new(&scratch.join("store"))?;
+        let store = steppe_runtime::artifacts::LocalArtifactStore::new(&scratch.join("store"))?;
         let got = store.put_tar(&mut std::fs::File::open(&tar_path)?)?;
         if got.digest != digest {
             anyhow::bail!("artifact {digest} arrived with digest {}", got.digest);
         }
-        steppe_shared::artifacts::ArtifactStore::materialize(&store, &got, dest)?;
+        steppe_runtime::artifacts::ArtifactStore::materialize(&store, &got, dest)?;
         Ok(())
     }
 

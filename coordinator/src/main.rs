@@ -34,8 +34,8 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
-use steppe_shared::vars::{parse_var_flag, Vars};
-use steppe_shared::{load_file, machine, schema, LoadOptions};
+use steppe_language::vars::{parse_var_flag, Vars};
+use steppe_language::{load_file, machine, schema, LoadOptions};
 
 /// steppe runs Concourse-style YAML pipelines with LLM agent steps,
 /// on one machine or a cluster.
@@ -494,7 +494,7 @@ impl VarArgs {
 
 fn read_vars_file(path: &Path) -> Result<Vars> {
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read --vars-file {}", path.display()))?;
-    let (node, problems) = steppe_shared::yaml::parse(&text, 0)
+    let (node, problems) = steppe_language::yaml::parse(&text, 0)
         .map_err(|e| anyhow::anyhow!("{}:{}:{}: invalid YAML: {}", path.display(), e.mark.line, e.mark.col, e.message))?;
     if let Some(p) = problems.first() {
         anyhow::bail!("{}:{}:{}: {}", path.display(), p.mark.line, p.mark.col, p.message);
@@ -518,7 +518,7 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            warn!("steppe: error: {}", steppe_shared::secrets::mask_urls(&format!("{e:#}")));
+            warn!("steppe: error: {}", steppe_runtime::secrets::mask_urls(&format!("{e:#}")));
             ExitCode::from(2)
         }
     }
@@ -611,14 +611,14 @@ fn validate(path: &Path, syntax_only: bool, vars: &VarArgs) -> Result<ExitCode> 
     Ok(ExitCode::SUCCESS)
 }
 
-fn load_or_report(path: &Path, vars: &VarArgs) -> Result<Result<steppe_shared::Loaded, ExitCode>> {
+fn load_or_report(path: &Path, vars: &VarArgs) -> Result<Result<steppe_language::Loaded, ExitCode>> {
     Ok(load_reporting(path, &LoadOptions::from_env(vars.resolve()?)))
 }
 
 /// Loads the pipeline; on problems prints every one and gives the exit code (2).
 /// Loads the pipeline; prints what it loaded but will not act on (warnings),
 /// or every problem and gives the exit code (2).
-pub(crate) fn load_reporting(path: &Path, opts: &LoadOptions) -> Result<steppe_shared::Loaded, ExitCode> {
+pub(crate) fn load_reporting(path: &Path, opts: &LoadOptions) -> Result<steppe_language::Loaded, ExitCode> {
     let loaded = load_file(path, opts).map_err(|diags| {
         for d in diags.iter() {
             warn!("{d}");
@@ -636,7 +636,7 @@ pub(crate) fn load_reporting(path: &Path, opts: &LoadOptions) -> Result<steppe_s
 /// Dispatcher, the EventHub (with the run store), the WorkerRegistry, local
 /// worker loops, and (with a listener) the worker and submission services.
 pub struct Services {
-    pub store: Arc<dyn steppe_shared::artifacts::ArtifactStore>,
+    pub store: Arc<dyn steppe_runtime::artifacts::ArtifactStore>,
     pub dispatcher: Arc<dispatch::Dispatcher>,
     pub out: Arc<engine::EventHub>,
     pub registry: registry::WorkerRegistry,
@@ -658,7 +658,7 @@ const DEFAULT_WORKER_LEASE: std::time::Duration = std::time::Duration::from_secs
 /// What `steppe coordinator` sets beyond embedded mode.
 struct ClusterOptions {
     /// Where assignments wait, a queue per worker pool (default: in process).
-    pools: Option<steppe_shared::queue::Pools>,
+    pools: Option<steppe_runtime::queue::Pools>,
     worker_lease: std::time::Duration,
     /// The shared artifact directory (default: `<state>/artifacts`).
     artifacts: Option<PathBuf>,
@@ -677,7 +677,7 @@ impl Default for ClusterOptions {
 
 /// Starts the shared parts; `state` holds artifacts (and submissions), `db` the run store.
 async fn start_services(state: &Path, db: &Path, scratch: &Path, slots: usize, quiet: bool, listen: Option<std::net::SocketAddr>) -> Result<Arc<Services>> {
-    let runs: Arc<dyn steppe_shared::store::Store> = Arc::new(steppe_shared::store::SqliteStore::open(db)?);
+    let runs: Arc<dyn steppe_runtime::store::Store> = Arc::new(steppe_runtime::store::SqliteStore::open(db)?);
     start_services_with(state, runs, scratch, slots, quiet, listen, None, ClusterOptions::default()).await
 }
 
@@ -685,7 +685,7 @@ async fn start_services(state: &Path, db: &Path, scratch: &Path, slots: usize, q
 #[allow(clippy::too_many_arguments)]
 async fn start_services_with(
     state: &Path,
-    runs: Arc<dyn steppe_shared::store::Store>,
+    runs: Arc<dyn steppe_runtime::store::Store>,
     scratch: &Path,
     slots: usize,
     quiet: bool,
@@ -693,12 +693,12 @@ async fn start_services_with(
     token: Option<String>,
     cluster: ClusterOptions,
 ) -> Result<Arc<Services>> {
-    use steppe_shared::artifacts::LocalArtifactStore;
-    use steppe_shared::queue::InProcessQueue;
+    use steppe_runtime::artifacts::LocalArtifactStore;
+    use steppe_runtime::queue::InProcessQueue;
     let ClusterOptions { pools, worker_lease, artifacts, tls, long_lived } = cluster;
     let artifact_dir = artifacts.unwrap_or_else(|| state.join("artifacts"));
     let local_store = LocalArtifactStore::new(&artifact_dir).with_context(|| format!("creating {}", artifact_dir.display()))?;
-    let store: Arc<dyn steppe_shared::artifacts::ArtifactStore> = Arc::new(local_store.clone());
+    let store: Arc<dyn steppe_runtime::artifacts::ArtifactStore> = Arc::new(local_store.clone());
     let artifact_dir = artifact_dir.canonicalize().unwrap_or(artifact_dir);
     let work = scratch.join("steps");
     std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
@@ -708,12 +708,12 @@ async fn start_services_with(
     let history_store = runs.clone();
     let out = Arc::new(engine::Output::start(quiet, Some(runs)).await.context("starting the event hub")?);
     let (cancel_tx, cancel_rx) = tokio::sync::watch::channel(false);
-    let pools = Arc::new(pools.unwrap_or_else(|| steppe_shared::queue::Pools::in_process(Arc::new(InProcessQueue::new()))));
+    let pools = Arc::new(pools.unwrap_or_else(|| steppe_runtime::queue::Pools::in_process(Arc::new(InProcessQueue::new()))));
     if let Some(lease) = pools.default_pool().lease() {
         // Lease extension: what this process took stays its own while it
         // lives, however long the step runs.
         let (pools, out) = (pools.clone(), out.clone());
-        steppe_shared::queue::keep_leases(
+        steppe_runtime::queue::keep_leases(
             lease,
             move || {
                 let pools = pools.clone();
@@ -726,7 +726,7 @@ async fn start_services_with(
     let registry = registry::WorkerRegistry::start(out.clone()).await.context("starting the worker registry")?;
     steppe_worker::local::spawn_local_workers(slots, dispatcher.pools.default_pool().clone(), store.clone(), work, out.clone(), dispatcher.clone(), dispatcher.local.clone());
     if slots > 0 {
-        registry.joined("local", slots as u32, false, steppe_shared::queue::DEFAULT_POOL);
+        registry.joined("local", slots as u32, false, steppe_runtime::queue::DEFAULT_POOL);
     }
     let svc = Arc::new(Services { store, dispatcher, out, registry, cancel_tx: Arc::new(cancel_tx), cancel_rx, state: state.to_path_buf(), scratch: scratch.to_path_buf() });
     if let Some(addr) = listen {
@@ -762,7 +762,8 @@ async fn start_services_with(
         let artifacts = artifacts::ArtifactService { store: local_store };
         let runs = submit::RunService { svc: svc.clone(), active: Default::default() };
         let history = history::HistoryService { store: history_store };
-        let auth = submit::TokenCheck::new(token, svc.out.clone());
+        let out = svc.out.clone();
+        let auth = steppe_runtime::auth::TokenCheck::new(token, std::sync::Arc::new(move |peer: &str| out.note(&format!("refused an unauthenticated call from {peer}"))));
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
         let mut server = tonic::transport::Server::builder().tcp_nodelay(true);
         if let Some(identity) = tls {
@@ -786,14 +787,14 @@ async fn start_services_with(
 
 /// An engine for one loaded pipeline on the shared services (sharing their
 /// Ctrl-C switch).
-fn make_engine(svc: &Services, loaded: &steppe_shared::Loaded, answers: Vec<(String, String)>, scripted: Option<(String, Option<String>)>) -> Arc<engine::Engine> {
+fn make_engine(svc: &Services, loaded: &steppe_language::Loaded, answers: Vec<(String, String)>, scripted: Option<(String, Option<String>)>) -> Arc<engine::Engine> {
     Arc::new(make_engine_with(svc, loaded, answers, scripted, svc.cancel_tx.clone(), svc.cancel_rx.clone()))
 }
 
 /// As [`make_engine`], with an abort switch of its own (a submission).
 fn make_engine_with(
     svc: &Services,
-    loaded: &steppe_shared::Loaded,
+    loaded: &steppe_language::Loaded,
     answers: Vec<(String, String)>,
     scripted: Option<(String, Option<String>)>,
     cancel_tx: Arc<tokio::sync::watch::Sender<bool>>,
@@ -830,8 +831,8 @@ fn parse_answers(answers: &[String]) -> Result<Vec<(String, String)>> {
 }
 
 /// Builds the engine of embedded mode: services under the pipeline's `.steppe/`.
-async fn engine(loaded: &steppe_shared::Loaded, exec: &ExecArgs, scratch: &Path, scripted: Option<(String, Option<String>)>) -> Result<Arc<engine::Engine>> {
-    let svc = start_services(&loaded.dir.join(".steppe"), &steppe_shared::store::db_path(&loaded.path), scratch, exec.workers.unwrap_or_else(cores), exec.quiet, exec.listen).await?;
+async fn engine(loaded: &steppe_language::Loaded, exec: &ExecArgs, scratch: &Path, scripted: Option<(String, Option<String>)>) -> Result<Arc<engine::Engine>> {
+    let svc = start_services(&loaded.dir.join(".steppe"), &steppe_runtime::store::db_path(&loaded.path), scratch, exec.workers.unwrap_or_else(cores), exec.quiet, exec.listen).await?;
     Ok(make_engine(&svc, loaded, parse_answers(&exec.answer)?, scripted))
 }
 
@@ -840,11 +841,11 @@ fn cores() -> usize {
 }
 
 /// Runs one job, turning Ctrl-C into an abort (hooks still get their grace).
-async fn run_one(engine: &Arc<engine::Engine>, job: &steppe_shared::model::Job) -> engine::JobResult {
+async fn run_one(engine: &Arc<engine::Engine>, job: &steppe_language::model::Job) -> engine::JobResult {
     run_one_as(engine, job, run_id()).await
 }
 
-async fn run_one_as(engine: &Arc<engine::Engine>, job: &steppe_shared::model::Job, id: String) -> engine::JobResult {
+async fn run_one_as(engine: &Arc<engine::Engine>, job: &steppe_language::model::Job, id: String) -> engine::JobResult {
     let run = engine::JobRun::new(engine.clone(), job.clone(), id);
     let fut = run_actor::run_in_actor(run);
     tokio::pin!(fut);
@@ -877,8 +878,8 @@ async fn terminated() {
 
 /// This process's scratch directory, removed when the command returns (and
 /// swept by the next steppe to start, if this one is killed).
-fn scratch() -> Result<steppe_shared::scratch::Scratch> {
-    steppe_shared::scratch::Scratch::create("work").context("creating a scratch directory under the system's temp dir")
+fn scratch() -> Result<steppe_runtime::scratch::Scratch> {
+    steppe_runtime::scratch::Scratch::create("work").context("creating a scratch directory under the system's temp dir")
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
@@ -914,7 +915,7 @@ fn run_job(path: &Path, job: Option<&str>, exec: &ExecArgs, vars: &VarArgs) -> R
                     "job \"{name}\" is not in {}; jobs: {}{}",
                     path.display(),
                     names.join(", "),
-                    steppe_shared::suggest::did_you_mean(name, names.iter().copied())
+                    steppe_language::suggest::did_you_mean(name, names.iter().copied())
                 );
             }
         },
@@ -930,7 +931,7 @@ fn run_job(path: &Path, job: Option<&str>, exec: &ExecArgs, vars: &VarArgs) -> R
         let engine = engine(&loaded, exec, scratch.path(), None).await?;
         anyhow::Ok(run_one(&engine, &job).await)
     })?;
-    let outcome = steppe_shared::outcome::Outcome::of(&result.result);
+    let outcome = steppe_runtime::outcome::Outcome::of(&result.result);
     if !exec.quiet {
         say!("execution: [{}]", shown(&result.log.join(", ")));
     }
@@ -995,7 +996,7 @@ fn test(path: &Path, script: Option<&Path>, dump: Option<&Path>, exec: &ExecArgs
         match result.result {
             Ok(()) => say!("PASS {}", shown(&job.name)),
             Err(e) => {
-                aborted |= e.class == steppe_shared::outcome::Class::Aborted;
+                aborted |= e.class == steppe_runtime::outcome::Class::Aborted;
                 say!("FAIL {}: {}", shown(&job.name), shown(&e.message));
                 failures.push((job.name.clone(), e.message));
             }
@@ -1043,13 +1044,13 @@ fn test(path: &Path, script: Option<&Path>, dump: Option<&Path>, exec: &ExecArgs
 }
 
 fn parse_wait(text: &str) -> Result<std::time::Duration, String> {
-    let d = steppe_shared::duration::Duration::parse(text)?;
+    let d = steppe_language::duration::Duration::parse(text)?;
     d.to_std().ok_or_else(|| format!("{text}: not a duration to wait"))
 }
 
 #[allow(clippy::too_many_arguments)]
 fn parse_lease(text: &str) -> Result<std::time::Duration, String> {
-    let d = steppe_shared::duration::Duration::parse(text)?;
+    let d = steppe_language::duration::Duration::parse(text)?;
     d.to_std().filter(|d| *d >= std::time::Duration::from_secs(1)).ok_or_else(|| format!("{text}: a lease is at least 1s"))
 }
 
@@ -1075,17 +1076,17 @@ fn coordinator(
         let pools = match queue {
             Some((url, lease)) if url.starts_with("redis://") || url.starts_with("rediss://") => {
                 let name = format!("coordinator-{}", std::process::id());
-                let default = Arc::new(steppe_shared::queue::RedisQueue::connect(url, QUEUE_KEY, &name, lease).await?);
-                Some(steppe_shared::queue::Pools::redis(default, url, QUEUE_KEY, &name, lease))
+                let default = Arc::new(steppe_runtime::queue::RedisQueue::connect(url, QUEUE_KEY, &name, lease).await?);
+                Some(steppe_runtime::queue::Pools::redis(default, url, QUEUE_KEY, &name, lease))
             }
             Some((other, _)) => anyhow::bail!("--queue {other}: only redis:// queues are supported so far"),
             None => None,
         };
-        let runs: Arc<dyn steppe_shared::store::Store> = match store {
+        let runs: Arc<dyn steppe_runtime::store::Store> = match store {
             // History written while Redis is away is kept and delivered when it is back.
-            Some(url) if url.starts_with("redis://") || url.starts_with("rediss://") => Arc::new(steppe_shared::store_outbox::Outbox::new(steppe_shared::store_redis::RedisStore::connect(url, "steppe")?)),
+            Some(url) if url.starts_with("redis://") || url.starts_with("rediss://") => Arc::new(steppe_runtime::store::Outbox::new(steppe_runtime::store::RedisStore::connect(url, "steppe")?)),
             Some(other) => anyhow::bail!("--store {other}: only redis:// stores are supported so far"),
-            None => Arc::new(steppe_shared::store::SqliteStore::open(&state.join("steppe.db"))?),
+            None => Arc::new(steppe_runtime::store::SqliteStore::open(&state.join("steppe.db"))?),
         };
         let tls = match tls {
             Some((cert, key)) => {
@@ -1110,15 +1111,15 @@ fn coordinator(
 /// Puts the password of `--redis-password-file` into Redis URLs that carry none.
 fn with_redis_password(queue: Option<String>, store: Option<String>, file: Option<&Path>) -> Result<(Option<String>, Option<String>)> {
     let Some(file) = file else { return Ok((queue, store)) };
-    let password = steppe_shared::secrets::read_file(file, "--redis-password-file").map_err(anyhow::Error::msg)?;
-    let add = |u: Option<String>| u.map(|u| if u.starts_with("redis") { steppe_shared::secrets::with_password(&u, &password) } else { u });
+    let password = steppe_runtime::secrets::read_file(file, "--redis-password-file").map_err(anyhow::Error::msg)?;
+    let add = |u: Option<String>| u.map(|u| if u.starts_with("redis") { steppe_runtime::secrets::with_password(&u, &password) } else { u });
     Ok((add(queue), add(store)))
 }
 
 fn worker(args: WorkerArgs) -> Result<ExitCode> {
     let WorkerArgs { coordinator: url, slots, token_file, stream_artifacts, tls_ca, queue, redis_password_file, pool, reconnect_for } = args;
     let (queue, _) = with_redis_password(queue, None, redis_password_file.as_deref())?;
-    steppe_shared::queue::check_pool_name(&pool).map_err(|e| anyhow::anyhow!("--pool {e}"))?;
+    steppe_runtime::queue::check_pool_name(&pool).map_err(|e| anyhow::anyhow!("--pool {e}"))?;
     if let Some(q) = queue.as_deref().filter(|q| !q.starts_with("redis://") && !q.starts_with("rediss://")) {
         anyhow::bail!("--queue {q}: a worker takes from a Redis queue (redis://HOST:PORT/)");
     }
@@ -1126,7 +1127,7 @@ fn worker(args: WorkerArgs) -> Result<ExitCode> {
     let rt = runtime()?;
     let slots = slots.unwrap_or(cores() as u32);
     let name = format!("{}:{}", std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".into()), std::process::id());
-    let scratch = steppe_shared::scratch::Scratch::create("worker").context("creating a scratch directory under the system's temp dir")?;
+    let scratch = steppe_runtime::scratch::Scratch::create("worker").context("creating a scratch directory under the system's temp dir")?;
     let work = scratch.path().to_path_buf();
     warn!("steppe worker {name}: connecting to {url} with {slots} slot(s)");
     let config = steppe_worker::remote::WorkerConfig { url, slots, name: name.clone(), work_root: work.clone(), token, stream_artifacts, tls_ca, queue, pool, reconnect_for };
@@ -1164,7 +1165,7 @@ fn fmt_time(ms: i64) -> String {
 /// Where `runs`, `approvals`, `approve` and `reject` look: the pipeline's
 /// own store (None when nothing has run yet) or a coordinator's.
 struct History {
-    store: Option<Box<dyn steppe_shared::store::Store>>,
+    store: Option<Box<dyn steppe_runtime::store::Store>>,
     /// Names the history in messages: the pipeline file or the coordinator.
     label: String,
     /// Where its artifacts are: the pipeline's `.steppe/artifacts`, or the coordinator.
@@ -1189,10 +1190,10 @@ impl History {
             return Ok(History { store: Some(Box::new(store)), label: format!("the coordinator at {}", remote.url), artifacts: Artifacts::Remote(remote) });
         }
         let path = pipeline.context("name the pipeline file (or --coordinator URL)")?;
-        let store = steppe_shared::store::SqliteStore::open_existing(&steppe_shared::store::db_path(path))?;
+        let store = steppe_runtime::store::SqliteStore::open_existing(&steppe_runtime::store::db_path(path))?;
         let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
         Ok(History {
-            store: store.map(|s| Box::new(s) as Box<dyn steppe_shared::store::Store>),
+            store: store.map(|s| Box::new(s) as Box<dyn steppe_runtime::store::Store>),
             label: path.display().to_string(),
             artifacts: Artifacts::Local(dir.join(".steppe").join("artifacts")),
         })
@@ -1203,7 +1204,7 @@ impl History {
         let scratch = scratch()?;
         let dest = scratch.path().join("full");
         match &self.artifacts {
-            Artifacts::Local(dir) => steppe_shared::artifacts::ArtifactStore::materialize(&steppe_shared::artifacts::LocalArtifactStore::new(dir)?, &steppe_shared::artifacts::ArtifactRef { digest: digest.to_string() }, &dest)?,
+            Artifacts::Local(dir) => steppe_runtime::artifacts::ArtifactStore::materialize(&steppe_runtime::artifacts::LocalArtifactStore::new(dir)?, &steppe_runtime::artifacts::ArtifactRef { digest: digest.to_string() }, &dest)?,
             Artifacts::Remote(remote) => history::RemoteStore::connect(remote)?.fetch(digest, scratch.path(), &dest)?,
         }
         let text = std::fs::read_to_string(dest.join(steppe_worker::output::FULL_OUTPUT)).with_context(|| format!("reading the full output {digest}"))?;
@@ -1213,8 +1214,8 @@ impl History {
 
 /// Prints a run's logs: each step's record, or (`full`) its whole output in
 /// place of head, gap and tail.
-fn print_logs(h: &History, lines: &[steppe_shared::store::LogLine], view: &LogsView) -> Result<()> {
-    let lines: Vec<&steppe_shared::store::LogLine> = lines.iter().filter(|l| view.step.as_deref().is_none_or(|s| s == l.step)).collect();
+fn print_logs(h: &History, lines: &[steppe_runtime::store::LogLine], view: &LogsView) -> Result<()> {
+    let lines: Vec<&steppe_runtime::store::LogLine> = lines.iter().filter(|l| view.step.as_deref().is_none_or(|s| s == l.step)).collect();
     let show = |step: &str, stderr: bool, line: &str| say!("[{}]{} {}", shown(step), if stderr { " (stderr)" } else { "" }, line);
     // With --full, a step's head, gap line and tail make way for its whole output.
     let mut replaced: std::collections::HashMap<usize, (usize, &str)> = Default::default();
@@ -1304,7 +1305,7 @@ fn runs(h: &History, job: Option<&str>, limit: usize, steps: bool, run: Option<&
 
 /// A name or a model's words, with control characters shown, not obeyed.
 pub(crate) fn shown(s: &str) -> std::borrow::Cow<'_, str> {
-    steppe_shared::printable::escape_controls(s)
+    steppe_runtime::printable::escape_controls(s)
 }
 
 fn approvals(h: &History) -> Result<ExitCode> {

@@ -49,7 +49,7 @@ impl Actor for RegistryActor {
         match msg {
             RegistryMsg::Joined { name, slots, remote, pool } => {
                 if remote {
-                    let in_pool = if pool == steppe_shared::queue::DEFAULT_POOL { String::new() } else { format!(", pool {pool}") };
+                    let in_pool = if pool == steppe_runtime::queue::DEFAULT_POOL { String::new() } else { format!(", pool {pool}") };
                     st.hub.note(&format!("worker {name} joined ({slots} slot(s){in_pool})"));
                 }
                 st.workers.insert(name, (slots, remote, Instant::now(), pool));

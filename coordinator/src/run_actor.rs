@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use steppe_shared::outcome::StepError;
+use steppe_runtime::outcome::StepError;
 
 use crate::engine::{JobResult, JobRun};
 

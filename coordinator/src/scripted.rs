@@ -13,7 +13,7 @@ use axum::routing::post;
 use axum::Router;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use steppe_shared::duration::Duration as GoDuration;
+use steppe_language::duration::Duration as GoDuration;
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -132,13 +132,13 @@ impl Cond {
 /// Reads and strictly decodes a scenario file.
 pub fn load(path: &Path) -> anyhow::Result<Scenario> {
     let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("cannot read scenario {}: {e}", path.display()))?;
-    let (node, problems) = steppe_shared::yaml::parse(&text, 0)
+    let (node, problems) = steppe_language::yaml::parse(&text, 0)
         .map_err(|e| anyhow::anyhow!("{}:{}:{}: invalid YAML: {}", path.display(), e.mark.line, e.mark.col, e.message))?;
     if let Some(p) = problems.first() {
         anyhow::bail!("{}:{}:{}: {}", path.display(), p.mark.line, p.mark.col, p.message);
     }
     let Some(node) = node else { return Ok(Scenario::default()) };
-    let (s, problems) = steppe_shared::de::decode::<Scenario>(&node, "");
+    let (s, problems) = steppe_language::de::decode::<Scenario>(&node, "");
     if !problems.is_empty() {
         let lines: Vec<String> = problems.iter().map(|p| format!("{}:{}:{}: {}: {}", path.display(), p.mark.line, p.mark.col, p.path, p.message)).collect();
         anyhow::bail!("invalid scenario:\n{}", lines.join("\n"));

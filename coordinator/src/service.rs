@@ -8,9 +8,9 @@ use std::sync::{Arc, Mutex};
 use steppe_proto::v1::coordinator_server::Coordinator;
 use steppe_proto::v1::{coordinator_message, worker_message, CoordinatorMessage, Welcome, WorkerMessage};
 use steppe_worker::exec::{LineSink, Stream};
-use steppe_shared::queue::{check_pool_name, pool_key, DEFAULT_POOL};
+use steppe_runtime::queue::{check_pool_name, pool_key, DEFAULT_POOL};
 use steppe_worker::local::Reporter;
-use steppe_worker::wire::{assignment_to_wire, restore_payload, result_from_wire};
+use steppe_runtime::wire::{assignment_to_wire, restore_payload, result_from_wire};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -26,7 +26,7 @@ pub struct WorkerService {
     /// reads it there shares the directory, any other streams artifacts.
     pub store_id: String,
     /// Where a large result's text (sent by reference) is read from.
-    pub store: Arc<dyn steppe_shared::artifacts::ArtifactStore>,
+    pub store: Arc<dyn steppe_runtime::artifacts::ArtifactStore>,
     pub registry: WorkerRegistry,
     /// A session silent this long (no heartbeat, no line, no result) is
     /// fenced: its assignments are requeued and whatever it says later is
@@ -134,13 +134,13 @@ impl Coordinator for WorkerService {
                     }
                     Ok(Some(a)) => a,
                     Ok(None) => {
-                        if let Some(l) = steppe_shared::outage::recovered("taking from the queue") {
+                        if let Some(l) = steppe_runtime::outage::recovered("taking from the queue") {
                             hub.note(&format!("steppe: {l}"));
                         }
                         continue;
                     }
                     Err(e) => {
-                        if let Some(l) = steppe_shared::outage::failed("taking from the queue", &e) {
+                        if let Some(l) = steppe_runtime::outage::failed("taking from the queue", &e) {
                             hub.note(&format!("steppe: {l}"));
                         }
                         tokio::time::sleep(std::time::Duration::from_secs(1)).await;

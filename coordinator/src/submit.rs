@@ -9,46 +9,18 @@ use std::sync::Arc;
 use steppe_proto::v1::runs_client::RunsClient;
 use steppe_proto::v1::runs_server::Runs;
 use steppe_proto::v1::{run_event, CancelReply, CancelRequest, RunEvent, RunFinished, SubmitRequest};
-use steppe_shared::outcome::{Class, Outcome};
-use steppe_shared::{load_file, LoadOptions};
+use steppe_runtime::outcome::{Class, Outcome};
+use steppe_language::{load_file, LoadOptions};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-pub use steppe_worker::remote::WithToken;
+pub use steppe_runtime::auth::WithToken;
 use tonic::{Request, Response, Status};
 
-use crate::engine::EventHub;
 use crate::shown;
 use crate::Services;
 
-/// Checks the bearer token on every call when the coordinator has one.
-#[derive(Clone)]
-pub struct TokenCheck {
-    token: Option<Arc<String>>,
-    out: Arc<EventHub>,
-}
-
-impl TokenCheck {
-    pub fn new(token: Option<String>, out: Arc<EventHub>) -> Self {
-        TokenCheck { token: token.map(Arc::new), out }
-    }
-}
-
-impl tonic::service::Interceptor for TokenCheck {
-    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
-        let Some(want) = &self.token else { return Ok(req) };
-        let got = req.metadata().get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-        // In constant time: how much of a guess matched must not show in how long the refusal took.
-        if got.is_some_and(|g| bool::from(subtle::ConstantTimeEq::ct_eq(g.as_bytes(), want.as_bytes()))) {
-            return Ok(req);
-        }
-        let peer = req.remote_addr().map(|a| a.to_string()).unwrap_or_else(|| "unknown".into());
-        self.out.note(&format!("refused an unauthenticated call from {peer}"));
-        Err(Status::unauthenticated("a valid token is required (steppe … --token-file F)"))
-    }
-}
-
 pub fn read_token(file: Option<&Path>) -> anyhow::Result<Option<String>> {
-    file.map(|f| steppe_shared::secrets::read_file(f, "--token-file")).transpose().map_err(anyhow::Error::msg)
+    file.map(|f| steppe_runtime::secrets::read_file(f, "--token-file")).transpose().map_err(anyhow::Error::msg)
 }
 
 /// A coordinator as the client commands reach it (`--coordinator URL
@@ -148,7 +120,7 @@ impl RunService {
         engine.decide_with = "--coordinator URL".into();
         engine.submission = Some(Arc::new(crate::engine::Submission::new(root.to_path_buf(), sub_dir, self.svc.store.clone())));
         if !req.pool.is_empty() {
-            if let Err(e) = steppe_shared::queue::check_pool_name(&req.pool) {
+            if let Err(e) = steppe_runtime::queue::check_pool_name(&req.pool) {
                 let _ = lines.send(format!("steppe: error: {e}"));
                 return 2;
             }
@@ -159,7 +131,7 @@ impl RunService {
         }
         let engine = Arc::new(engine);
         let jobs = loaded.pipeline.jobs.clone();
-        let run = |job: steppe_shared::model::Job| {
+        let run = |job: steppe_language::model::Job| {
             let engine = engine.clone();
             let lines = lines.clone();
             let detach = req.detach;
@@ -282,7 +254,7 @@ impl Runs for RunService {
                     l = lrx.recv() => {
                         let Some(l) = l else { return };
                         // Everything a submitter reads has its URLs' credentials masked.
-                        let l = steppe_shared::secrets::mask_urls(&l).into_owned();
+                        let l = steppe_runtime::secrets::mask_urls(&l).into_owned();
                         if forward_tx.send(Ok(RunEvent { event: Some(run_event::Event::Line(l)) })).await.is_err() {
                             // Dropping the receiver tells the run its submitter is gone.
                             return;
@@ -300,7 +272,7 @@ impl Runs for RunService {
             let code = match std::panic::AssertUnwindSafe(me.handle(req, &root, &ltx, &stx)).catch_unwind().await {
                 Ok(code) => code,
                 Err(panic) => {
-                    let what = steppe_shared::outcome::panic_text(panic.as_ref());
+                    let what = steppe_language::load::panic_text(panic.as_ref());
                     me.svc.out.note(&format!("steppe coordinator: a submission failed inside the coordinator: {what}"));
                     let _ = ltx.send(format!("steppe: error: the coordinator failed handling this submission ({what}); it goes on serving others"));
                     2
@@ -346,7 +318,7 @@ pub async fn submit(remote: &Remote, path: &Path, o: SubmitOptions) -> anyhow::R
     let files = bundle.files;
     let mut client = RunsClient::with_interceptor(remote.channel().await?, remote.bearer()?);
     if let Some(p) = pool {
-        steppe_shared::queue::check_pool_name(p).map_err(|e| anyhow::anyhow!("--pool {e}"))?;
+        steppe_runtime::queue::check_pool_name(p).map_err(|e| anyhow::anyhow!("--pool {e}"))?;
     }
     let req = SubmitRequest { pipeline: name, files, job: job.unwrap_or_default().to_string(), vars, test, answers, detach, pool: pool.unwrap_or_default().to_string() };
     let size = prost::Message::encoded_len(&req);

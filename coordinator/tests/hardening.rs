@@ -233,7 +233,7 @@ fn hostile_documents_fail_their_submission_and_the_coordinator_stays_up() {
     assert_refused("((vars)) bomb", &r, "substituting ((vars)) would make");
     // As deep as the loader allows is fine: the plan walker has the stack for it.
     let mut deep = String::from("{task: leaf, run: echo deep}");
-    for _ in 0..(steppe_shared::yaml::MAX_DEPTH - 8) {
+    for _ in 0..(steppe_language::yaml::MAX_DEPTH - 8) {
         deep = format!("{{try: {deep}}}");
     }
     let r = submit_raw(&c.url, "t0ken", request(&format!("jobs:\n- name: j\n  plan:\n  - {deep}\n"), vec![]));

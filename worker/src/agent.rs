@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
-use steppe_shared::agent_work::{AgentMessage, AgentOutcome, AgentWork, ToolDef, TrajectoryEntry};
-use steppe_shared::outcome::StepError;
+use steppe_runtime::agent_work::{AgentMessage, AgentOutcome, AgentWork, ToolDef, TrajectoryEntry};
+use steppe_runtime::outcome::StepError;
 use tokio::sync::watch;
 
 use crate::exec::{LineSink, Stream};
@@ -190,14 +190,14 @@ impl Conversation<'_> {
             }
             c.truncate(cut);
         }
-        self.out.transcript.push(steppe_shared::agent_work::TranscriptEvent { kind: kind.into(), name: name.into(), content: c });
+        self.out.transcript.push(steppe_runtime::agent_work::TranscriptEvent { kind: kind.into(), name: name.into(), content: c });
     }
 
     /// Narrates the conversation; the model chose these words and paths, so
     /// their control characters are shown, not passed to a terminal.
     fn say(&self, line: &str) {
         for l in line.lines() {
-            self.sink.line(&self.run_id, &self.label, Stream::Stdout, &steppe_shared::printable::escape_controls(l));
+            self.sink.line(&self.run_id, &self.label, Stream::Stdout, &steppe_runtime::printable::escape_controls(l));
         }
     }
 
@@ -621,7 +621,7 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
                         }
                     }
                     None => {
-                        conv.out.denials.push(steppe_shared::agent_work::DenialRecord {
+                        conv.out.denials.push(steppe_runtime::agent_work::DenialRecord {
                             tool: name.clone(),
                             path: String::new(),
                             reason: format!("tool \"{name}\" is not granted to this step"),

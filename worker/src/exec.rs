@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use steppe_shared::artifacts::ArtifactStore;
-use steppe_shared::assignment::{Assignment, AssignmentResult, Cwd, Judge};
-use steppe_shared::outcome::StepError;
+use steppe_runtime::artifacts::ArtifactStore;
+use steppe_runtime::assignment::{Assignment, AssignmentResult, Cwd, Judge};
+use steppe_runtime::outcome::StepError;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 use tokio::sync::watch;
@@ -135,7 +135,7 @@ async fn run_in(
             if let Err(e) = done.map_err(|e| e.to_string()).and_then(|r| r.map_err(|e| e.to_string())) {
                 return fail(StepError::errored(format!("{}: materializing the pipeline's files: {e}", a.step)));
             }
-            match steppe_shared::confine::check_relative(if sub.is_empty() { "." } else { sub }, "the snapshot") {
+            match steppe_language::confine::check_relative(if sub.is_empty() { "." } else { sub }, "the snapshot") {
                 Ok(0) => dir.join(sub),
                 _ => return fail(StepError::errored(format!("{}: {sub:?} is not a directory inside the pipeline's files", a.step))),
             }
@@ -151,7 +151,7 @@ async fn run_in(
     }
     res.result = judge(a, &a.judge, dir, res.exit_code, &res.stdout);
     if let (Err(e), Some(fix)) = (&res.result, &a.fix) {
-        if e.class == steppe_shared::outcome::Class::Failed {
+        if e.class == steppe_runtime::outcome::Class::Failed {
             res = repair(a, fix, dir, res, &sink, &cancel).await;
         }
     }
@@ -164,7 +164,7 @@ async fn run_in(
 /// A task missed its success criteria and has a `fix:` agent: one fix
 /// conversation in the task's own directory (with the task itself as a
 /// zero-argument rerun tool), then one final run judged by the same rule.
-async fn repair(a: &Assignment, fix: &steppe_shared::agent_work::AgentWork, dir: &Path, failed: AssignmentResult, sink: &Arc<dyn LineSink>, cancel: &watch::Receiver<bool>) -> AssignmentResult {
+async fn repair(a: &Assignment, fix: &steppe_runtime::agent_work::AgentWork, dir: &Path, failed: AssignmentResult, sink: &Arc<dyn LineSink>, cancel: &watch::Receiver<bool>) -> AssignmentResult {
     let exit = failed.exit_code.unwrap_or(-1);
     let reason = failed.result.as_ref().err().map(|e| e.message.clone()).unwrap_or_default();
     sink.line(&a.run_id, &a.step, Stream::Stdout, &format!("task \"{}\" failed (exit {exit}); invoking fix agent \"{}\"", a.step, fix.agent));
@@ -179,7 +179,7 @@ async fn repair(a: &Assignment, fix: &steppe_shared::agent_work::AgentWork, dir:
     if !failed.stderr.is_empty() {
         block.push_str(&format!("stderr:\n{}\n", cap(&failed.stderr, 32_000)));
     }
-    if let Some(steppe_shared::agent_work::AgentMessage::Text(first)) = work.messages.first_mut() {
+    if let Some(steppe_runtime::agent_work::AgentMessage::Text(first)) = work.messages.first_mut() {
         first.push_str("\n\n--- failure output ---\n");
         first.push_str(&block);
     }
@@ -222,7 +222,7 @@ fn cap(s: &str, n: usize) -> &str {
 async fn run_command(a: &Assignment, dir: &Path, sink: &Arc<dyn LineSink>, cancel: &watch::Receiver<bool>) -> Result<AssignmentResult, Box<AssignmentResult>> {
     let fail = |e: StepError| Box::new(AssignmentResult::of(a, Err(e)));
     let command = match &a.template {
-        Some(data) => steppe_shared::template::render(&a.command, data).map_err(|e| fail(StepError::errored(format!("{}: {e}", a.step))))?,
+        Some(data) => steppe_language::template::render(&a.command, data).map_err(|e| fail(StepError::errored(format!("{}: {e}", a.step))))?,
         None => a.command.clone(),
     };
     let mut cancel = cancel.clone();
@@ -332,7 +332,7 @@ impl SignalCode for std::process::ExitStatus {
 /// Reads a command's stream line by line: each line goes to the sink (the
 /// recorder, and the live view when `echo`), and the first [`CAPTURE_CAP`]
 /// bytes are kept for the result. A line longer than
-/// [`crate::wire::LINE_MAX`] arrives in pieces of that size: memory stays
+/// [`steppe_runtime::wire::LINE_MAX`] arrives in pieces of that size: memory stays
 /// bounded whatever the command writes.
 async fn read_stream<R: tokio::io::AsyncRead + Unpin>(
     mut r: BufReader<R>,
@@ -348,7 +348,7 @@ async fn read_stream<R: tokio::io::AsyncRead + Unpin>(
         let (done, used) = match r.fill_buf().await {
             Ok([]) | Err(_) => (true, 0),
             Ok(chunk) => {
-                let room = crate::wire::LINE_MAX - buf.len();
+                let room = steppe_runtime::wire::LINE_MAX - buf.len();
                 match chunk.iter().take(room).position(|b| *b == b'\n') {
                     Some(i) => {
                         buf.extend_from_slice(&chunk[..=i]);
@@ -363,7 +363,7 @@ async fn read_stream<R: tokio::io::AsyncRead + Unpin>(
             }
         };
         r.consume(used);
-        let complete = buf.last() == Some(&b'\n') || buf.len() >= crate::wire::LINE_MAX || (done && !buf.is_empty());
+        let complete = buf.last() == Some(&b'\n') || buf.len() >= steppe_runtime::wire::LINE_MAX || (done && !buf.is_empty());
         if complete {
             let line = String::from_utf8_lossy(&buf);
             if echo {
@@ -410,7 +410,7 @@ fn judge(a: &Assignment, j: &Judge, dir: &Path, exit: Option<i32>, stdout: &str)
 }
 
 pub fn fmt_duration(d: Duration) -> String {
-    steppe_shared::duration::Duration::parse(&format!("{}ns", d.as_nanos()))
+    steppe_language::duration::Duration::parse(&format!("{}ns", d.as_nanos()))
         .map(|d| d.to_string())
         .unwrap_or_else(|_| format!("{d:?}"))
 }

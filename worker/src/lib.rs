@@ -3,7 +3,7 @@
 //! `exec` runs one assignment (a fresh directory of declared inputs, `sh -c`,
 //! outputs stored by content hash). `local` runs worker loops inside the
 //! coordinator's process (embedded mode); `remote` is `steppe worker`, the same
-//! loop over a gRPC session; `wire` converts to and from `steppe.v1`.
+//! loop over a gRPC session (conversions to `steppe.v1` are `steppe_runtime::wire`).
 //! `sandbox` is the policy every agent tool call is checked against;
 //! `transfer` moves artifacts through the coordinator for workers that share
 //! no directory with it.
@@ -18,4 +18,3 @@ pub mod remote;
 pub mod sandbox;
 pub mod tools;
 pub mod transfer;
-pub mod wire;

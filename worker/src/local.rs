@@ -5,9 +5,9 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use steppe_shared::artifacts::ArtifactStore;
-use steppe_shared::assignment::AssignmentResult;
-use steppe_shared::queue::Queue;
+use steppe_runtime::artifacts::ArtifactStore;
+use steppe_runtime::assignment::AssignmentResult;
+use steppe_runtime::queue::Queue;
 use tokio::sync::watch;
 
 use crate::exec::{execute, LineSink};
@@ -67,13 +67,13 @@ pub fn spawn_local_workers(
             loop {
                 let a = match queue.pop().await {
                     Ok(a) => {
-                        if let Some(l) = steppe_shared::outage::recovered("taking from the queue") {
+                        if let Some(l) = steppe_runtime::outage::recovered("taking from the queue") {
                             eprintln!("steppe: {l}");
                         }
                         a
                     }
                     Err(e) => {
-                        if let Some(l) = steppe_shared::outage::failed("taking from the queue", &e) {
+                        if let Some(l) = steppe_runtime::outage::failed("taking from the queue", &e) {
                             eprintln!("steppe: {l}");
                         }
                         tokio::time::sleep(std::time::Duration::from_secs(1)).await;

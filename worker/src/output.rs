@@ -9,8 +9,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use steppe_shared::artifacts::ArtifactStore;
-use steppe_shared::assignment::{OutputLine, OutputRecord};
+use steppe_runtime::artifacts::ArtifactStore;
+use steppe_runtime::assignment::{OutputLine, OutputRecord};
 
 use crate::exec::{LineSink, Stream};
 
@@ -137,7 +137,7 @@ impl Recorder {
 }
 
 /// Stores the log file as an artifact holding [`FULL_OUTPUT`].
-fn store_file(path: &Path, store: &dyn ArtifactStore) -> Result<steppe_shared::artifacts::ArtifactRef, String> {
+fn store_file(path: &Path, store: &dyn ArtifactStore) -> Result<steppe_runtime::artifacts::ArtifactRef, String> {
     let dir = path.with_extension("d");
     let _ = std::fs::remove_dir_all(&dir);
     let r = std::fs::create_dir_all(&dir)
@@ -207,7 +207,7 @@ mod tests {
         let base = std::env::temp_dir().join(format!("steppe-recorder-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&base);
         std::fs::create_dir_all(&base).unwrap();
-        let store = steppe_shared::artifacts::LocalArtifactStore::new(&base.join("store")).unwrap();
+        let store = steppe_runtime::artifacts::LocalArtifactStore::new(&base.join("store")).unwrap();
         let small = Recorder::new(&base, "a-1", Arc::new(Nowhere));
         small.line("r", "s", Stream::Stdout, "only");
         let r = small.finish(&store);

@@ -8,16 +8,16 @@ use std::time::Duration;
 
 use steppe_proto::v1::coordinator_client::CoordinatorClient;
 use steppe_proto::v1::{coordinator_message, worker_message, CoordinatorMessage, Drain, Heartbeat, Hello, OutputLine, Release, Taken, WorkerMessage};
-use steppe_shared::assignment::Assignment;
-use steppe_shared::queue::{keep_leases, Queue, RedisQueue};
-use steppe_shared::artifacts::{ArtifactStore, LocalArtifactStore};
+use steppe_runtime::assignment::Assignment;
+use steppe_runtime::queue::{keep_leases, Queue, RedisQueue};
+use steppe_runtime::artifacts::{ArtifactStore, LocalArtifactStore};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::exec::{execute, LineSink, Stream};
 use crate::local::Cancels;
 use crate::transfer::StreamedArtifactStore;
-use crate::wire::{assignment_from_wire, cap_line, offload_payload, result_to_wire};
+use steppe_runtime::wire::{assignment_from_wire, cap_line, offload_payload, result_to_wire};
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -30,9 +30,9 @@ pub enum WorkerError {
     #[error("artifact directory {dir}: {source}")]
     Artifacts { dir: String, source: std::io::Error },
     #[error(transparent)]
-    Queue(steppe_shared::queue::QueueError),
-    #[error("the token holds characters a header cannot carry")]
-    Token,
+    Queue(steppe_runtime::queue::QueueError),
+    #[error(transparent)]
+    Token(#[from] steppe_runtime::auth::BadToken),
     #[error("--tls-ca {path}: {source}")]
     TlsCa { path: String, source: std::io::Error },
     #[error("cannot reach the coordinator at {url}: its certificate is not signed by a CA this host trusts (a private CA? pass --tls-ca FILE)")]
@@ -41,28 +41,6 @@ pub enum WorkerError {
     TlsCaWithoutHttps(String),
     #[error("the coordinator at {url} did not come back within {after} (--reconnect-for)")]
     GaveUp { url: String, after: String },
-}
-
-/// Adds the bearer token to every outgoing call.
-#[derive(Clone)]
-pub struct WithToken(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
-
-impl WithToken {
-    pub fn new(token: Option<&str>) -> Result<Self, WorkerError> {
-        Ok(WithToken(match token {
-            Some(t) => Some(format!("Bearer {t}").parse().map_err(|_| WorkerError::Token)?),
-            None => None,
-        }))
-    }
-}
-
-impl tonic::service::Interceptor for WithToken {
-    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(t) = &self.0 {
-            req.metadata_mut().insert("authorization", t.clone());
-        }
-        Ok(req)
-    }
 }
 
 struct Lines {
@@ -144,9 +122,9 @@ impl Running {
         let sink = Arc::new(Lines { tx: tx.clone(), id: a.id.clone(), dropped: Default::default() });
         let r = match &a.cwd {
             // Only the coordinator's own process runs a step in a directory of its host.
-            steppe_shared::assignment::Cwd::Host(p) => steppe_shared::assignment::AssignmentResult::of(
+            steppe_runtime::assignment::Cwd::Host(p) => steppe_runtime::assignment::AssignmentResult::of(
                 &a,
-                Err(steppe_shared::outcome::StepError::errored(format!("{}: a worker does not run a step in a directory of its host ({}) named by the coordinator", a.step, p.display()))),
+                Err(steppe_runtime::outcome::StepError::errored(format!("{}: a worker does not run a step in a directory of its host ({}) named by the coordinator", a.step, p.display()))),
             ),
             _ => execute(&a, store.clone(), &work_root, sink.clone(), cancel).await,
         };
@@ -206,13 +184,13 @@ async fn pull(
         let a = match q.pop_within(Duration::from_secs(1)).await {
             Ok(Some(a)) => a,
             Ok(None) => {
-                if let Some(l) = steppe_shared::outage::recovered("taking from the queue") {
+                if let Some(l) = steppe_runtime::outage::recovered("taking from the queue") {
                     eprintln!("steppe worker: {l}");
                 }
                 continue;
             }
             Err(e) => {
-                if let Some(l) = steppe_shared::outage::failed("taking from the queue", &e) {
+                if let Some(l) = steppe_runtime::outage::failed("taking from the queue", &e) {
                     eprintln!("steppe worker: {l}");
                 }
                 tokio::time::sleep(Duration::from_secs(1)).await;
@@ -291,7 +269,7 @@ pub async fn run(config: WorkerConfig) -> Result<(), WorkerError> {
                 eprintln!(
                     "steppe worker {}: lost the coordinator at {}; reconnecting for up to {} (--reconnect-for)",
                     config.name,
-                    steppe_shared::secrets::mask_urls(&config.url),
+                    steppe_runtime::secrets::mask_urls(&config.url),
                     crate::exec::fmt_duration(config.reconnect_for)
                 );
                 lost_at = Some(std::time::Instant::now());
@@ -310,7 +288,7 @@ pub async fn run(config: WorkerConfig) -> Result<(), WorkerError> {
             Err(e) => return Err(e),
         }
         if lost_at.is_some_and(|t| t.elapsed() >= config.reconnect_for) {
-            return Err(WorkerError::GaveUp { url: steppe_shared::secrets::mask_urls(&config.url).into_owned(), after: crate::exec::fmt_duration(config.reconnect_for) });
+            return Err(WorkerError::GaveUp { url: steppe_runtime::secrets::mask_urls(&config.url).into_owned(), after: crate::exec::fmt_duration(config.reconnect_for) });
         }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(5));
@@ -323,7 +301,7 @@ async fn session(config: &WorkerConfig, reconnecting: bool) -> Result<End, Worke
     let (slots, stream_artifacts, pool, work_root) = (*slots, *stream_artifacts, pool.clone(), work_root.clone());
     let (url, name) = (url.as_str(), name.as_str());
     let channel = connect(url, tls_ca.as_deref()).await?;
-    let with_token = WithToken::new(token.as_deref())?;
+    let with_token = steppe_runtime::auth::WithToken::new(token.as_deref())?;
     let mut client = CoordinatorClient::with_interceptor(channel.clone(), with_token.clone());
     let (tx, rx) = mpsc::channel::<WorkerMessage>(1024);
     let _ = tx
@@ -335,7 +313,7 @@ async fn session(config: &WorkerConfig, reconnecting: bool) -> Result<End, Worke
         _ => return Err(WorkerError::NoWelcome),
     };
     if reconnecting {
-        eprintln!("steppe worker {name}: reconnected to {}", steppe_shared::secrets::mask_urls(url));
+        eprintln!("steppe worker {name}: reconnected to {}", steppe_runtime::secrets::mask_urls(url));
     }
     let every = if welcome.heartbeat_ms == 0 { Duration::from_secs(5) } else { Duration::from_millis(welcome.heartbeat_ms.max(100)) };
     let shared = std::path::Path::new(&welcome.artifact_dir);

@@ -8,7 +8,7 @@
 
 use std::path::{Component, Path, PathBuf};
 
-use steppe_shared::builtins::BUILTIN_TOOLS;
+use steppe_language::builtins::BUILTIN_TOOLS;
 
 /// What a tool call wants to do with a path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::{json, Map, Value};
-use steppe_shared::agent_work::{DenialRecord, ToolDef};
+use steppe_runtime::agent_work::{DenialRecord, ToolDef};
 
 use crate::exec::HOST_ENV;
 use crate::sandbox::{Access, SandboxPolicy};
@@ -425,7 +425,7 @@ fn block_anchor(lines: &[&str], want: &[&str]) -> Option<String> {
         if a.len().saturating_mul(b.len()) > 1 << 20 {
             return 0.0;
         }
-        1.0 - steppe_shared::suggest::levenshtein(a, b) as f64 / max as f64
+        1.0 - steppe_language::suggest::levenshtein(a, b) as f64 / max as f64
     };
     let mut best: Option<(f64, usize, usize)> = None;
     for i in 0..lines.len() {
@@ -515,7 +515,7 @@ pub async fn custom(space: &Space, def: &ToolDef, model_args: &Value) -> Value {
     if !missing.is_empty() {
         return error(format!("{name}: missing required argument(s): {} (expected: {})", missing.join(", "), wanted.join(", ")));
     }
-    let cmd = match steppe_shared::template::render(run, &json!({ "args": Value::Object(args) })) {
+    let cmd = match steppe_language::template::render(run, &json!({ "args": Value::Object(args) })) {
         Ok(c) => c,
         Err(e) => return error(format!("{name}: {e}")),
     };
@@ -554,7 +554,7 @@ async fn web_fetch(args: &Value, allow: &[String], denials: &mut Vec<DenialRecor
     if !matches!(parsed.scheme(), "http" | "https") {
         return error("web_fetch: only http:// and https:// URLs can be fetched");
     }
-    let shown = steppe_shared::secrets::mask_urls(url).into_owned();
+    let shown = steppe_runtime::secrets::mask_urls(url).into_owned();
     let mut refuse = |host: &str, how: String| {
         let reason = format!("{how} \"{host}\", which is not in this tool's allow: list ({})", allow.join(", "));
         denials.push(DenialRecord { tool: "web_fetch".into(), path: shown.clone(), reason: reason.clone() });
@@ -596,7 +596,7 @@ async fn web_fetch(args: &Value, allow: &[String], denials: &mut Vec<DenialRecor
         }
         Err(e) => match refused_redirect.lock().ok().and_then(|s| s.clone()) {
             Some(h) => refuse(&h, format!("{host} redirected to host")),
-            None => error(format!("web_fetch: {}", steppe_shared::secrets::mask_urls(&e.to_string()))),
+            None => error(format!("web_fetch: {}", steppe_runtime::secrets::mask_urls(&e.to_string()))),
         },
     }
 }

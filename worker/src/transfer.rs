@@ -8,13 +8,13 @@ use std::path::Path;
 
 use steppe_proto::v1::artifacts_client::ArtifactsClient;
 use steppe_proto::v1::{self, ArtifactChunk};
-use steppe_shared::artifacts::{pack_tar, ArtifactRef, ArtifactStore, LocalArtifactStore};
+use steppe_runtime::artifacts::{pack_tar, ArtifactRef, ArtifactStore, LocalArtifactStore};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 
-use crate::remote::WithToken;
+use steppe_runtime::auth::WithToken;
 
 /// The largest piece of a tree in one message (the gRPC limit is 4 MiB).
 pub const CHUNK: usize = 1 << 20;

@@ -4,11 +4,11 @@
 use std::sync::Arc;
 
 use serde_json::{Map, Value};
-use steppe_shared::agent_work::{AgentAssert, AgentMessage, AgentWork, Endpoint, SubAgent, ToolDef};
-use steppe_shared::assignment::Assignment;
-use steppe_shared::builtins::{provider_of, DEFAULT_TOOLS};
-use steppe_shared::model::{AgentDef, Message, Source, Step, ToolGrant, ToolSpec};
-use steppe_shared::outcome::StepError;
+use steppe_runtime::agent_work::{AgentAssert, AgentMessage, AgentWork, Endpoint, SubAgent, ToolDef};
+use steppe_runtime::assignment::Assignment;
+use steppe_language::builtins::{provider_of, DEFAULT_TOOLS};
+use steppe_language::model::{AgentDef, Message, Source, Step, ToolGrant, ToolSpec};
+use steppe_runtime::outcome::StepError;
 
 use super::{cell_label, render_cell, Cell, Done, JobRun};
 
@@ -232,7 +232,7 @@ impl JobRun {
     }
 
     /// The ask_user grant (when the agent grants it and the step keeps it).
-    fn ask_spec(&self, def: &AgentDef, s: &Step, depth: usize) -> Result<Option<Box<steppe_shared::agent_work::AskSpec>>, StepError> {
+    fn ask_spec(&self, def: &AgentDef, s: &Step, depth: usize) -> Result<Option<Box<steppe_runtime::agent_work::AskSpec>>, StepError> {
         let grant = def.tools.iter().flatten().find_map(|g| match g {
             ToolGrant::Name(n) if n == "ask_user" => Some(None),
             ToolGrant::Spec(spec) if spec.builtin.as_deref() == Some("ask_user") => Some(Some(spec.as_ref())),
@@ -251,7 +251,7 @@ impl JobRun {
             }
             _ => None,
         };
-        Ok(Some(Box::new(steppe_shared::agent_work::AskSpec {
+        Ok(Some(Box::new(steppe_runtime::agent_work::AskSpec {
             answered_by,
             default: spec.and_then(|sp| sp.default.clone()),
             options_required: spec.and_then(|sp| sp.options_required).unwrap_or(false),
@@ -312,7 +312,7 @@ impl JobRun {
     /// A task's `fix:` as the conversation the worker runs when the task fails:
     /// the fix agent's grant (narrowed by `fix.tools`) plus the task itself as a
     /// zero-argument rerun tool, one attempt per request unless set.
-    pub(super) fn resolve_fix(&self, fix: &steppe_shared::model::Fix, task: &str, command: &str) -> Result<AgentWork, StepError> {
+    pub(super) fn resolve_fix(&self, fix: &steppe_language::model::Fix, task: &str, command: &str) -> Result<AgentWork, StepError> {
         let agent = fix.agent().unwrap_or_default().to_string();
         let spec = fix.spec();
         let default = format!(
@@ -440,7 +440,7 @@ impl JobRun {
             Ok(v) => {
                 self.engine.out.run_note(&self.run_id, &format!("ensemble decide: {rule} → {v}"));
                 let mut d = Done::ok(log);
-                d.agent = Some(steppe_shared::agent_work::AgentOutcome { verdict: Some(v), ..Default::default() });
+                d.agent = Some(steppe_runtime::agent_work::AgentOutcome { verdict: Some(v), ..Default::default() });
                 d
             }
             Err(m) => Done::err(StepError::errored(m), log),

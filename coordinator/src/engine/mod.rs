@@ -18,12 +18,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use steppe_shared::artifacts::{ArtifactRef, ArtifactStore};
-use steppe_shared::assignment::{Assignment, Cwd, Judge};
-use steppe_shared::model::{AcrossVar, Inputs, Job, Pipeline, Step, StepKind, TaskDef, VersionSpec};
-use steppe_shared::outcome::{Class, Outcome, StepError};
-use steppe_shared::template;
-use steppe_shared::vars::find_refs;
+use steppe_runtime::artifacts::{ArtifactRef, ArtifactStore};
+use steppe_runtime::assignment::{Assignment, Cwd, Judge};
+use steppe_language::model::{AcrossVar, Inputs, Job, Pipeline, Step, StepKind, TaskDef, VersionSpec};
+use steppe_runtime::outcome::{Class, Outcome, StepError};
+use steppe_language::template;
+use steppe_language::vars::find_refs;
 use crate::dispatch::Dispatcher;
 use tokio::sync::watch;
 
@@ -95,7 +95,7 @@ pub struct Done {
     /// Outputs the step produced (registered by the caller).
     pub outputs: Vec<(String, ArtifactRef)>,
     /// What an agent step's conversation produced.
-    pub agent: Option<steppe_shared::agent_work::AgentOutcome>,
+    pub agent: Option<steppe_runtime::agent_work::AgentOutcome>,
 }
 
 impl Done {
@@ -140,7 +140,7 @@ pub struct JobRun {
     /// Tokens each agent conversation spent, in the order they ended.
     usage: Mutex<Vec<(String, u64)>>,
     /// Tool calls the sandbox refused: (step, denial).
-    denials: Mutex<Vec<(String, steppe_shared::agent_work::DenialRecord)>>,
+    denials: Mutex<Vec<(String, steppe_runtime::agent_work::DenialRecord)>>,
 }
 
 #[derive(Debug, Clone)]
@@ -207,9 +207,9 @@ impl JobRun {
         self.ended_with(label, r, took, exit_code, None);
     }
 
-    fn ended_with(&self, label: &str, r: &Result<(), StepError>, took: Duration, exit_code: Option<i32>, agent: Option<&steppe_shared::agent_work::AgentOutcome>) {
+    fn ended_with(&self, label: &str, r: &Result<(), StepError>, took: Duration, exit_code: Option<i32>, agent: Option<&steppe_runtime::agent_work::AgentOutcome>) {
         self.engine.out.end(&self.run_id, label, r, took);
-        self.engine.out.record_step(steppe_shared::store::StepRecord {
+        self.engine.out.record_step(steppe_runtime::store::StepRecord {
             run_id: self.run_id.clone(),
             seq: self.seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             name: label.to_string(),
@@ -253,7 +253,7 @@ impl JobRun {
 
     /// Hands an assignment to the Dispatcher. After Ctrl-C only hooks still
     /// run, for at most 60 s each (the cancel reached what was already running).
-    async fn dispatch(&self, mut a: Assignment) -> steppe_shared::assignment::AssignmentResult {
+    async fn dispatch(&self, mut a: Assignment) -> steppe_runtime::assignment::AssignmentResult {
         if self.aborted() {
             let grace = Duration::from_secs(60);
             a.timeout = Some(a.timeout.map_or(grace, |t| t.min(grace)));
@@ -290,7 +290,7 @@ impl JobRun {
             return Ok(text.to_string());
         }
         let map = vars.into_iter().collect();
-        steppe_shared::vars::substitute_within(text, &map, SUBSTITUTED_CAP)
+        steppe_language::vars::substitute_within(text, &map, SUBSTITUTED_CAP)
     }
 
     fn subst_value(&self, v: &Value) -> Result<Value, String> {
@@ -340,7 +340,7 @@ impl JobRun {
                 Ok(()) => ("succeeded", String::new()),
                 Err(e) => (Outcome::of(&r.result).word(), e.message.clone()),
             };
-            let rec = steppe_shared::store::RunRecord { id: self.run_id.clone(), job: self.job.name.clone(), started_ms, finished_ms: Some(now_ms()), outcome: Some(word.to_string()), message: msg };
+            let rec = steppe_runtime::store::RunRecord { id: self.run_id.clone(), job: self.job.name.clone(), started_ms, finished_ms: Some(now_ms()), outcome: Some(word.to_string()), message: msg };
             if let Err(e) = s.finish_run(&rec) {
                 self.engine.out.run_note(&self.run_id, &format!("steppe: recording the run: {e}"));
             }
@@ -835,7 +835,7 @@ impl JobRun {
         // The artifact came from a step: a symlink in it must not lead to this host's files.
         let read = move || {
             store.materialize(&r, &dest)?;
-            steppe_shared::confine::read_text(&dest, &inside, Some(&dest), "the artifact", LOAD_VAR_CAP).map_err(|e| std::io::Error::other(format!("\"{inside}\" {e}")))
+            steppe_language::confine::read_text(&dest, &inside, Some(&dest), "the artifact", LOAD_VAR_CAP).map_err(|e| std::io::Error::other(format!("\"{inside}\" {e}")))
         };
         let text = tokio::task::spawn_blocking(read).await.unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
         drop(tmp);
@@ -988,7 +988,7 @@ impl JobRun {
             let mut seen = std::collections::HashSet::new();
             for (var, vals) in &values {
                 for v in vals {
-                    if !steppe_shared::validate::is_artifact_name(v) || !seen.insert((var.clone(), v.clone())) {
+                    if !steppe_language::validate::is_artifact_name(v) || !seen.insert((var.clone(), v.clone())) {
                         return Done::err(
                             StepError::failed(format!("across: value {v:?} of {var} cannot name a collected output directory (letters, digits, . _ - only, unique per axis)")),
                             Vec::new(),
@@ -998,9 +998,9 @@ impl JobRun {
             }
         }
         let count = values.iter().map(|(_, v)| v.len()).fold(1usize, usize::saturating_mul);
-        if count > steppe_shared::validate::MAX_ACROSS_CELLS {
+        if count > steppe_language::validate::MAX_ACROSS_CELLS {
             return Done::err(
-                StepError::failed(format!("across: its axes make {count} cells; one across step runs at most {}", steppe_shared::validate::MAX_ACROSS_CELLS)),
+                StepError::failed(format!("across: its axes make {count} cells; one across step runs at most {}", steppe_language::validate::MAX_ACROSS_CELLS)),
                 Vec::new(),
             );
         }
@@ -1118,10 +1118,10 @@ impl JobRun {
             .await
             .map_err(|e| StepError::errored(e.to_string()))?
             .map_err(|e| StepError::errored(format!("across from_file {f}: {e}")))?;
-        let text = steppe_shared::confine::resolve(&tmp.0, &rest, Some(&tmp.0), "the artifact").and_then(|p| steppe_shared::confine::read_capped(&p, 1 << 20));
+        let text = steppe_language::confine::resolve(&tmp.0, &rest, Some(&tmp.0), "the artifact").and_then(|p| steppe_language::confine::read_capped(&p, 1 << 20));
         drop(tmp);
         let text = text.map_err(|e| match e {
-            steppe_shared::confine::PathError::TooLarge { .. } => StepError::failed(format!("across from_file {f}: larger than 1 MiB")),
+            steppe_language::confine::PathError::TooLarge { .. } => StepError::failed(format!("across from_file {f}: larger than 1 MiB")),
             e => StepError::failed(format!("across from_file {f}: \"{rest}\" {e}")),
         })?;
         let v: Vec<Value> = serde_json::from_slice(&text).map_err(|e| StepError::failed(format!("across from_file {f}: not a JSON array of strings: {e}")))?;

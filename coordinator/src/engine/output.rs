@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use steppe_shared::outcome::{Outcome, StepError};
-use steppe_shared::printable::escape_controls;
-use steppe_shared::store::{LogLine, StepRecord, Store};
+use steppe_runtime::outcome::{Outcome, StepError};
+use steppe_runtime::printable::escape_controls;
+use steppe_runtime::store::{LogLine, StepRecord, Store};
 use steppe_worker::exec::{LineSink, Stream};
 
 pub enum Event {
@@ -207,20 +207,20 @@ impl Actor for HubActor {
 
 /// The store failing (Redis down) is said once, and its return once.
 fn store_failed(e: &dyn std::fmt::Display) {
-    if let Some(l) = steppe_shared::outage::failed("recording history in the store", e) {
+    if let Some(l) = steppe_runtime::outage::failed("recording history in the store", e) {
         eprintln!("steppe: {l}");
     }
 }
 
 fn store_ok() {
-    if let Some(l) = steppe_shared::outage::recovered("recording history in the store") {
+    if let Some(l) = steppe_runtime::outage::recovered("recording history in the store") {
         eprintln!("steppe: {l}");
     }
 }
 
 /// Everything the hub passes on has the credentials of its URLs masked.
 fn masked(text: String) -> String {
-    match steppe_shared::secrets::mask_urls(&text) {
+    match steppe_runtime::secrets::mask_urls(&text) {
         std::borrow::Cow::Borrowed(_) => text,
         std::borrow::Cow::Owned(m) => m,
     }
@@ -291,7 +291,7 @@ impl EventHub {
     }
 
     /// Stores what a step wrote, as its record keeps it.
-    pub fn record_output(&self, run_id: &str, step: &str, record: &steppe_shared::assignment::OutputRecord) {
+    pub fn record_output(&self, run_id: &str, step: &str, record: &steppe_runtime::assignment::OutputRecord) {
         if self.store.is_none() || (record.head.is_empty() && record.full.is_none()) {
             return;
         }

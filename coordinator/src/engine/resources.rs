@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::{json, Value};
-use steppe_shared::assignment::{Assignment, Cwd};
-use steppe_shared::model::{Inputs, Resource, ResourceType, Step, VersionSpec};
-use steppe_shared::outcome::StepError;
-use steppe_shared::expr::{compile, eval, Env, Stage};
+use steppe_runtime::assignment::{Assignment, Cwd};
+use steppe_language::model::{Inputs, Resource, ResourceType, Step, VersionSpec};
+use steppe_runtime::outcome::StepError;
+use steppe_language::expr::{compile, eval, Env, Stage};
 
 use super::{Done, JobRun};
 
@@ -47,7 +47,7 @@ impl JobRun {
             }
             Err(e) => {
                 let h = store.history(name).unwrap_or_default();
-                if h.is_empty() || e.class == steppe_shared::outcome::Class::Aborted {
+                if h.is_empty() || e.class == steppe_runtime::outcome::Class::Aborted {
                     return Err(e);
                 }
                 self.engine.out.run_note(&self.run_id, &format!("warning: could not refresh {name}; building from recorded history: {}", e.message));
@@ -97,7 +97,7 @@ impl JobRun {
         if let Err(e) = res.result {
             let detail = res.stderr.trim();
             let msg = if detail.is_empty() { e.message } else { format!("{}: {detail}", e.message) };
-            return Err(StepError { class: if e.class == steppe_shared::outcome::Class::Aborted { e.class } else { steppe_shared::outcome::Class::Errored }, message: format!("check {name}: {msg}") });
+            return Err(StepError { class: if e.class == steppe_runtime::outcome::Class::Aborted { e.class } else { steppe_runtime::outcome::Class::Errored }, message: format!("check {name}: {msg}") });
         }
         let v: Value = serde_json::from_str(res.stdout.trim())
             .map_err(|e| StepError::errored(format!("check {name}: could not parse JSON output: {e}")))?;
@@ -124,7 +124,7 @@ impl JobRun {
                     break;
                 }
                 Err(e) => {
-                    let stop = e.class == steppe_shared::outcome::Class::Aborted || n == attempts;
+                    let stop = e.class == steppe_runtime::outcome::Class::Aborted || n == attempts;
                     last = Err(e);
                     if stop {
                         break;
@@ -137,7 +137,7 @@ impl JobRun {
         Done { result: last.clone(), routed: last, log, skipped: false, outputs, agent: None }
     }
 
-    async fn fetch(self: &Arc<Self>, s: &Step, name: &str, artifact: &str) -> Result<Vec<(String, steppe_shared::artifacts::ArtifactRef)>, StepError> {
+    async fn fetch(self: &Arc<Self>, s: &Step, name: &str, artifact: &str) -> Result<Vec<(String, steppe_runtime::artifacts::ArtifactRef)>, StepError> {
         let (r, t) = self.resource(name)?;
         let pinned = self.every.lock().ok().and_then(|e| e.get(name).cloned());
         let version = match pinned {
@@ -191,7 +191,7 @@ impl JobRun {
                 }
             }
             let dir = self.temp("expr-in");
-            let write = || -> std::io::Result<steppe_shared::artifacts::ArtifactRef> {
+            let write = || -> std::io::Result<steppe_runtime::artifacts::ArtifactRef> {
                 std::fs::create_dir_all(&dir.0)?;
                 for (p, c) in &files {
                     let full = dir.0.join(p);
@@ -298,7 +298,7 @@ impl JobRun {
 /// Reads `<artifact>/<path>` inside a put's view of its inputs: no climbing
 /// out, no symlink to this host's files, a regular file of at most 1 MiB.
 fn read_in_view(view: &std::path::Path, p: &str) -> Result<String, String> {
-    steppe_shared::confine::read_text(view, p, Some(view), "the put's inputs", 1 << 20).map_err(|e| format!("{p:?} {e}"))
+    steppe_language::confine::read_text(view, p, Some(view), "the put's inputs", 1 << 20).map_err(|e| format!("{p:?} {e}"))
 }
 
 /// `{file: PATH}` markers in put params become the file's trimmed contents.

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use steppe_shared::artifacts::{ArtifactRef, ArtifactStore};
+use steppe_runtime::artifacts::{ArtifactRef, ArtifactStore};
 
 pub struct Submission {
     /// Where the bundle is unpacked.

@@ -4,9 +4,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use steppe_proto::v1;
-use steppe_shared::artifacts::ArtifactRef;
-use steppe_shared::assignment::{Assignment, AssignmentResult, Cwd, Judge, OutputLine, OutputRecord};
-use steppe_shared::outcome::{Class, StepError};
+use crate::artifacts::ArtifactRef;
+use crate::assignment::{Assignment, AssignmentResult, Cwd, Judge, OutputLine, OutputRecord};
+use crate::outcome::{Class, StepError};
 
 fn named(v: &[(String, ArtifactRef)]) -> Vec<v1::NamedArtifact> {
     v.iter()
@@ -152,7 +152,7 @@ pub fn cap_line(line: &str) -> std::borrow::Cow<'_, str> {
 
 /// Moves a large result's text into an artifact (claim check): what
 /// travels is the reference.
-pub fn offload_payload(r: &mut v1::AssignmentResult, store: &dyn steppe_shared::artifacts::ArtifactStore, scratch: &std::path::Path) -> std::io::Result<()> {
+pub fn offload_payload(r: &mut v1::AssignmentResult, store: &dyn crate::artifacts::ArtifactStore, scratch: &std::path::Path) -> std::io::Result<()> {
     use prost::Message;
     if r.encoded_len() <= INLINE_RESULT_MAX {
         return Ok(());
@@ -175,14 +175,14 @@ pub fn offload_payload(r: &mut v1::AssignmentResult, store: &dyn steppe_shared::
 const PAYLOAD_FILE_MAX: u64 = 64 << 20;
 
 /// Brings a result's text back from its payload artifact, if it has one.
-pub fn restore_payload(r: &mut v1::AssignmentResult, store: &dyn steppe_shared::artifacts::ArtifactStore, scratch: &std::path::Path) -> std::io::Result<()> {
+pub fn restore_payload(r: &mut v1::AssignmentResult, store: &dyn crate::artifacts::ArtifactStore, scratch: &std::path::Path) -> std::io::Result<()> {
     let Some(p) = r.payload.take() else { return Ok(()) };
     let dir = scratch.join(format!("payload-in-{}-{}", r.assignment_id, r.epoch));
     let _ = std::fs::remove_dir_all(&dir);
     // The artifact came from a worker: a symlink in it must not lead to this host's files.
     let read = |name: &str| {
-        steppe_shared::confine::resolve(&dir, name, Some(&dir), "the result's payload")
-            .and_then(|p| steppe_shared::confine::read_capped(&p, PAYLOAD_FILE_MAX))
+        steppe_language::confine::resolve(&dir, name, Some(&dir), "the result's payload")
+            .and_then(|p| steppe_language::confine::read_capped(&p, PAYLOAD_FILE_MAX))
             .map_err(|e| std::io::Error::other(format!("{name} {e}")))
     };
     let got = store.materialize(&ArtifactRef { digest: p.digest }, &dir).and_then(|()| Ok((read("stdout")?, read("stderr")?, read("agent.json")?)));
@@ -228,8 +228,8 @@ mod tests {
         std::os::unix::fs::symlink(base.join("secret"), tree.join("stdout")).unwrap();
         std::fs::write(tree.join("stderr"), "").unwrap();
         std::fs::write(tree.join("agent.json"), "").unwrap();
-        let store = steppe_shared::artifacts::LocalArtifactStore::new(&base.join("store")).unwrap();
-        let r = steppe_shared::artifacts::ArtifactStore::put_dir(&store, &tree).unwrap();
+        let store = crate::artifacts::LocalArtifactStore::new(&base.join("store")).unwrap();
+        let r = crate::artifacts::ArtifactStore::put_dir(&store, &tree).unwrap();
         let mut wire = v1::AssignmentResult { payload: Some(v1::ArtifactRef { digest: r.digest }), ..Default::default() };
         let e = restore_payload(&mut wire, &store, &base).unwrap_err();
         assert!(e.to_string().contains("leads outside"), "{e}");

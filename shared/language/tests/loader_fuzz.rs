@@ -7,10 +7,10 @@
 use std::path::{Path, PathBuf};
 
 use proptest::prelude::*;
-use steppe_shared::{load_str, LoadOptions};
+use steppe_language::{load_str, LoadOptions};
 
 fn corpus() -> Vec<(PathBuf, String)> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/validate");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/validate");
     let mut out = Vec::new();
     for kind in ["valid", "invalid"] {
         let Ok(rd) = std::fs::read_dir(root.join(kind)) else { continue };
@@ -214,7 +214,7 @@ proptest! {
 
 #[test]
 fn hostile_shapes_end_in_positioned_errors() {
-    let depth = steppe_shared::yaml::MAX_DEPTH;
+    let depth = steppe_language::yaml::MAX_DEPTH;
     let mut nested_plan = String::from("jobs:\n- name: j\n  plan:\n");
     for i in 0..depth {
         nested_plan.push_str(&format!("{}- do:\n", "  ".repeat(i + 1)));
@@ -246,7 +246,7 @@ fn hostile_shapes_end_in_positioned_errors() {
 #[test]
 fn a_pipeline_nested_near_the_limit_loads_on_a_small_stack() {
     // Each step level is two YAML levels (a list, then the step's mapping).
-    let levels = (steppe_shared::yaml::MAX_DEPTH - 6) / 2;
+    let levels = (steppe_language::yaml::MAX_DEPTH - 6) / 2;
     let mut text = String::from("jobs:\n- name: j\n  plan:\n");
     for i in 0..levels {
         text.push_str(&format!("{}- do:\n", "  ".repeat(i + 1)));

@@ -7,7 +7,7 @@
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
-use crate::store::{ApprovalRecord, LogLine, RunRecord, StepRecord, Store, StoreError};
+use super::{ApprovalRecord, LogLine, RunRecord, StepRecord, Store, StoreError};
 
 /// The most kept while the backend is away (bytes, about); more is refused.
 const KEPT_MAX: usize = 64 << 20;

@@ -172,6 +172,11 @@ pub fn load_file(path: &Path, opts: &LoadOptions) -> Result<Loaded, Diagnostics>
     load_str(&text, path, opts)
 }
 
+/// What a caught panic said (its message, when it carried one).
+pub fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload.downcast_ref::<String>().cloned().or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default()
+}
+
 /// The stack a load runs on. Decoding and validation recurse over the tree
 /// (bounded by [`yaml::MAX_DEPTH`]); a caller's thread (a tokio worker has
 /// 2 MiB) need not have room for that.
@@ -191,7 +196,7 @@ pub fn load_str(text: &str, path: &Path, opts: &LoadOptions) -> Result<Loaded, D
     match outcome {
         Ok(Ok(r)) => r,
         Ok(Err(panic)) => {
-            let what = crate::outcome::panic_text(panic.as_ref());
+            let what = panic_text(panic.as_ref());
             Err(whole_file_error(path, format!("cannot read the pipeline: the loader failed on it ({what}); please report this file")))
         }
         Err(e) => Err(whole_file_error(path, format!("cannot read the pipeline: starting the loader: {e}"))),

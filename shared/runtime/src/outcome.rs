@@ -89,8 +89,3 @@ impl Outcome {
         }
     }
 }
-
-/// What a caught panic said (its message, when it carried one).
-pub fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
-    payload.downcast_ref::<String>().cloned().or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default()
-}

@@ -5,7 +5,7 @@ use std::sync::Mutex;
 
 use redis::Commands;
 
-use crate::store::{canonical, ApprovalRecord, LogLine, RunRecord, StepRecord, Store, StoreError};
+use super::{canonical, ApprovalRecord, LogLine, RunRecord, StepRecord, Store, StoreError};
 
 pub struct RedisStore {
     /// The URL as messages show it (password masked).
@@ -289,10 +289,10 @@ mod tests {
 
     #[test]
     fn redis_store_conforms() {
-        let server = crate::queue::redis_tests::redis();
+        let server = crate::queue::redis_server();
         let url = server.url.clone();
         let s = RedisStore::connect(&url, "steppe-test").expect("connect");
-        crate::store::tests::conformance(&s);
+        super::super::tests::conformance(&s);
         drop(s);
         // A new connection (a restarted coordinator) sees the same history.
         let s = RedisStore::connect(&url, "steppe-test").expect("connect");

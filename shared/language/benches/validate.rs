@@ -2,12 +2,12 @@
 //!
 //! Reports the full load (parse + decode + every rule) beside a baseline
 //! measured in the same run: parsing the same text into the YAML tree only.
-//! Run: `cargo bench -p steppe-shared --bench validate`.
+//! Run: `cargo bench -p steppe-language --bench validate`.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use steppe_shared::{load_str, yaml, LoadOptions};
+use steppe_language::{load_str, yaml, LoadOptions};
 
 /// 10 jobs × 1,000 steps: chained tasks with inputs/outputs, agent steps,
 /// in_parallel blocks and hooks, so every rule family has work to do.

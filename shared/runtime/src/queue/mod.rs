@@ -1,0 +1,217 @@
+//! Where assignments wait for a worker. In-process for embedded mode; Redis
+//! Streams for a cluster (a consumer group; an entry a worker took but never
+
+
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use crate::assignment::Assignment;
+
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    #[error("queue {url}: {message}")]
+    Backend { url: String, message: String },
+    #[error("queue: an entry that is not an assignment: {0}")]
+    Corrupt(String),
+}
+
+pub trait Queue: Send + Sync {
+    /// Adds an assignment at the back.
+    fn push(&self, a: Assignment) -> BoxFuture<'_, Result<(), QueueError>>;
+    /// Takes the oldest assignment (or one whose taker's lease ran out),
+    /// waiting until there is one.
+    fn pop(&self) -> BoxFuture<'_, Result<Assignment, QueueError>>;
+    /// Like `pop`, but gives up after `wait` with None. Unlike a `pop`
+    /// dropped half-way (which on Redis may leave a delivered entry with no
+    /// taker until its lease runs out), this always runs to completion, so a
+    /// consumer that wants to stop polls it and stops between calls.
+    fn pop_within(&self, wait: std::time::Duration) -> BoxFuture<'_, Result<Option<Assignment>, QueueError>>;
+    /// The assignment is done with: it will not come back.
+    fn ack(&self, id: &str) -> BoxFuture<'_, Result<(), QueueError>>;
+    /// Removes an assignment nobody took yet; true if it was waiting.
+    fn remove(&self, id: &str) -> BoxFuture<'_, Result<bool, QueueError>>;
+    /// Renews the lease on everything this consumer took and has not
+    /// acknowledged, so a step that runs longer than the lease is not handed
+    /// to a second taker. Called by its holder well within every lease.
+    fn extend_held(&self) -> BoxFuture<'_, Result<(), QueueError>> {
+        Box::pin(async { Ok(()) })
+    }
+    /// How long a taken entry stays with its taker without an extension.
+    fn lease(&self) -> Option<Duration> {
+        None
+    }
+    /// Makes sure the queue's backend holds what it needs (a Redis that
+    /// restarted empty lacks its consumer group); true when it had to be
+    /// made again, so whatever waited in the queue before is gone.
+    fn ensure(&self) -> BoxFuture<'_, Result<bool, QueueError>> {
+        Box::pin(async { Ok(false) })
+    }
+}
+
+/// The pool a step goes to unless its run names another.
+pub const DEFAULT_POOL: &str = "default";
+
+/// A pool name: letters, digits, `-`, `_`, `.`; at most 64 characters.
+pub fn check_pool_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) {
+        return Err(format!("pool {name:?}: a pool name is 1 to 64 letters, digits, '-', '_' or '.'"));
+    }
+    Ok(())
+}
+
+/// The Redis stream of a pool: `base` for the default pool, `base:pool` otherwise.
+pub fn pool_key(base: &str, pool: &str) -> String {
+    if pool.is_empty() || pool == DEFAULT_POOL {
+        base.to_string()
+    } else {
+        format!("{base}:{pool}")
+    }
+}
+
+/// Lease extension for a taker that lives: every third of `lease`, renews
+/// what it took from each of `queues()` (asked afresh each time: pools open
+/// as they are used); `report` hears of each failure. Runs until the process ends.
+pub fn keep_leases<F>(lease: Duration, queues: F, report: impl Fn(QueueError) + Send + 'static)
+where
+    F: Fn() -> BoxFuture<'static, Vec<std::sync::Arc<dyn Queue>>> + Send + 'static,
+{
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(lease / 3).await;
+            for q in queues().await {
+                if let Err(e) = q.extend_held().await {
+                    report(e);
+                }
+            }
+        }
+    });
+}
+
+type OpenPool = Box<dyn Fn(String) -> BoxFuture<'static, Result<std::sync::Arc<dyn Queue>, QueueError>> + Send + Sync>;
+
+/// One queue per worker pool, opened when first used. Workers serve one
+/// pool each (`steppe worker --pool NAME`); a run's steps go to the pool it
+/// was submitted to (`steppe submit --pool NAME`), the default one otherwise.
+pub struct Pools {
+    default: std::sync::Arc<dyn Queue>,
+    open: OpenPool,
+    others: tokio::sync::Mutex<HashMap<String, std::sync::Arc<dyn Queue>>>,
+}
+
+impl Pools {
+    /// Pools in this process's memory.
+    pub fn in_process(default: std::sync::Arc<dyn Queue>) -> Self {
+        Pools {
+            default,
+            open: Box::new(|_| Box::pin(async { Ok(std::sync::Arc::new(InProcessQueue::new()) as std::sync::Arc<dyn Queue>) })),
+            others: Default::default(),
+        }
+    }
+
+    /// Pools on Redis: a stream per pool under `base` (see [`pool_key`]).
+    pub fn redis(default: std::sync::Arc<dyn Queue>, url: &str, base: &str, consumer: &str, lease: Duration) -> Self {
+        let (url, base, consumer) = (url.to_string(), base.to_string(), consumer.to_string());
+        Pools {
+            default,
+            open: Box::new(move |pool| {
+                let (url, key, consumer) = (url.clone(), pool_key(&base, &pool), consumer.clone());
+                Box::pin(async move { Ok(std::sync::Arc::new(RedisQueue::connect(&url, &key, &consumer, lease).await?) as std::sync::Arc<dyn Queue>) })
+            }),
+            others: Default::default(),
+        }
+    }
+
+    pub fn default_pool(&self) -> &std::sync::Arc<dyn Queue> {
+        &self.default
+    }
+
+    /// The queue of `pool` ("" is the default pool).
+    pub async fn get(&self, pool: &str) -> Result<std::sync::Arc<dyn Queue>, QueueError> {
+        if pool.is_empty() || pool == DEFAULT_POOL {
+            return Ok(self.default.clone());
+        }
+        let mut others = self.others.lock().await;
+        if let Some(q) = others.get(pool) {
+            return Ok(q.clone());
+        }
+        let q = (self.open)(pool.to_string()).await?;
+        others.insert(pool.to_string(), q.clone());
+        Ok(q)
+    }
+
+    /// Every queue opened so far (for lease extension).
+    pub async fn all(&self) -> Vec<std::sync::Arc<dyn Queue>> {
+        self.named().await.into_iter().map(|(_, q)| q).collect()
+    }
+
+    /// Every queue opened so far, with its pool's name.
+    pub async fn named(&self) -> Vec<(String, std::sync::Arc<dyn Queue>)> {
+        let mut v = vec![(DEFAULT_POOL.to_string(), self.default.clone())];
+        v.extend(self.others.lock().await.iter().map(|(n, q)| (n.clone(), q.clone())));
+        v
+    }
+}
+
+mod in_process;
+mod redis;
+
+pub use in_process::InProcessQueue;
+pub(crate) use self::redis::connection_lost;
+pub use self::redis::RedisQueue;
+#[cfg(test)]
+pub(crate) use self::redis::tests::redis_server;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn a(id: &str) -> Assignment {
+        Assignment { id: id.into(), ..Assignment::command("r", "s", "true".into()) }
+    }
+
+    /// The behaviour every backend shares.
+    pub(crate) async fn conformance(q: std::sync::Arc<dyn Queue>) {
+        q.push(a("1")).await.unwrap();
+        q.push(a("2")).await.unwrap();
+        q.push(a("3")).await.unwrap();
+        assert!(q.remove("2").await.unwrap(), "a waiting assignment can be removed");
+        assert!(!q.remove("2").await.unwrap());
+        let first = q.pop().await.unwrap();
+        assert_eq!(first.id, "1", "first in, first out");
+        assert!(!q.remove("1").await.unwrap(), "a taken assignment is not removed");
+        q.ack("1").await.unwrap();
+        assert_eq!(q.pop().await.unwrap().id, "3");
+        q.ack("3").await.unwrap();
+        let q2 = q.clone();
+        let waiter = tokio::spawn(async move { q2.pop().await.unwrap().id });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        q.push(a("4")).await.unwrap();
+        assert_eq!(waiter.await.unwrap(), "4", "pop waits for a push");
+        q.ack("4").await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn pools_keep_their_assignments_apart() {
+        let pools = Pools::in_process(std::sync::Arc::new(InProcessQueue::new()));
+        let gpu = pools.get("gpu").await.unwrap();
+        gpu.push(a("g1")).await.unwrap();
+        pools.get("").await.unwrap().push(a("d1")).await.unwrap();
+        assert_eq!(pools.default_pool().pop().await.unwrap().id, "d1", "the default pool gets only its own");
+        assert_eq!(pools.get("gpu").await.unwrap().pop().await.unwrap().id, "g1", "the same queue each time");
+        assert_eq!(pools.all().await.len(), 2);
+        assert!(check_pool_name("gpu-a100.x").is_ok());
+        assert!(check_pool_name("../etc").is_err() && check_pool_name("").is_err());
+        assert_eq!(pool_key("steppe:assignments", "default"), "steppe:assignments");
+        assert_eq!(pool_key("steppe:assignments", "gpu"), "steppe:assignments:gpu");
+    }
+
+    #[tokio::test]
+    async fn in_process_queue_conforms() {
+        conformance(std::sync::Arc::new(InProcessQueue::new())).await;
+    }
+}

@@ -1,0 +1,225 @@
+//! The Store: runs, step records and logs. SQLite under `.steppe/` in
+//! embedded mode (created on first use); Redis in a cluster.
+
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("store {path}: {source}")]
+    Sqlite { path: String, source: rusqlite::Error },
+    #[error("store {url}: {message}")]
+    Redis { url: String, message: String },
+    /// The backend cannot be reached now (a write may be kept and sent later).
+    #[error("store {url} is unreachable: {message}")]
+    Unavailable { url: String, message: String },
+    #[error("coordinator {url}: {message}")]
+    Remote { url: String, message: String },
+    #[error("store {path}: {source}")]
+    Io { path: String, source: std::io::Error },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RunRecord {
+    pub id: String,
+    pub job: String,
+    pub started_ms: i64,
+    pub finished_ms: Option<i64>,
+    /// succeeded / failed / errored / aborted; None while running.
+    pub outcome: Option<String>,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StepRecord {
+    pub run_id: String,
+    pub seq: i64,
+    pub name: String,
+    pub outcome: String,
+    pub message: String,
+    pub duration_ms: i64,
+    pub exit_code: Option<i32>,
+    /// Provider-reported tokens of an agent step (None for other steps).
+    pub tokens: Option<i64>,
+    /// An agent step's record as JSON: verdict, note, turns, trajectory, denials.
+    pub detail: Option<String>,
+}
+
+/// A parked `approval:` step.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ApprovalRecord {
+    pub id: i64,
+    pub run_id: String,
+    pub job: String,
+    pub message: String,
+    pub requested_ms: i64,
+    pub deadline_ms: i64,
+    /// `approved` or `rejected`; None while pending.
+    pub decision: Option<String>,
+    pub reason: String,
+    pub approver: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LogLine {
+    pub step: String,
+    pub stderr: bool,
+    pub line: String,
+    /// On the line that stands for what a step's record left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub omitted: Option<Omitted>,
+}
+
+/// What a step's record left out of the store: `lines` lines (`bytes`
+/// bytes) after its first `head`, followed by `tail` more lines; all of it
+/// is in the `output.log` of artifact `full`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Omitted {
+    pub full: String,
+    pub head: u64,
+    pub lines: u64,
+    pub bytes: u64,
+    pub tail: u64,
+}
+
+impl LogLine {
+    pub fn new(step: &str, stderr: bool, line: &str) -> Self {
+        LogLine { step: step.to_string(), stderr, line: line.to_string(), omitted: None }
+    }
+
+    /// The lines a step's output record keeps: head, a line standing for
+    /// what was left out (when anything was), tail.
+    pub fn from_record(step: &str, r: &crate::assignment::OutputRecord) -> Vec<LogLine> {
+        let mut out: Vec<LogLine> = r.head.iter().map(|l| LogLine::new(step, l.stderr, &l.line)).collect();
+        if let Some(full) = &r.full {
+            let line = if r.omitted_lines > 0 {
+                format!("… {} line(s), {} byte(s) not kept here; `steppe runs --logs --full` shows them", r.omitted_lines, r.omitted_bytes)
+            } else {
+                "… long lines were cut here; `steppe runs --logs --full` shows them whole".to_string()
+            };
+            let omitted = Omitted { full: full.digest.clone(), head: r.head.len() as u64, lines: r.omitted_lines, bytes: r.omitted_bytes, tail: r.tail.len() as u64 };
+            out.push(LogLine { omitted: Some(omitted), ..LogLine::new(step, false, &line) });
+        }
+        out.extend(r.tail.iter().map(|l| LogLine::new(step, l.stderr, &l.line)));
+        out
+    }
+}
+
+/// What the coordinator records and the `runs` views read.
+pub trait Store: Send + Sync {
+    fn start_run(&self, id: &str, job: &str, started_ms: i64) -> Result<(), StoreError>;
+    /// Records a run as finished (`rec` whole, so a backend that lost its
+    /// start, a Redis restarted empty, still gets the run).
+    fn finish_run(&self, rec: &RunRecord) -> Result<(), StoreError>;
+    fn record_step(&self, s: &StepRecord) -> Result<(), StoreError>;
+    fn append_logs(&self, run_id: &str, lines: &[LogLine]) -> Result<(), StoreError>;
+    /// Newest first.
+    fn runs(&self, job: Option<&str>, limit: usize) -> Result<Vec<RunRecord>, StoreError>;
+    fn run(&self, id: &str) -> Result<Option<RunRecord>, StoreError>;
+    fn steps(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError>;
+    fn logs(&self, run_id: &str) -> Result<Vec<LogLine>, StoreError>;
+    /// Appends a run event (a step started or ended, a note), stamped now.
+    fn record_event(&self, run_id: &str, kind: &str, step: &str, message: &str) -> Result<(), StoreError>;
+    /// A run's events in order: (kind, step, message).
+    fn events(&self, run_id: &str) -> Result<Vec<(String, String, String)>, StoreError>;
+    /// Parks an approval; returns its id.
+    fn request_approval(&self, run_id: &str, job: &str, message: &str, requested_ms: i64, deadline_ms: i64) -> Result<i64, StoreError>;
+    fn approval(&self, id: i64) -> Result<Option<ApprovalRecord>, StoreError>;
+    fn pending_approvals(&self) -> Result<Vec<ApprovalRecord>, StoreError>;
+    /// Records a decision; false if the approval was already decided (or does not exist).
+    fn decide_approval(&self, id: i64, approved: bool, reason: &str, approver: &str) -> Result<bool, StoreError>;
+    /// Files versions a check reported into the resource's history (first-seen order kept).
+    fn record_versions(&self, resource: &str, versions: &[serde_json::Value]) -> Result<(), StoreError>;
+    /// Every version ever reported, oldest first.
+    fn history(&self, resource: &str) -> Result<Vec<serde_json::Value>, StoreError>;
+    /// A successful build of `job` fetched `version` of `resource`.
+    fn record_green(&self, job: &str, resource: &str, version: &serde_json::Value) -> Result<(), StoreError>;
+    /// Versions of `resource` that passed through a successful build of `job`.
+    fn green(&self, job: &str, resource: &str) -> Result<Vec<serde_json::Value>, StoreError>;
+}
+
+/// The store file of a pipeline: `<dir>/.steppe/<file name>.db`, one per file.
+pub fn db_path(pipeline: &Path) -> PathBuf {
+    let dir = pipeline.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let name = pipeline.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "pipeline".into());
+    dir.join(".steppe").join(format!("{name}.db"))
+}
+
+/// A version as stored: JSON with sorted keys, so equal versions compare equal.
+pub(crate) fn canonical(v: &serde_json::Value) -> String {
+    fn sort(v: &serde_json::Value) -> serde_json::Value {
+        match v {
+            serde_json::Value::Object(m) => {
+                let mut keys: Vec<&String> = m.keys().collect();
+                keys.sort();
+                serde_json::Value::Object(keys.into_iter().map(|k| (k.clone(), sort(&m[k]))).collect())
+            }
+            serde_json::Value::Array(a) => serde_json::Value::Array(a.iter().map(sort).collect()),
+            other => other.clone(),
+        }
+    }
+    sort(v).to_string()
+}
+
+mod outbox;
+mod redis;
+mod sqlite;
+
+pub use outbox::Outbox;
+pub use self::redis::RedisStore;
+pub use sqlite::SqliteStore;
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// What every Store backend must do alike.
+    pub(crate) fn conformance(s: &dyn Store) {
+        s.start_run("r1", "build", 10).unwrap();
+        s.start_run("r2", "test", 20).unwrap();
+        s.record_step(&StepRecord { run_id: "r1".into(), seq: 0, name: "compile".into(), outcome: "succeeded".into(), message: String::new(), duration_ms: 5, exit_code: Some(0), tokens: None, detail: None }).unwrap();
+        s.record_step(&StepRecord { run_id: "r1".into(), seq: 1, name: "agent".into(), outcome: "failed".into(), message: "no".into(), duration_ms: 7, exit_code: None, tokens: Some(12), detail: Some("{}".into()) }).unwrap();
+        let omitted = Some(Omitted { full: "f".repeat(64), head: 1, lines: 10, bytes: 100, tail: 0 });
+        s.append_logs("r1", &[LogLine::new("compile", false, "ok"), LogLine::new("compile", true, "warn"), LogLine { omitted: omitted.clone(), ..LogLine::new("compile", false, "…") }]).unwrap();
+        s.finish_run(&RunRecord { id: "r1".into(), job: "build".into(), started_ms: 10, finished_ms: Some(30), outcome: Some("succeeded".into()), message: String::new() }).unwrap();
+        let runs = s.runs(None, 10).unwrap();
+        assert_eq!(runs.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["r2", "r1"], "newest first");
+        assert_eq!(s.runs(None, 1).unwrap().len(), 1);
+        assert_eq!(s.runs(Some("build"), 10).unwrap().len(), 1);
+        let r1 = s.run("r1").unwrap().unwrap();
+        assert_eq!((r1.outcome.as_deref(), r1.finished_ms, r1.job.as_str()), (Some("succeeded"), Some(30), "build"));
+        assert_eq!(s.run("r2").unwrap().unwrap().outcome, None);
+        assert!(s.run("nope").unwrap().is_none());
+        let steps = s.steps("r1").unwrap();
+        assert_eq!(steps.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), ["compile", "agent"]);
+        assert_eq!(steps[1].tokens, Some(12));
+        let logs = s.logs("r1").unwrap();
+        assert_eq!(logs.iter().map(|l| (l.line.as_str(), l.stderr)).collect::<Vec<_>>(), [("ok", false), ("warn", true), ("…", false)]);
+        assert_eq!(logs[2].omitted, omitted, "the omission travels with its line");
+        s.record_event("r1", "started", "compile", "").unwrap();
+        s.record_event("r1", "ended", "compile", "succeeded").unwrap();
+        assert_eq!(s.events("r1").unwrap().iter().map(|e| e.0.as_str()).collect::<Vec<_>>(), ["started", "ended"]);
+        let a = s.request_approval("r1", "build", "Ship it?", 40, 50).unwrap();
+        let b = s.request_approval("r2", "test", "Again?", 41, 51).unwrap();
+        assert_ne!(a, b);
+        assert_eq!(s.pending_approvals().unwrap().iter().map(|p| p.id).collect::<Vec<_>>(), [a, b]);
+        assert!(s.decide_approval(a, false, "not today", "ana").unwrap());
+        assert!(!s.decide_approval(a, true, "", "bo").unwrap(), "re-deciding is refused");
+        assert!(!s.decide_approval(9999, true, "", "bo").unwrap(), "deciding nothing is refused");
+        let rec = s.approval(a).unwrap().unwrap();
+        assert_eq!((rec.decision.as_deref(), rec.reason.as_str(), rec.approver.as_str(), rec.message.as_str()), (Some("rejected"), "not today", "ana", "Ship it?"));
+        assert_eq!(s.pending_approvals().unwrap().len(), 1);
+        let v = |n: &str| serde_json::json!({"ref": n, "n": 1});
+        s.record_versions("repo", &[v("a"), v("b")]).unwrap();
+        s.record_versions("repo", &[serde_json::json!({"n": 1, "ref": "b"}), v("c")]).unwrap();
+        assert_eq!(s.history("repo").unwrap(), vec![v("a"), v("b"), v("c")], "first-seen order; key order does not matter");
+        s.record_green("build", "repo", &v("b")).unwrap();
+        s.record_green("build", "repo", &v("b")).unwrap();
+        assert_eq!(s.green("build", "repo").unwrap(), vec![v("b")]);
+        assert!(s.green("test", "repo").unwrap().is_empty());
+        // A run whose start the backend lost is still recorded when it finishes.
+        s.finish_run(&RunRecord { id: "r0".into(), job: "lost".into(), started_ms: 5, finished_ms: Some(6), outcome: Some("failed".into()), message: "m".into() }).unwrap();
+        assert_eq!(s.run("r0").unwrap().map(|r| (r.job, r.outcome)), Some(("lost".into(), Some("failed".into()))));
+        assert_eq!(s.runs(Some("lost"), 10).unwrap().len(), 1);
+    }
+}
+
