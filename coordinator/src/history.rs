@@ -15,7 +15,8 @@ use tonic::codegen::InterceptedService;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
-use crate::submit::{Remote, WithToken};
+use crate::remote::Remote;
+use steppe_runtime::auth::WithToken;
 
 pub struct HistoryService {
     pub store: Arc<dyn Store>,

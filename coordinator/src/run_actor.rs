@@ -6,7 +6,7 @@ use std::sync::Arc;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use steppe_runtime::outcome::StepError;
 
-use crate::engine::{JobResult, JobRun};
+use crate::engine::{Engine, JobResult, JobRun};
 
 pub struct RunActor;
 
@@ -48,5 +48,47 @@ pub async fn run_in_actor(run: Arc<JobRun>) -> JobResult {
     match r {
         Ok(ractor::rpc::CallResult::Success(r)) => r,
         Ok(_) | Err(_) => internal("internal error: the run's actor stopped (a panic while walking the plan); see stderr".into()),
+    }
+}
+
+/// A run's id: its start time, this process, and a count, so two runs begun
+/// in the same millisecond (two submissions at once) never share one.
+pub fn run_id() -> String {
+    static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0);
+    let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("r-{t:x}-{}-{n}", std::process::id())
+}
+
+/// Runs one job in its actor, turning Ctrl-C and SIGTERM into an abort
+/// (steps killed, hooks get their grace).
+pub async fn run_until_signal(engine: &Arc<Engine>, job: &steppe_language::model::Job, id: String) -> JobResult {
+    let run = JobRun::new(engine.clone(), job.clone(), id);
+    let fut = run_in_actor(run);
+    tokio::pin!(fut);
+    // Ctrl-C and SIGTERM abort alike: steps are killed (their process
+    // groups whole), hooks get their grace.
+    tokio::select! {
+        r = &mut fut => r,
+        _ = tokio::signal::ctrl_c() => {
+            warn!("steppe: interrupted; stopping (hooks get their grace)");
+            engine.abort();
+            fut.await
+        }
+        _ = terminated() => {
+            warn!("steppe: terminated; stopping (hooks get their grace)");
+            engine.abort();
+            fut.await
+        }
+    }
+}
+
+/// Resolves when this process gets SIGTERM.
+pub async fn terminated() {
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut t) => {
+            t.recv().await;
+        }
+        Err(_) => std::future::pending::<()>().await,
     }
 }

@@ -1,69 +1,21 @@
-//! `steppe coordinator` serves submissions; `steppe submit` sends a pipeline
-//! (with every file it reads) to one and follows the run: the same lines
-//! `steppe run`/`steppe test` print, then the same exit code.
+//! The Runs service: `steppe coordinator` takes submissions (a bundle
+//! unpacked under its state dir, loaded confined to it, run on the shared
+//! services, output streamed back), and cancels runs by id.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
-use steppe_proto::v1::runs_client::RunsClient;
 use steppe_proto::v1::runs_server::Runs;
 use steppe_proto::v1::{run_event, CancelReply, CancelRequest, RunEvent, RunFinished, SubmitRequest};
 use steppe_runtime::outcome::{Class, Outcome};
 use steppe_language::{load_file, LoadOptions};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-pub use steppe_runtime::auth::WithToken;
 use tonic::{Request, Response, Status};
 
-use crate::shown;
-use crate::Services;
-
-pub fn read_token(file: Option<&Path>) -> anyhow::Result<Option<String>> {
-    file.map(|f| steppe_runtime::secrets::read_file(f, "--token-file")).transpose().map_err(anyhow::Error::msg)
-}
-
-/// A coordinator as the client commands reach it (`--coordinator URL
-/// [--token-file F] [--tls-ca F]`).
-pub struct Remote {
-    pub url: String,
-    pub token: Option<String>,
-    pub tls_ca: Option<PathBuf>,
-}
-
-impl Remote {
-    pub fn new(url: &str, token_file: Option<&Path>, tls_ca: Option<&Path>) -> anyhow::Result<Remote> {
-        Ok(Remote { url: url.to_string(), token: read_token(token_file)?, tls_ca: tls_ca.map(Path::to_path_buf) })
-    }
-
-    pub async fn channel(&self) -> anyhow::Result<tonic::transport::Channel> {
-        Ok(steppe_worker::remote::connect(&self.url, self.tls_ca.as_deref()).await?)
-    }
-
-    pub fn bearer(&self) -> anyhow::Result<WithToken> {
-        Ok(WithToken::new(self.token.as_deref())?)
-    }
-
-    /// What to try when a call failed the way a TLS mismatch fails.
-    pub fn hint(&self, s: &Status) -> &'static str {
-        // A plain-http client talking to a TLS server fails below gRPC, in
-        // one of these ways depending on timing.
-        let transport = matches!(s.code(), tonic::Code::Cancelled | tonic::Code::Unknown | tonic::Code::Unavailable | tonic::Code::Internal)
-            && (s.message().contains("transport error") || s.message().contains("h2 protocol error") || s.code() == tonic::Code::Cancelled);
-        if self.url.starts_with("http://") && transport {
-            " (does the coordinator serve TLS? then use an https:// URL)"
-        } else {
-            ""
-        }
-    }
-}
-
-/// Asks the coordinator to abort a run; false if no such run is going on.
-pub async fn cancel(remote: &Remote, run_id: &str) -> anyhow::Result<bool> {
-    let mut client = RunsClient::with_interceptor(remote.channel().await?, remote.bearer()?);
-    let reply = client.cancel(CancelRequest { run_id: run_id.to_string() }).await.map_err(|s| anyhow::anyhow!("the coordinator refused: {}{}", s.message(), remote.hint(&s)))?;
-    Ok(reply.into_inner().cancelled)
-}
+use crate::services::Services;
+use crate::text::shown;
 
 pub struct RunService {
     pub svc: Arc<Services>,
@@ -108,7 +60,7 @@ impl RunService {
                 return 2;
             }
         };
-        let answers = match crate::parse_answers(&req.answers) {
+        let answers = match crate::services::parse_answers(&req.answers) {
             Ok(a) => a,
             Err(e) => {
                 let _ = lines.send(format!("steppe: error: {e}"));
@@ -116,7 +68,7 @@ impl RunService {
             }
         };
         let (cancel_tx, cancel_rx) = tokio::sync::watch::channel(false);
-        let mut engine = crate::make_engine_with(&self.svc, &loaded, answers, None, Arc::new(cancel_tx), cancel_rx);
+        let mut engine = crate::services::make_engine_with(&self.svc, &loaded, answers, None, Arc::new(cancel_tx), cancel_rx);
         engine.decide_with = "--coordinator URL".into();
         engine.submission = Some(Arc::new(crate::engine::Submission::new(root.to_path_buf(), sub_dir, self.svc.store.clone())));
         if !req.pool.is_empty() {
@@ -137,14 +89,14 @@ impl RunService {
             let detach = req.detach;
             let active = self.active.clone();
             async move {
-                let run_id = crate::run_id();
+                let run_id = crate::run_actor::run_id();
                 if let Ok(mut a) = active.lock() {
                     a.insert(run_id.clone(), engine.clone());
                 }
                 engine.out.watch(&run_id, lines.clone());
                 let _ = started.send(run_id.clone());
                 let r = {
-                    let fut = crate::run_one_as(&engine, &job, run_id.clone());
+                    let fut = crate::run_actor::run_until_signal(&engine, &job, run_id.clone());
                     tokio::pin!(fut);
                     tokio::select! {
                         r = &mut fut => r,
@@ -267,7 +219,7 @@ impl Runs for RunService {
         let me = RunService { svc: self.svc.clone(), active: self.active.clone() };
         tokio::spawn(async move {
             use futures::FutureExt;
-            let root = me.svc.state.join("submissions").join(crate::run_id());
+            let root = me.svc.state.join("submissions").join(crate::run_actor::run_id());
             // A panic handling this submission fails it, and only it.
             let code = match std::panic::AssertUnwindSafe(me.handle(req, &root, &ltx, &stx)).catch_unwind().await {
                 Ok(code) => code,
@@ -287,93 +239,4 @@ impl Runs for RunService {
         });
         Ok(Response::new(ReceiverStream::new(rx)))
     }
-}
-
-/// What a submission asks of the coordinator, besides the pipeline.
-#[derive(Debug, Default)]
-pub struct SubmitOptions {
-    pub job: Option<String>,
-    /// Run every job and check the asserts (`steppe test`).
-    pub test: bool,
-    /// Return as soon as the run has begun, printing its id.
-    pub detach: bool,
-    pub pool: Option<String>,
-    pub vars: HashMap<String, String>,
-    pub answers: Vec<String>,
-    /// Extra files to send (globs relative to the pipeline's directory).
-    pub include: Vec<String>,
-}
-
-/// `steppe submit`: loads the pipeline here (so problems show before anything
-/// is sent), sends it with every file it reads and what `--include` or
-/// `.steppe-include` add, prints what comes back.
-pub async fn submit(remote: &Remote, path: &Path, o: SubmitOptions) -> anyhow::Result<i32> {
-    let SubmitOptions { job, test, detach, pool, vars, answers, include } = o;
-    let (job, pool) = (job.as_deref(), pool.as_deref());
-    let opts = LoadOptions { submission: true, ..LoadOptions::from_env(vars.clone().into_iter().collect()) };
-    let Ok(loaded) = crate::load_reporting(path, &opts) else { return Ok(2) };
-    let bundle = crate::bundle::collect(path, &loaded, &include)?;
-    warn!("steppe: sending {} to {}", bundle.summary(), remote.url);
-    let name = bundle.files.first().map(|f| f.path.clone()).unwrap_or_default();
-    let files = bundle.files;
-    let mut client = RunsClient::with_interceptor(remote.channel().await?, remote.bearer()?);
-    if let Some(p) = pool {
-        steppe_runtime::queue::check_pool_name(p).map_err(|e| anyhow::anyhow!("--pool {e}"))?;
-    }
-    let req = SubmitRequest { pipeline: name, files, job: job.unwrap_or_default().to_string(), vars, test, answers, detach, pool: pool.unwrap_or_default().to_string() };
-    let size = prost::Message::encoded_len(&req);
-    if size > crate::bundle::SUBMISSION_MAX {
-        anyhow::bail!(
-            "{}: the pipeline and the files it sends come to {:.1} MiB; a submission carries at most 4 MiB (fetch large inputs with a resource or produce them in a step)",
-            path.display(),
-            size as f64 / (1 << 20) as f64
-        );
-    }
-    // The first Ctrl-C cancels the run and stays to show how it ends (its
-    // hooks run with their grace); a second one leaves at once. Caught from
-    // before the submission goes, so none falls to the default handler.
-    let mut ctrl_c = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
-    let mut stream = client.submit(req).await.map_err(|s| anyhow::anyhow!("the coordinator refused the submission: {}{}", s.message(), remote.hint(&s)))?.into_inner();
-    let mut started: Vec<String> = Vec::new();
-    let mut interrupted = false;
-    loop {
-        let ev = tokio::select! {
-            ev = stream.message() => ev,
-            _ = ctrl_c.recv() => {
-                if interrupted {
-                    return Ok(130);
-                }
-                interrupted = true;
-                warn!("steppe: cancelling {} on the coordinator (Ctrl-C again to leave it to finish alone)", if started.is_empty() { "the submission".to_string() } else { started.join(", ") });
-                let mut c = client.clone();
-                for id in &started {
-                    let _ = c.cancel(CancelRequest { run_id: id.clone() }).await;
-                }
-                continue;
-            }
-        };
-        let Some(ev) = ev.map_err(|s| anyhow::anyhow!("the coordinator went away: {}", s.message()))? else { break };
-        match ev.event {
-            Some(run_event::Event::Line(l)) => {
-                if l.starts_with("steppe: error:") || l.starts_with("  ") && l.contains(": ") && !l.starts_with("  [") {
-                    warn!("{l}");
-                } else {
-                    say!("{l}");
-                }
-            }
-            Some(run_event::Event::Finished(f)) => return Ok(f.exit_code),
-            Some(run_event::Event::Started(id)) if detach => {
-                say!("{id}");
-                return Ok(0);
-            }
-            Some(run_event::Event::Started(id)) => {
-                if interrupted {
-                    let _ = client.clone().cancel(CancelRequest { run_id: id.clone() }).await;
-                }
-                started.push(id);
-            }
-            None => {}
-        }
-    }
-    anyhow::bail!("the coordinator ended the run's stream without saying how it finished")
 }

@@ -1,0 +1,131 @@
+//! Flags several commands share: ((vars)), --coordinator, and how a run executes.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use steppe_language::vars::{parse_var_flag, Vars};
+
+use super::runtime;
+use crate::remote::Remote;
+
+/// `--coordinator`: work through a coordinator instead of this machine.
+#[derive(Args, Debug, Default)]
+pub struct RemoteArgs {
+    /// Work through this coordinator (e.g. http://10.0.0.5:7070): runs go to
+    /// it (as `steppe submit`), history comes from it instead of the
+    /// pipeline's .steppe/ store.
+    #[arg(long, value_name = "URL")]
+    pub coordinator: Option<String>,
+    /// With --coordinator: a file holding the coordinator's token.
+    #[arg(long, value_name = "FILE", requires = "coordinator")]
+    pub token_file: Option<PathBuf>,
+    /// With an https:// --coordinator: the CA certificate (PEM) that signed
+    /// its certificate (default: the system's roots).
+    #[arg(long, value_name = "FILE", requires = "coordinator")]
+    pub tls_ca: Option<PathBuf>,
+}
+
+impl RemoteArgs {
+    /// The coordinator to work through, if --coordinator was given.
+    pub fn remote(&self) -> Result<Option<Remote>> {
+        match &self.coordinator {
+            Some(url) => Ok(Some(Remote::new(url, self.token_file.as_deref(), self.tls_ca.as_deref())?)),
+            None => Ok(None),
+        }
+    }
+}
+
+#[derive(Args, Debug, Default)]
+pub struct ExecArgs {
+    /// Worker slots in this process: steps that may run at once (default: one
+    /// per core). 0 runs nothing locally: steps wait for `steppe worker`s.
+    #[arg(long, value_name = "N")]
+    pub workers: Option<usize>,
+    /// Also serve remote workers on this address (gRPC), e.g. 127.0.0.1:7070.
+    /// They share this machine's artifact directory.
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<std::net::SocketAddr>,
+    /// Print only the summary, not each step.
+    #[arg(long, short)]
+    pub quiet: bool,
+    /// Answer an agent's ask_user question ahead: every question containing
+    /// SUBSTRING (case-insensitive) gets ANSWER. Repeatable.
+    #[arg(long = "answer", value_name = "SUBSTRING=ANSWER")]
+    pub answer: Vec<String>,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+    /// With --coordinator: run the steps on the workers of this pool.
+    #[arg(long, value_name = "NAME", requires = "coordinator")]
+    pub pool: Option<String>,
+    /// With --coordinator: also send these files (see `steppe submit --help`).
+    #[arg(long, value_name = "GLOB", requires = "coordinator")]
+    pub include: Vec<String>,
+}
+
+impl ExecArgs {
+    /// `--coordinator`: hand the run to a coordinator and follow it.
+    pub fn submit(&self, path: &Path, job: Option<&str>, test: bool, vars: &VarArgs) -> Result<Option<ExitCode>> {
+        let Some(remote) = self.remote.remote()? else { return Ok(None) };
+        let vars = vars.resolve()?.into_iter().collect();
+        let o = super::submit::SubmitOptions { job: job.map(str::to_string), test, pool: self.pool.clone(), vars, answers: self.answer.clone(), include: self.include.clone(), ..Default::default() };
+        let code = runtime()?.block_on(super::submit::submit(&remote, path, o))?;
+        Ok(Some(ExitCode::from(u8::try_from(code).unwrap_or(2))))
+    }
+}
+
+#[derive(Args, Debug, Default)]
+pub struct VarArgs {
+    /// Set a ((var)): NAME=VALUE (repeatable; wins over --vars-file).
+    #[arg(long = "var", value_name = "NAME=VALUE")]
+    pub var: Vec<String>,
+    /// A YAML file of NAME: VALUE pairs for ((vars)).
+    #[arg(long = "vars-file", value_name = "FILE")]
+    pub vars_file: Option<PathBuf>,
+}
+
+impl VarArgs {
+    pub fn resolve(&self) -> Result<Vars> {
+        let mut vars = Vars::new();
+        if let Some(f) = &self.vars_file {
+            vars.extend(read_vars_file(f)?);
+        }
+        for flag in &self.var {
+            let (k, v) = parse_var_flag(flag).map_err(anyhow::Error::msg)?;
+            vars.insert(k, v);
+        }
+        Ok(vars)
+    }
+}
+
+fn read_vars_file(path: &Path) -> Result<Vars> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read --vars-file {}", path.display()))?;
+    let (node, problems) = steppe_language::yaml::parse(&text, 0)
+        .map_err(|e| anyhow::anyhow!("{}:{}:{}: invalid YAML: {}", path.display(), e.mark.line, e.mark.col, e.message))?;
+    if let Some(p) = problems.first() {
+        anyhow::bail!("{}:{}:{}: {}", path.display(), p.mark.line, p.mark.col, p.message);
+    }
+    let Some(node) = node else { return Ok(Vars::new()) };
+    let Some(entries) = node.entries() else {
+        anyhow::bail!("{}: --vars-file must be a mapping of NAME: VALUE", path.display());
+    };
+    let mut vars = Vars::new();
+    for (k, v) in entries {
+        let (Some(k), Some(v)) = (k.as_str(), v.as_str()) else {
+            anyhow::bail!("{}:{}:{}: --vars-file values must be scalars (they are substituted as text)", path.display(), v.mark.line, v.mark.col);
+        };
+        vars.insert(k.to_string(), v.to_string());
+    }
+    Ok(vars)
+}
+
+pub fn parse_wait(text: &str) -> Result<std::time::Duration, String> {
+    let d = steppe_language::duration::Duration::parse(text)?;
+    d.to_std().ok_or_else(|| format!("{text}: not a duration to wait"))
+}
+
+pub fn parse_lease(text: &str) -> Result<std::time::Duration, String> {
+    let d = steppe_language::duration::Duration::parse(text)?;
+    d.to_std().filter(|d| *d >= std::time::Duration::from_secs(1)).ok_or_else(|| format!("{text}: a lease is at least 1s"))
+}

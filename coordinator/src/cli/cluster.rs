@@ -1,0 +1,217 @@
+//! `steppe coordinator` and `steppe worker`: the two long-lived processes of a cluster.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+use super::args::{parse_lease, parse_wait};
+use super::{cores, runtime, scratch};
+use crate::remote::read_token;
+use crate::run_actor::terminated;
+use crate::services::{start_services_with, ClusterOptions, QUEUE_KEY};
+
+/// Serve runs for `steppe submit` and assignments for `steppe worker`s.
+///
+/// A long-lived coordinator: pipelines are submitted to it (with every file
+/// they read), their steps go on its queue, and workers anywhere take them.
+/// With --token-file every call (submissions and worker sessions) must carry
+/// that token. History lives in DIR/steppe.db (or --store), artifacts in
+/// DIR/artifacts (or --artifacts): workers that see the directory use it,
+/// others get artifacts through the coordinator.
+///
+/// Example:
+///   steppe coordinator --listen 127.0.0.1:7070 --token-file token
+///   steppe worker --coordinator http://127.0.0.1:7070 --token-file token
+///   steppe submit ci.yml --job build --coordinator http://127.0.0.1:7070 --token-file token
+#[derive(Args, Debug)]
+#[command(verbatim_doc_comment)]
+pub struct CoordinatorArgs {
+    #[arg(long, value_name = "ADDR")]
+    listen: std::net::SocketAddr,
+    /// Worker slots inside the coordinator itself (default 0: only remote workers).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    workers: usize,
+    /// Where the coordinator keeps history, artifacts and submissions.
+    #[arg(long, value_name = "DIR", default_value = ".steppe-coordinator")]
+    state: PathBuf,
+    /// A file holding the token every client and worker must present.
+    #[arg(long, value_name = "FILE", env = "STEPPE_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
+    /// The queue assignments wait on: redis://HOST:PORT/ (Redis Streams,
+    /// leased) instead of this process's memory. Keep a password out of
+    /// the command line: --redis-password-file, or the URL in $STEPPE_QUEUE.
+    #[arg(long, value_name = "URL", env = "STEPPE_QUEUE", hide_env_values = true)]
+    queue: Option<String>,
+    /// How long a queue entry stays with whoever took it unless renewed.
+    /// The coordinator renews what it holds every third of this, so a
+    /// step may run longer; a coordinator that dies stops renewing, and
+    /// its entries go to the next coordinator after this long.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_lease)]
+    queue_lease: std::time::Duration,
+    /// Where history lives: redis://HOST:PORT/ instead of DIR/steppe.db, so
+    /// a restarted (or another) coordinator sees the same runs and versions.
+    /// (Or the URL in $STEPPE_STORE.)
+    #[arg(long, value_name = "URL", env = "STEPPE_STORE", hide_env_values = true)]
+    store: Option<String>,
+    /// A file holding the Redis password, for --queue and --store URLs
+    /// that carry none (so it never shows in `ps`).
+    #[arg(long, value_name = "FILE", env = "STEPPE_REDIS_PASSWORD_FILE")]
+    redis_password_file: Option<PathBuf>,
+    /// A worker silent this long (no heartbeat; they come every 5s) is
+    /// fenced: its steps run elsewhere and its late results are refused.
+    #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = parse_lease)]
+    worker_lease: std::time::Duration,
+    /// The artifact directory workers share (default: DIR/artifacts);
+    /// on several hosts, a shared mount every worker sees at this path.
+    /// Workers that do not see it get artifacts through the coordinator.
+    #[arg(long, value_name = "DIR")]
+    artifacts: Option<PathBuf>,
+    /// Serve TLS with this certificate chain (PEM); clients then use
+    /// https:// URLs (and --tls-ca FILE for a private CA).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+}
+
+impl CoordinatorArgs {
+    pub fn run(self) -> Result<ExitCode> {
+        let CoordinatorArgs { listen, workers, state, token_file, queue, queue_lease, store, redis_password_file, worker_lease, artifacts, tls_cert, tls_key } = self;
+        let (queue, store) = with_redis_password(queue, store, redis_password_file.as_deref())?;
+        let token = read_token(token_file.as_deref())?;
+        let tls = match tls_cert.zip(tls_key) {
+            Some((cert, key)) => {
+                let read = |p: &Path| std::fs::read(p).with_context(|| format!("reading {}", p.display()));
+                Some(tonic::transport::Identity::from_pem(read(&cert)?, read(&key)?))
+            }
+            None => None,
+        };
+        let scratch = scratch()?;
+        runtime()?.block_on(async {
+            std::fs::create_dir_all(&state).with_context(|| format!("creating {}", state.display()))?;
+            // Submissions of a coordinator that died: their runs died with it.
+            let _ = std::fs::remove_dir_all(state.join("submissions"));
+            let pools = match queue.as_deref() {
+                Some(url) if is_redis(url) => {
+                    let name = format!("coordinator-{}", std::process::id());
+                    let default = Arc::new(steppe_runtime::queue::RedisQueue::connect(url, QUEUE_KEY, &name, queue_lease).await?);
+                    Some(steppe_runtime::queue::Pools::redis(default, url, QUEUE_KEY, &name, queue_lease))
+                }
+                Some(other) => anyhow::bail!("--queue {other}: only redis:// queues are supported so far"),
+                None => None,
+            };
+            let runs: Arc<dyn steppe_runtime::store::Store> = match store.as_deref() {
+                // History written while Redis is away is kept and delivered when it is back.
+                Some(url) if is_redis(url) => Arc::new(steppe_runtime::store::Outbox::new(steppe_runtime::store::RedisStore::connect(url, "steppe")?)),
+                Some(other) => anyhow::bail!("--store {other}: only redis:// stores are supported so far"),
+                None => Arc::new(steppe_runtime::store::SqliteStore::open(&state.join("steppe.db"))?),
+            };
+            let cluster = ClusterOptions { pools, worker_lease, artifacts, tls, long_lived: true };
+            let svc = start_services_with(&state, runs, scratch.path(), workers, false, Some(listen), token, cluster).await?;
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = terminated() => {}
+            }
+            svc.out.note("steppe coordinator: stopping");
+            svc.out.flush().await;
+            anyhow::Ok(())
+        })?;
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+fn is_redis(url: &str) -> bool {
+    url.starts_with("redis://") || url.starts_with("rediss://")
+}
+
+/// Run steps for a coordinator: a worker in its own process.
+///
+/// Connects to a coordinator (`steppe coordinator`, or `steppe run --listen
+/// ADDR`), takes assignments from its queue, runs each in a fresh directory
+/// of its declared inputs, and streams output lines and results back. When
+/// the coordinator goes away, what runs here stops (it runs again
+/// elsewhere) and the worker reconnects for up to --reconnect-for.
+/// SIGTERM drains (finishes what it runs, takes nothing new; a second
+/// SIGTERM stops at once); Ctrl-C stops at once. Stopping kills each
+/// running step's whole process group. Artifacts come from the coordinator's artifact
+/// directory when this host shares it (checked, not assumed), otherwise
+/// they travel through the coordinator in chunks.
+///
+/// Example:
+///   steppe worker --coordinator http://127.0.0.1:7070 --slots 4
+#[derive(Args, Debug)]
+#[command(verbatim_doc_comment)]
+pub struct WorkerArgs {
+    /// The coordinator's URL.
+    #[arg(long, value_name = "URL")]
+    coordinator: String,
+    /// Assignments run at once (default: one per core).
+    #[arg(long, value_name = "N")]
+    slots: Option<u32>,
+    /// A file holding the token the coordinator requires.
+    #[arg(long, value_name = "FILE", env = "STEPPE_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
+    /// Fetch and store artifacts through the coordinator even when its
+    /// artifact directory is visible here (a slow or unreliable mount).
+    #[arg(long)]
+    stream_artifacts: bool,
+    /// With an https:// coordinator: the CA certificate (PEM) that signed
+    /// its certificate (default: the system's roots).
+    #[arg(long, value_name = "FILE")]
+    tls_ca: Option<PathBuf>,
+    /// Take assignments from the coordinator's Redis queue directly
+    /// (redis://HOST:PORT/, the coordinator's --queue) instead of having
+    /// them sent over the session; the queue's lease brings back what
+    /// a lost worker took. (Or the URL in $STEPPE_QUEUE.)
+    #[arg(long, value_name = "URL", env = "STEPPE_QUEUE", hide_env_values = true)]
+    queue: Option<String>,
+    /// A file holding the Redis password, for a --queue URL that carries none.
+    #[arg(long, value_name = "FILE", env = "STEPPE_REDIS_PASSWORD_FILE")]
+    redis_password_file: Option<PathBuf>,
+    /// The pool this worker serves: it runs only the steps of runs
+    /// submitted with the same --pool (default: the default pool).
+    #[arg(long, value_name = "NAME", default_value = "default")]
+    pool: String,
+    /// When the coordinator goes away (restarted, cut off), keep trying to
+    /// reach it this long, with backoff, before exiting (0s: exit at once).
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_wait)]
+    reconnect_for: std::time::Duration,
+}
+
+impl WorkerArgs {
+    pub fn run(self) -> Result<ExitCode> {
+        worker(self)
+    }
+}
+
+fn worker(args: WorkerArgs) -> Result<ExitCode> {
+    let WorkerArgs { coordinator: url, slots, token_file, stream_artifacts, tls_ca, queue, redis_password_file, pool, reconnect_for } = args;
+    let (queue, _) = with_redis_password(queue, None, redis_password_file.as_deref())?;
+    steppe_runtime::queue::check_pool_name(&pool).map_err(|e| anyhow::anyhow!("--pool {e}"))?;
+    if let Some(q) = queue.as_deref().filter(|q| !is_redis(q)) {
+        anyhow::bail!("--queue {q}: a worker takes from a Redis queue (redis://HOST:PORT/)");
+    }
+    let token = read_token(token_file.as_deref())?;
+    let rt = runtime()?;
+    let slots = slots.unwrap_or(cores() as u32);
+    let name = format!("{}:{}", std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".into()), std::process::id());
+    let scratch = steppe_runtime::scratch::Scratch::create("worker").context("creating a scratch directory under the system's temp dir")?;
+    let work = scratch.path().to_path_buf();
+    warn!("steppe worker {name}: connecting to {url} with {slots} slot(s)");
+    let config = steppe_worker::remote::WorkerConfig { url, slots, name: name.clone(), work_root: work.clone(), token, stream_artifacts, tls_ca, queue, pool, reconnect_for };
+    rt.block_on(steppe_worker::remote::run(config))?;
+    warn!("steppe worker {name}: stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Puts the password of `--redis-password-file` into Redis URLs that carry none.
+fn with_redis_password(queue: Option<String>, store: Option<String>, file: Option<&Path>) -> Result<(Option<String>, Option<String>)> {
+    let Some(file) = file else { return Ok((queue, store)) };
+    let password = steppe_runtime::secrets::read_file(file, "--redis-password-file").map_err(anyhow::Error::msg)?;
+    let add = |u: Option<String>| u.map(|u| if u.starts_with("redis") { steppe_runtime::secrets::with_password(&u, &password) } else { u });
+    Ok((add(queue), add(store)))
+}

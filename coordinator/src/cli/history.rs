@@ -1,0 +1,350 @@
+//! `steppe runs`, `approvals`, `approve` and `reject`: the recorded history, read
+//! from a pipeline's own store or a coordinator's.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+use super::args::RemoteArgs;
+use super::format::{fmt_ms, fmt_time, thousands};
+use super::scratch;
+use crate::history;
+use crate::remote::Remote;
+use crate::text::shown;
+
+/// Show recorded runs of a pipeline (read-only; never creates the store).
+///
+/// Without flags: the newest runs, one per line. --steps: the steps of the
+/// newest run (or of --run ID). --logs: its output lines.
+///
+/// Examples:
+///   steppe runs ci.yml --job build --limit 5
+///   steppe runs ci.yml --steps
+///   steppe runs ci.yml --run r-18c2… --logs
+#[derive(Args, Debug)]
+#[command(verbatim_doc_comment)]
+pub struct RunsArgs {
+    /// The pipeline file (its store is .steppe/<file>.db beside it);
+    /// not needed with --coordinator.
+    #[arg(required_unless_present = "coordinator")]
+    pipeline: Option<PathBuf>,
+    /// Only runs of this job.
+    #[arg(long)]
+    job: Option<String>,
+    /// How many runs to list.
+    #[arg(long, default_value_t = 20)]
+    limit: usize,
+    /// Show the steps of one run.
+    #[arg(long)]
+    steps: bool,
+    /// The run to show (default: the newest).
+    #[arg(long, value_name = "ID")]
+    run: Option<String>,
+    /// Show the run's output lines: each step's first and last lines,
+    /// and how much was left out between them.
+    #[arg(long)]
+    logs: bool,
+    /// With --logs (implied): each step's whole output, fetched from
+    /// where it was stored (through the coordinator with --coordinator).
+    #[arg(long)]
+    full: bool,
+    /// With --logs: only this step's lines.
+    #[arg(long, value_name = "NAME")]
+    step: Option<String>,
+    /// Spend: tokens per run (or, with --run, per step). Unpriced is not $0.00.
+    #[arg(long)]
+    cost: bool,
+    /// Show agent steps' transcripts (text, calls, results) with --steps.
+    #[arg(long)]
+    transcript: bool,
+    /// Show the run's events (steps started and ended, notes) in order.
+    #[arg(long)]
+    events: bool,
+    #[command(flatten)]
+    remote: RemoteArgs,
+}
+
+impl RunsArgs {
+    pub fn run(self) -> Result<ExitCode> {
+        let RunsArgs { pipeline, job, limit, steps, run, logs, full, step, cost, transcript, events, remote } = self;
+        let h = History::open(pipeline.as_deref(), &remote)?;
+        if events {
+            runs_events(&h, job.as_deref(), run.as_deref())
+        } else if cost {
+            runs_cost(&h, job.as_deref(), limit, run.as_deref())
+        } else {
+            let logs = (logs || full || step.is_some()).then_some(LogsView { full, step });
+            runs(&h, job.as_deref(), limit, steps || transcript, run.as_deref(), logs, transcript)
+        }
+    }
+}
+
+/// List approvals waiting for a decision (ID JOB REQUESTED MESSAGE).
+#[derive(Args, Debug)]
+pub struct ApprovalsArgs {
+    /// The pipeline file (not needed with --coordinator).
+    #[arg(required_unless_present = "coordinator")]
+    pipeline: Option<PathBuf>,
+    #[command(flatten)]
+    remote: RemoteArgs,
+}
+
+impl ApprovalsArgs {
+    pub fn run(self) -> Result<ExitCode> {
+        approvals(&History::open(self.pipeline.as_deref(), &self.remote)?)
+    }
+}
+
+/// `approve` and `reject`.
+#[derive(Args, Debug)]
+pub struct DecideArgs {
+    /// The pipeline file (left out with --coordinator), then the
+    /// approval's id from `steppe approvals`.
+    #[arg(value_name = "PIPELINE> <ID", num_args = 1..=2, required = true)]
+    target: Vec<String>,
+    /// Why (kept in the record; a rejection shows it in the failure).
+    #[arg(long, default_value = "")]
+    reason: String,
+    #[command(flatten)]
+    remote: RemoteArgs,
+}
+
+impl DecideArgs {
+    pub fn run(self, approve: bool) -> Result<ExitCode> {
+        decide(&self, approve)
+    }
+}
+
+/// Where `runs`, `approvals`, `approve` and `reject` look: the pipeline's
+/// own store (None when nothing has run yet) or a coordinator's.
+struct History {
+    store: Option<Box<dyn steppe_runtime::store::Store>>,
+    /// Names the history in messages: the pipeline file or the coordinator.
+    label: String,
+    /// Where its artifacts are: the pipeline's `.steppe/artifacts`, or the coordinator.
+    artifacts: Artifacts,
+}
+
+enum Artifacts {
+    Local(PathBuf),
+    Remote(Remote),
+}
+
+/// `runs --logs`: all of each step's output or only its record, one step or all.
+struct LogsView {
+    full: bool,
+    step: Option<String>,
+}
+
+impl History {
+    fn open(pipeline: Option<&Path>, remote: &RemoteArgs) -> Result<History> {
+        if let Some(remote) = remote.remote()? {
+            let store = history::RemoteStore::connect(&remote)?;
+            return Ok(History { store: Some(Box::new(store)), label: format!("the coordinator at {}", remote.url), artifacts: Artifacts::Remote(remote) });
+        }
+        let path = pipeline.context("name the pipeline file (or --coordinator URL)")?;
+        let store = steppe_runtime::store::SqliteStore::open_existing(&steppe_runtime::store::db_path(path))?;
+        let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        Ok(History {
+            store: store.map(|s| Box::new(s) as Box<dyn steppe_runtime::store::Store>),
+            label: path.display().to_string(),
+            artifacts: Artifacts::Local(dir.join(".steppe").join("artifacts")),
+        })
+    }
+
+    /// The lines of a step's whole output, stored as artifact `digest`.
+    fn full_output(&self, digest: &str) -> Result<Vec<(bool, String)>> {
+        let scratch = scratch()?;
+        let dest = scratch.path().join("full");
+        match &self.artifacts {
+            Artifacts::Local(dir) => steppe_runtime::artifacts::ArtifactStore::materialize(&steppe_runtime::artifacts::LocalArtifactStore::new(dir)?, &steppe_runtime::artifacts::ArtifactRef { digest: digest.to_string() }, &dest)?,
+            Artifacts::Remote(remote) => history::RemoteStore::connect(remote)?.fetch(digest, scratch.path(), &dest)?,
+        }
+        let text = std::fs::read_to_string(dest.join(steppe_worker::output::FULL_OUTPUT)).with_context(|| format!("reading the full output {digest}"))?;
+        Ok(steppe_worker::output::parse_full(&text).map(|(e, l)| (e, l.to_string())).collect())
+    }
+}
+
+/// Prints a run's logs: each step's record, or (`full`) its whole output in
+/// place of head, gap and tail.
+fn print_logs(h: &History, lines: &[steppe_runtime::store::LogLine], view: &LogsView) -> Result<()> {
+    let lines: Vec<&steppe_runtime::store::LogLine> = lines.iter().filter(|l| view.step.as_deref().is_none_or(|s| s == l.step)).collect();
+    let show = |step: &str, stderr: bool, line: &str| say!("[{}]{} {}", shown(step), if stderr { " (stderr)" } else { "" }, line);
+    // With --full, a step's head, gap line and tail make way for its whole output.
+    let mut replaced: std::collections::HashMap<usize, (usize, &str)> = Default::default();
+    if view.full {
+        for (i, l) in lines.iter().enumerate() {
+            if let Some(o) = &l.omitted {
+                let start = i.saturating_sub(o.head as usize);
+                let end = (i + o.tail as usize).min(lines.len().saturating_sub(1));
+                replaced.insert(start, (end, o.full.as_str()));
+            }
+        }
+    }
+    let mut i = 0;
+    while i < lines.len() {
+        if let Some((end, digest)) = replaced.get(&i) {
+            let step = &lines[i].step;
+            for (stderr, line) in h.full_output(digest)? {
+                show(step, stderr, &line);
+            }
+            i = end + 1;
+            continue;
+        }
+        show(&lines[i].step, lines[i].stderr, &lines[i].line);
+        i += 1;
+    }
+    if let (Some(step), true) = (&view.step, lines.is_empty()) {
+        say!("no output recorded for step {}", shown(step));
+    }
+    Ok(())
+}
+
+fn runs(h: &History, job: Option<&str>, limit: usize, steps: bool, run: Option<&str>, logs: Option<LogsView>, transcript: bool) -> Result<ExitCode> {
+    let Some(store) = &h.store else {
+        say!("no runs recorded for {}", h.label);
+        return Ok(ExitCode::SUCCESS);
+    };
+    if !steps && logs.is_none() && run.is_none() {
+        let rows = store.runs(job, limit)?;
+        if rows.is_empty() {
+            say!("no runs recorded for {}", h.label);
+            return Ok(ExitCode::SUCCESS);
+        }
+        say!("{:<26} {:<20} {:<21} {:>9}  OUTCOME", "RUN", "JOB", "STARTED", "DURATION");
+        for r in rows {
+            let dur = r.finished_ms.map(|f| fmt_ms(f - r.started_ms)).unwrap_or_else(|| "-".into());
+            let outcome = r.outcome.clone().unwrap_or_else(|| "running".into());
+            let msg = if r.message.is_empty() { String::new() } else { format!(": {}", r.message.lines().next().unwrap_or_default()) };
+            say!("{:<26} {:<20} {:<21} {:>9}  {outcome}{}", r.id, shown(&r.job), fmt_time(r.started_ms), dur, shown(&msg));
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let record = match run {
+        Some(id) => store.run(id)?.with_context(|| format!("no run {id} in the history of {}", h.label))?,
+        None => store.runs(job, 1)?.into_iter().next().with_context(|| format!("no runs recorded for {}", h.label))?,
+    };
+    say!("run {} of job {} ({})", record.id, shown(&record.job), record.outcome.as_deref().unwrap_or("running"));
+    if steps || logs.is_none() {
+        say!("{:<40} {:<10} {:>9} {:>5} {:>9}", "STEP", "OUTCOME", "DURATION", "EXIT", "TOKENS");
+        for s in store.steps(&record.id)? {
+            let exit = s.exit_code.map(|c| c.to_string()).unwrap_or_else(|| "-".into());
+            let tokens = s.tokens.map(thousands).unwrap_or_else(|| "-".into());
+            say!("{:<40} {:<10} {:>9} {:>5} {:>9}", shown(&s.name), s.outcome, fmt_ms(s.duration_ms), exit, tokens);
+            let detail: serde_json::Value = s.detail.as_deref().and_then(|d| serde_json::from_str(d).ok()).unwrap_or_default();
+            if let Some(v) = detail.get("verdict").and_then(|v| v.as_str()) {
+                say!("    verdict: {}", shown(v));
+            }
+            if transcript {
+                for e in detail.get("transcript").and_then(|t| t.as_array()).into_iter().flatten() {
+                    let kind = e.get("kind").and_then(|v| v.as_str()).unwrap_or_default();
+                    let name = e.get("name").and_then(|v| v.as_str()).unwrap_or_default();
+                    let content = e.get("content").and_then(|v| v.as_str()).unwrap_or_default();
+                    let short: String = content.chars().take(300).collect();
+                    say!("    {kind:<8} {} {}", shown(name), shown(&short));
+                }
+            }
+            for d in detail.get("denials").and_then(|d| d.as_array()).into_iter().flatten() {
+                let field = |k: &str| shown(d.get(k).and_then(|v| v.as_str()).unwrap_or_default()).into_owned();
+                say!("    denied: {} {} — {}", field("tool"), field("path"), field("reason"));
+            }
+        }
+    }
+    if let Some(view) = &logs {
+        print_logs(h, &store.logs(&record.id)?, view)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn approvals(h: &History) -> Result<ExitCode> {
+    let Some(store) = &h.store else {
+        say!("no approvals pending for {}", h.label);
+        return Ok(ExitCode::SUCCESS);
+    };
+    let pending = store.pending_approvals()?;
+    if pending.is_empty() {
+        say!("no approvals pending for {}", h.label);
+        return Ok(ExitCode::SUCCESS);
+    }
+    say!("{:<4} {:<20} {:<21} MESSAGE", "ID", "JOB", "REQUESTED");
+    for a in pending {
+        say!("{:<4} {:<20} {:<21} {}", a.id, shown(&a.job), fmt_time(a.requested_ms), shown(&a.message));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `approve|reject [PIPELINE] ID`: the pipeline is needed unless --coordinator.
+fn approval_target(target: &[String], remote: &RemoteArgs) -> Result<(Option<PathBuf>, i64)> {
+    let (pipeline, id) = match target {
+        [id] => (None, id),
+        [pipeline, id] => (Some(PathBuf::from(pipeline)), id),
+        _ => anyhow::bail!("give the pipeline file and the approval id, e.g. `steppe approve ci.yml 3`"),
+    };
+    if pipeline.is_none() && remote.coordinator.is_none() {
+        anyhow::bail!("give the pipeline file before the id (`steppe approve ci.yml {id}`), or --coordinator URL");
+    }
+    let id = id.parse().with_context(|| format!("{id:?} is not an approval id: `steppe approvals` lists them"))?;
+    Ok((pipeline, id))
+}
+
+fn decide(args: &DecideArgs, approve: bool) -> Result<ExitCode> {
+    let (pipeline, id) = approval_target(&args.target, &args.remote)?;
+    let h = History::open(pipeline.as_deref(), &args.remote)?;
+    let reason = args.reason.as_str();
+    let store = h.store.as_ref().with_context(|| format!("nothing has run yet for {}", h.label))?;
+    let approver = ["STEPPE_APPROVER", "USER", "LOGNAME"].iter().find_map(|v| std::env::var(v).ok().filter(|s| !s.is_empty())).unwrap_or_else(|| "unknown".into());
+    let Some(rec) = store.approval(id)? else {
+        anyhow::bail!("no approval {id} for {}", h.label);
+    };
+    if let Some(d) = &rec.decision {
+        anyhow::bail!("approval {id} was already {d} by {}", rec.approver);
+    }
+    if !store.decide_approval(id, approve, reason, &approver)? {
+        anyhow::bail!("approval {id} was decided by someone else just now");
+    }
+    say!("{} approval {id}", if approve { "approved" } else { "rejected" });
+    Ok(ExitCode::SUCCESS)
+}
+
+fn runs_cost(h: &History, job: Option<&str>, limit: usize, run: Option<&str>) -> Result<ExitCode> {
+    let Some(store) = &h.store else {
+        say!("no runs recorded for {}", h.label);
+        return Ok(ExitCode::SUCCESS);
+    };
+    match run {
+        None => {
+            say!("{:<26} {:>12} {:>11} {:>6}", "RUN", "TOKENS", "COST", "STEPS");
+            for r in store.runs(job, limit)? {
+                let steps = store.steps(&r.id)?;
+                let agent: Vec<_> = steps.iter().filter(|s| s.tokens.is_some()).collect();
+                let tokens: i64 = agent.iter().filter_map(|s| s.tokens).sum();
+                // Hosted providers report tokens, not dollars: no cost is recorded, which is not $0.00.
+                say!("{:<26} {:>12} {:>11} {:>6}", r.id, thousands(tokens), "unpriced", agent.len());
+            }
+        }
+        Some(id) => {
+            say!("{:<40} {:>12} {:>9}", "STEP", "TOKENS", "DURATION");
+            for s in store.steps(id)?.into_iter().filter(|s| s.tokens.is_some()) {
+                say!("{:<40} {:>12} {:>9}", shown(&s.name), thousands(s.tokens.unwrap_or(0)), fmt_ms(s.duration_ms));
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn runs_events(h: &History, job: Option<&str>, run: Option<&str>) -> Result<ExitCode> {
+    let Some(store) = &h.store else {
+        say!("no runs recorded for {}", h.label);
+        return Ok(ExitCode::SUCCESS);
+    };
+    let id = match run {
+        Some(id) => id.to_string(),
+        None => store.runs(job, 1)?.into_iter().next().map(|r| r.id).with_context(|| format!("no runs recorded for {}", h.label))?,
+    };
+    for (kind, step, message) in store.events(&id)? {
+        say!("{kind:<8} {:<30} {}", shown(&step), shown(&message));
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,102 @@
+//! The `steppe` commands: one module per command, its flags beside its logic.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::Subcommand;
+use steppe_language::{load_file, LoadOptions};
+
+pub mod args;
+pub mod cluster;
+pub mod format;
+pub mod history;
+pub mod run;
+pub mod scripted_model;
+pub mod submit;
+pub mod test;
+pub mod validate;
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    Validate(validate::ValidateArgs),
+    Run(run::RunArgs),
+    Test(test::TestArgs),
+    #[command(name = "scripted-model")]
+    ScriptedModel(scripted_model::ScriptedModelArgs),
+    Worker(cluster::WorkerArgs),
+    Coordinator(cluster::CoordinatorArgs),
+    Submit(submit::SubmitArgs),
+    Runs(history::RunsArgs),
+    Approvals(history::ApprovalsArgs),
+    /// Approve a parked approval: the run continues.
+    Approve(history::DecideArgs),
+    /// Reject a parked approval: the approval step fails.
+    Reject(history::DecideArgs),
+    Cancel(submit::CancelArgs),
+    Schema(validate::SchemaArgs),
+}
+
+impl Command {
+    pub fn run(self) -> Result<ExitCode> {
+        match self {
+            Command::Validate(a) => a.run(),
+            Command::Run(a) => a.run(),
+            Command::Test(a) => a.run(),
+            Command::ScriptedModel(a) => a.run(),
+            Command::Worker(a) => a.run(),
+            Command::Coordinator(a) => a.run(),
+            Command::Submit(a) => a.run(),
+            Command::Runs(a) => a.run(),
+            Command::Approvals(a) => a.run(),
+            Command::Approve(a) => a.run(true),
+            Command::Reject(a) => a.run(false),
+            Command::Cancel(a) => a.run(),
+            Command::Schema(a) => a.run(),
+        }
+    }
+}
+
+/// What the process exits with: the command's code, or 2 after its error
+/// (credentials in URLs masked).
+pub fn exit(result: Result<ExitCode>) -> ExitCode {
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            warn!("steppe: error: {}", steppe_runtime::secrets::mask_urls(&format!("{e:#}")));
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Loads the pipeline; prints what it loaded but will not act on (warnings),
+/// or every problem and gives the exit code (2).
+pub fn load_reporting(path: &Path, opts: &LoadOptions) -> Result<steppe_language::Loaded, ExitCode> {
+    let loaded = load_file(path, opts).map_err(|diags| {
+        for d in diags.iter() {
+            warn!("{d}");
+        }
+        warn!("steppe: error: {} problem(s) in {}", diags.len(), path.display());
+        ExitCode::from(2)
+    })?;
+    for w in &loaded.warnings {
+        warn!("{w}");
+    }
+    Ok(loaded)
+}
+
+/// This process's scratch directory, removed when the command returns (and
+/// swept by the next steppe to start, if this one is killed).
+fn scratch() -> Result<steppe_runtime::scratch::Scratch> {
+    steppe_runtime::scratch::Scratch::create("work").context("creating a scratch directory under the system's temp dir")
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    // The plan walker recurses once per nested block (at most yaml::MAX_DEPTH
+    // deep): room for that on every worker thread, not tokio's default 2 MiB.
+    tokio::runtime::Builder::new_multi_thread().enable_all().thread_stack_size(32 << 20).build().context("starting the async runtime")
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2)
+}

@@ -1,0 +1,101 @@
+//! `steppe run`: one job of a pipeline, on this machine (or handed to a coordinator).
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Result;
+use clap::Args;
+use steppe_language::LoadOptions;
+
+use super::args::{ExecArgs, VarArgs};
+use super::{cores, load_reporting, runtime, scratch};
+use crate::engine;
+use crate::run_actor::{run_id, run_until_signal};
+use crate::services::{make_engine, parse_answers, start_services};
+use crate::text::shown;
+
+/// Run one job of a pipeline, on this machine.
+///
+/// Each step that does work runs in a fresh directory holding only its declared
+/// inputs; declared outputs are kept (by content hash) only when the step succeeds.
+/// Steps print as they start and end; their output is streamed, prefixed by step.
+///
+/// Exit status: 0 succeeded, 1 failed, 130 aborted (Ctrl-C), 2 anything else
+/// (errored steps, invalid pipeline).
+///
+/// Examples:
+///   steppe run ci.yml                 (the pipeline has one job)
+///   steppe run ci.yml --job build --var branch=main
+#[derive(Args, Debug)]
+#[command(verbatim_doc_comment)]
+pub struct RunArgs {
+    /// The pipeline file.
+    pipeline: PathBuf,
+    /// The job to run (required when the pipeline has more than one).
+    #[arg(long)]
+    job: Option<String>,
+    #[command(flatten)]
+    exec: ExecArgs,
+    #[command(flatten)]
+    vars: VarArgs,
+}
+
+impl RunArgs {
+    pub fn run(self) -> Result<ExitCode> {
+        run_job(&self.pipeline, self.job.as_deref(), &self.exec, &self.vars)
+    }
+}
+
+fn run_job(path: &Path, job: Option<&str>, exec: &ExecArgs, vars: &VarArgs) -> Result<ExitCode> {
+    if let Some(code) = exec.submit(path, job, false, vars)? {
+        return Ok(code);
+    }
+    let loaded = match load_reporting(path, &LoadOptions::from_env(vars.resolve()?)) {
+        Ok(l) => l,
+        Err(code) => return Ok(code),
+    };
+    let jobs = &loaded.pipeline.jobs;
+    let job = match job {
+        Some(name) => match jobs.iter().find(|j| j.name == name) {
+            Some(j) => j.clone(),
+            None => {
+                let names: Vec<&str> = jobs.iter().map(|j| j.name.as_str()).collect();
+                anyhow::bail!(
+                    "job \"{name}\" is not in {}; jobs: {}{}",
+                    path.display(),
+                    names.join(", "),
+                    steppe_language::suggest::did_you_mean(name, names.iter().copied())
+                );
+            }
+        },
+        None if jobs.len() == 1 => jobs[0].clone(),
+        None => {
+            let names: Vec<&str> = jobs.iter().map(|j| j.name.as_str()).collect();
+            anyhow::bail!("{} has {} jobs; pick one with --job ({})", path.display(), jobs.len(), names.join(", "));
+        }
+    };
+    let scratch = scratch()?;
+    let rt = runtime()?;
+    let result = rt.block_on(async {
+        let engine = engine(&loaded, exec, scratch.path(), None).await?;
+        anyhow::Ok(run_until_signal(&engine, &job, run_id()).await)
+    })?;
+    let outcome = steppe_runtime::outcome::Outcome::of(&result.result);
+    if !exec.quiet {
+        say!("execution: [{}]", shown(&result.log.join(", ")));
+    }
+    match &result.result {
+        Ok(()) => say!("job {} succeeded", shown(&job.name)),
+        Err(e) => {
+            say!("job {} {}: {}", shown(&job.name), outcome.word(), shown(&e.message));
+        }
+    }
+    Ok(ExitCode::from(outcome.exit_code()))
+}
+
+/// Builds the engine of embedded mode: services under the pipeline's `.steppe/`.
+pub(super) async fn engine(loaded: &steppe_language::Loaded, exec: &ExecArgs, scratch: &Path, scripted: Option<(String, Option<String>)>) -> Result<Arc<engine::Engine>> {
+    let svc = start_services(&loaded.dir.join(".steppe"), &steppe_runtime::store::db_path(&loaded.path), scratch, exec.workers.unwrap_or_else(cores), exec.quiet, exec.listen).await?;
+    Ok(make_engine(&svc, loaded, parse_answers(&exec.answer)?, scripted))
+}

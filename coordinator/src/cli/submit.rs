@@ -1,0 +1,201 @@
+//! `steppe submit` and `steppe cancel`: a run handed to a coordinator, followed, or stopped.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::Args;
+use steppe_language::LoadOptions;
+use steppe_proto::v1::runs_client::RunsClient;
+use steppe_proto::v1::{run_event, CancelRequest, SubmitRequest};
+
+use super::args::{RemoteArgs, VarArgs};
+use super::{load_reporting, runtime};
+use crate::remote::Remote;
+
+/// Run a pipeline on a coordinator and follow it like `steppe run`.
+///
+/// Loads the pipeline here first (so problems show before anything is sent),
+/// sends it with every file it reads (includes, run_file:, prompt files …)
+/// and nothing else of its directory unless you name it: --include GLOB, or
+/// a checked-in .steppe-include listing one glob per line (resource checks
+/// run in a copy of what was sent). Says how many files and bytes go, then
+/// prints the run's output as it happens. Exits like `steppe run` (or, with
+/// --test, like `steppe test`). The coordinator deletes the files when the
+/// run ends; its history stays.
+///
+/// Examples:
+///   steppe submit ci.yml --job build --coordinator http://10.0.0.5:7070 --token-file token
+///   steppe submit ci.yml --include 'scripts/*.sh' --include fixtures --coordinator …
+#[derive(Args, Debug)]
+#[command(verbatim_doc_comment)]
+pub struct SubmitArgs {
+    pipeline: PathBuf,
+    #[arg(long)]
+    job: Option<String>,
+    /// Run every job and check the asserts, like `steppe test`.
+    #[arg(long)]
+    test: bool,
+    /// Print the run's id as soon as it begins and return; the run goes
+    /// on (follow it with `steppe runs --coordinator URL --run ID`).
+    #[arg(long, conflicts_with = "test")]
+    detach: bool,
+    #[arg(long, value_name = "URL")]
+    coordinator: String,
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// With an https:// coordinator: the CA certificate (PEM) that signed its certificate.
+    #[arg(long, value_name = "FILE")]
+    tls_ca: Option<PathBuf>,
+    /// Run the steps on the workers of this pool (`steppe worker --pool NAME`).
+    #[arg(long, value_name = "NAME")]
+    pool: Option<String>,
+    /// Answer an ask_user question ahead (SUBSTRING=ANSWER; repeatable).
+    #[arg(long = "answer", value_name = "SUBSTRING=ANSWER")]
+    answer: Vec<String>,
+    /// Also send these files (a glob relative to the pipeline's
+    /// directory; a directory sends everything under it; repeatable).
+    /// Lines of a checked-in .steppe-include beside the pipeline add more.
+    #[arg(long, value_name = "GLOB")]
+    include: Vec<String>,
+    #[command(flatten)]
+    vars: VarArgs,
+}
+
+impl SubmitArgs {
+    pub fn run(self) -> Result<ExitCode> {
+        let SubmitArgs { pipeline, job, test, detach, coordinator, token_file, tls_ca, pool, answer, include, vars } = self;
+        let remote = Remote::new(&coordinator, token_file.as_deref(), tls_ca.as_deref())?;
+        let vars = vars.resolve()?.into_iter().collect();
+        let o = SubmitOptions { job, test, detach, pool, vars, answers: answer, include };
+        let code = runtime()?.block_on(submit(&remote, &pipeline, o))?;
+        Ok(ExitCode::from(u8::try_from(code).unwrap_or(2)))
+    }
+}
+
+/// Abort a run going on at a coordinator (one started with --detach, say);
+/// its hooks run with their grace, as after Ctrl-C.
+///
+/// Example:
+///   steppe cancel r-1a22a36de6b-26745 --coordinator http://10.0.0.5:7070 --token-file token
+#[derive(Args, Debug)]
+#[command(verbatim_doc_comment)]
+pub struct CancelArgs {
+    /// The run's id (`steppe submit --detach` prints it; `steppe runs --coordinator URL` lists them).
+    run: String,
+    #[command(flatten)]
+    remote: RemoteArgs,
+}
+
+impl CancelArgs {
+    pub fn run(self) -> Result<ExitCode> {
+        let CancelArgs { run, remote } = self;
+        let Some(remote) = remote.remote()? else {
+            anyhow::bail!("steppe cancel stops a run at a coordinator: add --coordinator URL (an embedded run stops with Ctrl-C)");
+        };
+        if runtime()?.block_on(cancel(&remote, &run))? {
+            say!("cancelled {run}");
+            Ok(ExitCode::SUCCESS)
+        } else {
+            warn!("steppe: error: no run {run} is going on at {}", remote.url);
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
+/// Asks the coordinator to abort a run; false if no such run is going on.
+pub async fn cancel(remote: &Remote, run_id: &str) -> anyhow::Result<bool> {
+    let mut client = RunsClient::with_interceptor(remote.channel().await?, remote.bearer()?);
+    let reply = client.cancel(CancelRequest { run_id: run_id.to_string() }).await.map_err(|s| anyhow::anyhow!("the coordinator refused: {}{}", s.message(), remote.hint(&s)))?;
+    Ok(reply.into_inner().cancelled)
+}
+
+/// What a submission asks of the coordinator, besides the pipeline.
+#[derive(Debug, Default)]
+pub struct SubmitOptions {
+    pub job: Option<String>,
+    /// Run every job and check the asserts (`steppe test`).
+    pub test: bool,
+    /// Return as soon as the run has begun, printing its id.
+    pub detach: bool,
+    pub pool: Option<String>,
+    pub vars: HashMap<String, String>,
+    pub answers: Vec<String>,
+    /// Extra files to send (globs relative to the pipeline's directory).
+    pub include: Vec<String>,
+}
+
+/// `steppe submit`: loads the pipeline here (so problems show before anything
+/// is sent), sends it with every file it reads and what `--include` or
+/// `.steppe-include` add, prints what comes back.
+pub async fn submit(remote: &Remote, path: &Path, o: SubmitOptions) -> anyhow::Result<i32> {
+    let SubmitOptions { job, test, detach, pool, vars, answers, include } = o;
+    let (job, pool) = (job.as_deref(), pool.as_deref());
+    let opts = LoadOptions { submission: true, ..LoadOptions::from_env(vars.clone().into_iter().collect()) };
+    let Ok(loaded) = load_reporting(path, &opts) else { return Ok(2) };
+    let bundle = crate::bundle::collect(path, &loaded, &include)?;
+    warn!("steppe: sending {} to {}", bundle.summary(), remote.url);
+    let name = bundle.files.first().map(|f| f.path.clone()).unwrap_or_default();
+    let files = bundle.files;
+    let mut client = RunsClient::with_interceptor(remote.channel().await?, remote.bearer()?);
+    if let Some(p) = pool {
+        steppe_runtime::queue::check_pool_name(p).map_err(|e| anyhow::anyhow!("--pool {e}"))?;
+    }
+    let req = SubmitRequest { pipeline: name, files, job: job.unwrap_or_default().to_string(), vars, test, answers, detach, pool: pool.unwrap_or_default().to_string() };
+    let size = prost::Message::encoded_len(&req);
+    if size > crate::bundle::SUBMISSION_MAX {
+        anyhow::bail!(
+            "{}: the pipeline and the files it sends come to {:.1} MiB; a submission carries at most 4 MiB (fetch large inputs with a resource or produce them in a step)",
+            path.display(),
+            size as f64 / (1 << 20) as f64
+        );
+    }
+    // The first Ctrl-C cancels the run and stays to show how it ends (its
+    // hooks run with their grace); a second one leaves at once. Caught from
+    // before the submission goes, so none falls to the default handler.
+    let mut ctrl_c = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    let mut stream = client.submit(req).await.map_err(|s| anyhow::anyhow!("the coordinator refused the submission: {}{}", s.message(), remote.hint(&s)))?.into_inner();
+    let mut started: Vec<String> = Vec::new();
+    let mut interrupted = false;
+    loop {
+        let ev = tokio::select! {
+            ev = stream.message() => ev,
+            _ = ctrl_c.recv() => {
+                if interrupted {
+                    return Ok(130);
+                }
+                interrupted = true;
+                warn!("steppe: cancelling {} on the coordinator (Ctrl-C again to leave it to finish alone)", if started.is_empty() { "the submission".to_string() } else { started.join(", ") });
+                let mut c = client.clone();
+                for id in &started {
+                    let _ = c.cancel(CancelRequest { run_id: id.clone() }).await;
+                }
+                continue;
+            }
+        };
+        let Some(ev) = ev.map_err(|s| anyhow::anyhow!("the coordinator went away: {}", s.message()))? else { break };
+        match ev.event {
+            Some(run_event::Event::Line(l)) => {
+                if l.starts_with("steppe: error:") || l.starts_with("  ") && l.contains(": ") && !l.starts_with("  [") {
+                    warn!("{l}");
+                } else {
+                    say!("{l}");
+                }
+            }
+            Some(run_event::Event::Finished(f)) => return Ok(f.exit_code),
+            Some(run_event::Event::Started(id)) if detach => {
+                say!("{id}");
+                return Ok(0);
+            }
+            Some(run_event::Event::Started(id)) => {
+                if interrupted {
+                    let _ = client.clone().cancel(CancelRequest { run_id: id.clone() }).await;
+                }
+                started.push(id);
+            }
+            None => {}
+        }
+    }
+    anyhow::bail!("the coordinator ended the run's stream without saying how it finished")
+}
