@@ -51,7 +51,7 @@ pub struct DispatcherState {
     /// The ids in `pending`, readable without asking the actor.
     wanted: Wanted,
     /// Where notes about the queue go.
-    hub: Option<Arc<crate::engine::EventHub>>,
+    hub: Option<Arc<crate::event_hub::EventHub>>,
 }
 
 /// The assignments someone here waits for. An entry outside it (left on a
@@ -123,7 +123,7 @@ impl DispatcherState {
 impl Actor for DispatcherActor {
     type Msg = DispatchMsg;
     type State = DispatcherState;
-    type Arguments = (Arc<Pools>, Cancels, Wanted, Option<Arc<crate::engine::EventHub>>);
+    type Arguments = (Arc<Pools>, Cancels, Wanted, Option<Arc<crate::event_hub::EventHub>>);
 
     async fn pre_start(&self, _me: ActorRef<Self::Msg>, (pools, local, wanted, hub): Self::Arguments) -> Result<Self::State, ActorProcessingErr> {
         Ok(DispatcherState { pools, pending: HashMap::new(), local, remote: HashMap::new(), cancelled: Default::default(), wanted, hub })
@@ -250,7 +250,7 @@ pub struct Dispatcher {
 }
 
 impl Dispatcher {
-    pub async fn start(pools: Arc<Pools>, hub: Option<Arc<crate::engine::EventHub>>) -> Result<Arc<Self>, ractor::SpawnErr> {
+    pub async fn start(pools: Arc<Pools>, hub: Option<Arc<crate::event_hub::EventHub>>) -> Result<Arc<Self>, ractor::SpawnErr> {
         let local = Cancels::default();
         let wanted = Wanted::default();
         let (actor, _) = Actor::spawn(None, DispatcherActor, (pools.clone(), local.clone(), wanted.clone(), hub)).await?;

@@ -10,6 +10,7 @@ pub mod bundle;
 pub mod cli;
 pub mod dispatch;
 pub mod engine;
+pub mod event_hub;
 pub mod history;
 pub mod registry;
 pub mod remote;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
-use crate::engine::EventHub;
+use crate::event_hub::EventHub;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerInfo {

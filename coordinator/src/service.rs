@@ -20,7 +20,7 @@ use crate::registry::WorkerRegistry;
 
 pub struct WorkerService {
     pub dispatcher: Arc<Dispatcher>,
-    pub sink: Arc<crate::engine::EventHub>,
+    pub sink: Arc<crate::event_hub::EventHub>,
     pub artifact_dir: PathBuf,
     /// The id in the artifact directory's `.steppe-store-id`: a worker that
     /// reads it there shares the directory, any other streams artifacts.

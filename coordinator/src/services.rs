@@ -15,7 +15,7 @@ use crate::{artifacts, dispatch, engine, history, registry, runs_service, servic
 pub struct Services {
     pub store: Arc<dyn steppe_runtime::artifacts::ArtifactStore>,
     pub dispatcher: Arc<dispatch::Dispatcher>,
-    pub out: Arc<engine::EventHub>,
+    pub out: Arc<crate::event_hub::EventHub>,
     pub registry: registry::WorkerRegistry,
     pub cancel_tx: Arc<tokio::sync::watch::Sender<bool>>,
     pub cancel_rx: tokio::sync::watch::Receiver<bool>,
@@ -83,7 +83,7 @@ pub async fn start_services_with(
         anyhow::bail!("--workers 0 leaves nobody to run steps; add --listen ADDR and start `steppe worker`s");
     }
     let history_store = runs.clone();
-    let out = Arc::new(engine::Output::start(quiet, Some(runs)).await.context("starting the event hub")?);
+    let out = Arc::new(crate::event_hub::EventHub::start(quiet, Some(runs)).await.context("starting the event hub")?);
     let (cancel_tx, cancel_rx) = tokio::sync::watch::channel(false);
     let pools = Arc::new(pools.unwrap_or_else(|| steppe_runtime::queue::Pools::in_process(Arc::new(InProcessQueue::new()))));
     if let Some(lease) = pools.default_pool().lease() {

@@ -91,11 +91,11 @@ impl JobRun {
 
     /// Whether a later step reads `name`'s note (so the verdict tool requires one).
     fn note_read(&self, name: &str) -> bool {
-        fn walk(s: &Step, name: &str) -> bool {
-            let reads = s.context.as_ref().and_then(|c| c.from.as_ref()).and_then(|f| f.get(name)).and_then(Value::as_str).is_some_and(|l| l == "note" || l == "full");
-            reads || s.children().iter().any(|(_, c)| walk(c, name)) || s.hooks().iter().any(|(_, h)| walk(h, name))
-        }
-        self.job.plan.iter().any(|s| walk(s, name))
+        let mut reads = false;
+        steppe_language::model::walk::each_plan_step(&self.job, &mut |s, _| {
+            reads |= s.context.as_ref().and_then(|c| c.from.as_ref()).and_then(|f| f.get(name)).and_then(Value::as_str).is_some_and(|l| l == "note" || l == "full");
+        });
+        reads
     }
 
     fn resolve(&self, s: &Step, cell: &Cell, vocab: Option<&[String]>) -> Result<AgentWork, StepError> {

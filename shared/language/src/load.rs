@@ -548,47 +548,7 @@ fn resolve_step(s: &mut Step, rd: &mut FileReader, path: &str, r: &mut Report) {
         );
     }
     resolve_fix(&mut s.fix, rd, path, r);
-    for_each_child_mut(s, path, &mut |c, p| resolve_step(c, rd, p, r));
-}
-
-/// Calls `f` on every nested step (plan children and hooks) with its path.
-pub(crate) fn for_each_child_mut(s: &mut Step, path: &str, f: &mut dyn FnMut(&mut Step, &str)) {
-    if let Some(t) = &mut s.try_ {
-        f(t, &format!("{path}.try"));
-    }
-    if let Some(d) = &mut s.do_ {
-        for (i, c) in d.iter_mut().enumerate() {
-            f(c, &format!("{path}.do[{i}]"));
-        }
-    }
-    if let Some(p) = &mut s.in_parallel {
-        let paths: Vec<String> = (0..p.steps.len()).map(|i| p.step_path(i)).collect();
-        for (c, sp) in p.steps.iter_mut().zip(paths) {
-            f(c, &format!("{path}.{sp}"));
-        }
-    }
-    if let Some(rc) = &mut s.race {
-        let paths: Vec<String> = (0..rc.steps.len()).map(|i| rc.step_path(i)).collect();
-        for (c, sp) in rc.steps.iter_mut().zip(paths) {
-            f(c, &format!("{path}.{sp}"));
-        }
-    }
-    if let Some(e) = &mut s.ensemble {
-        for (i, c) in e.agents.iter_mut().enumerate() {
-            f(c, &format!("{path}.ensemble.agents[{i}]"));
-        }
-    }
-    for (key, h) in [
-        ("on_success", &mut s.on_success),
-        ("on_failure", &mut s.on_failure),
-        ("on_error", &mut s.on_error),
-        ("on_abort", &mut s.on_abort),
-        ("ensure", &mut s.ensure),
-    ] {
-        if let Some(h) = h {
-            f(h, &format!("{path}.{key}"));
-        }
-    }
+    crate::model::walk::each_child_mut(s, path, &mut |c, p| resolve_step(c, rd, p, r));
 }
 
 fn resolve_files(p: &mut Pipeline, rd: &mut FileReader, r: &mut Report) {

@@ -7,13 +7,14 @@ use std::path::{Path, PathBuf};
 
 use crate::builtins;
 use crate::load::{Loaded, Report};
+use crate::model::walk::each_step;
 use crate::model::{Pipeline, Step, ToolGrant};
 
 /// Names of every agent the plan reaches: steps, ensemble members and judges,
 /// fix agents, and (transitively) sub-agents and `answered_by` responders.
 pub fn reached_agents(p: &Pipeline) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
-    fn walk(s: &Step, out: &mut BTreeSet<String>) {
+    each_step(p, &mut |s: &Step, _| {
         if let Some(a) = &s.agent {
             out.insert(a.clone());
         }
@@ -25,21 +26,7 @@ pub fn reached_agents(p: &Pipeline) -> BTreeSet<String> {
                 out.insert(d.to_string());
             }
         }
-        for (_, c) in s.children() {
-            walk(c, out);
-        }
-        for (_, h) in s.hooks() {
-            walk(h, out);
-        }
-    }
-    for j in &p.jobs {
-        for s in &j.plan {
-            walk(s, &mut out);
-        }
-        for (_, h) in j.hooks() {
-            walk(h, &mut out);
-        }
-    }
+    });
     for t in &p.tasks {
         if let Some(f) = t.fix.as_ref().and_then(|f| f.agent()) {
             out.insert(f.to_string());

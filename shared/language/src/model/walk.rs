@@ -20,6 +20,55 @@ pub fn each_step_of<'p>(job: &'p Job, path: &str, f: &mut dyn FnMut(&'p Step, &s
     }
 }
 
+/// As [`each_step_of`], without the job's own hooks: the steps of its plan
+/// (paths relative to the job: `plan[2].do[1]`).
+pub fn each_plan_step<'p>(job: &'p Job, f: &mut dyn FnMut(&'p Step, &str)) {
+    for (i, s) in job.plan.iter().enumerate() {
+        walk(s, &format!("plan[{i}]"), f);
+    }
+}
+
+/// Calls `f` on each step nested directly in `s` (block children, ensemble
+/// members, step hooks) with its key path, mutably: the loader's walk.
+pub fn each_child_mut(s: &mut Step, path: &str, f: &mut dyn FnMut(&mut Step, &str)) {
+    if let Some(t) = &mut s.try_ {
+        f(t, &format!("{path}.try"));
+    }
+    if let Some(d) = &mut s.do_ {
+        for (i, c) in d.iter_mut().enumerate() {
+            f(c, &format!("{path}.do[{i}]"));
+        }
+    }
+    if let Some(p) = &mut s.in_parallel {
+        let paths: Vec<String> = (0..p.steps.len()).map(|i| p.step_path(i)).collect();
+        for (c, sp) in p.steps.iter_mut().zip(paths) {
+            f(c, &format!("{path}.{sp}"));
+        }
+    }
+    if let Some(rc) = &mut s.race {
+        let paths: Vec<String> = (0..rc.steps.len()).map(|i| rc.step_path(i)).collect();
+        for (c, sp) in rc.steps.iter_mut().zip(paths) {
+            f(c, &format!("{path}.{sp}"));
+        }
+    }
+    if let Some(e) = &mut s.ensemble {
+        for (i, c) in e.agents.iter_mut().enumerate() {
+            f(c, &format!("{path}.ensemble.agents[{i}]"));
+        }
+    }
+    for (key, h) in [
+        ("on_success", &mut s.on_success),
+        ("on_failure", &mut s.on_failure),
+        ("on_error", &mut s.on_error),
+        ("on_abort", &mut s.on_abort),
+        ("ensure", &mut s.ensure),
+    ] {
+        if let Some(h) = h {
+            f(h, &format!("{path}.{key}"));
+        }
+    }
+}
+
 fn walk<'p>(s: &'p Step, path: &str, f: &mut dyn FnMut(&'p Step, &str)) {
     f(s, path);
     for (key, c) in s.children() {

@@ -172,25 +172,11 @@ fn top_level(cx: &mut Cx) {
 fn task_entries(cx: &mut Cx) {
     let p = cx.p;
     let mut used = HashSet::new();
-    fn walk<'a>(s: &'a crate::model::Step, used: &mut HashSet<&'a str>) {
+    crate::model::walk::each_step(p, &mut |s, _| {
         if let (Some(t), None) = (&s.task, &s.run) {
             used.insert(t.as_str());
         }
-        for (_, c) in s.children() {
-            walk(c, used);
-        }
-        for (_, h) in s.hooks() {
-            walk(h, used);
-        }
-    }
-    for j in &p.jobs {
-        for s in &j.plan {
-            walk(s, &mut used);
-        }
-        for (_, h) in j.hooks() {
-            walk(h, &mut used);
-        }
-    }
+    });
     for (i, t) in p.tasks.iter().enumerate() {
         let path = format!("tasks[{i}]");
         let is_used = used.contains(t.name.as_str());

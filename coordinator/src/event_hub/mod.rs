@@ -1,9 +1,12 @@
-//! The EventHub actor: every event of a run goes to the terminal (each step as
-//! it starts and ends, with its duration; output streamed, prefixed by step)
-//! and to the Store (step records and logs, written in batches). One mailbox
-//! keeps the two in the order events happened. [`EventHub`] is the handle.
+//! The EventHub actor: every event of a run, in the order it happened, goes
+//! to the store (step records, logs in batches, the run's events) and to its
+//! subscribers — the terminal ([`terminal::Terminal`], unless quiet) and
+//! whoever follows a run ([`watchers::Watchers`]). One mailbox keeps them all
+//! in order. [`EventHub`] is the handle every part of the process holds.
 
-use std::io::Write;
+mod terminal;
+mod watchers;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,24 +16,43 @@ use steppe_runtime::printable::escape_controls;
 use steppe_runtime::store::{LogLine, StepRecord, Store};
 use steppe_worker::exec::{LineSink, Stream};
 
+pub use terminal::Terminal;
+pub use watchers::Watchers;
+
+/// What the hub shows: a subscriber gets every line, in order, and the
+/// steps as they start and end.
+pub trait Subscriber: Send + 'static {
+    /// A line of a run (`run_id` empty: a note of the process itself).
+    fn line(&mut self, run_id: &str, line: &str);
+    fn step_started(&mut self, _run_id: &str, _step: &str) {}
+    fn step_ended(&mut self, _run_id: &str, _step: &str) {}
+    /// Half a second passed (only for a subscriber that [`wants_ticks`](Subscriber::wants_ticks)).
+    fn tick(&mut self) {}
+    /// Everything sent so far was shown.
+    fn flush(&mut self) {}
+    fn wants_ticks(&self) -> bool {
+        false
+    }
+}
+
 pub enum Event {
-    /// A line for the terminal only.
+    /// A note of the process, for subscribers only.
     Say(String),
-    /// A step of a run began (shown in the live status line on a terminal).
+    /// A step of a run began.
     Started { run_id: String, step: String },
     /// A step ended: its outcome word and summary line.
     Ended { run_id: String, step: String, outcome: String, line: String },
     /// A note about a run (a retry, a failover, a verdict …).
     RunNote { run_id: String, line: String },
-    /// Redraw the status line (durations tick).
+    /// Half a second passed (durations tick).
     Tick,
-    /// A line of live output: printed and sent to watchers, not stored
+    /// A line of live output: shown and sent to watchers, not stored
     /// (a step's record is, when it ends).
     Line { run_id: String, line: LogLine },
     /// A step's output record, for the store.
     Output { run_id: String, lines: Vec<LogLine> },
     Step(StepRecord),
-    /// Reply once everything before it is in the store.
+    /// Reply once everything before it is shown and in the store.
     Flush(RpcReplyPort<()>),
     /// Also send a run's lines here (a `steppe submit` following it).
     Watch { run_id: String, tx: tokio::sync::mpsc::UnboundedSender<String> },
@@ -40,56 +62,21 @@ pub enum Event {
 struct HubActor;
 
 pub struct HubState {
-    quiet: bool,
     store: Option<Arc<dyn Store>>,
     batch: Vec<(String, LogLine)>,
-    /// On a terminal: a live status line under the output naming what runs.
-    live: bool,
-    running: Vec<(String, std::time::Instant)>,
-    status_shown: bool,
-    watchers: std::collections::HashMap<String, tokio::sync::mpsc::UnboundedSender<String>>,
-    /// Live lines sent to the hub and not yet printed (shared with the handle).
+    watchers: Watchers,
+    /// The terminal (none when quiet), and any other subscriber.
+    subscribers: Vec<Box<dyn Subscriber>>,
+    /// Live lines sent to the hub and not yet shown (shared with the handle).
     pending_lines: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl HubState {
-    fn say(&mut self, line: &str) {
-        if self.quiet {
-            return;
+    fn each(&mut self, mut f: impl FnMut(&mut dyn Subscriber)) {
+        f(&mut self.watchers);
+        for s in &mut self.subscribers {
+            f(s.as_mut());
         }
-        let mut out = std::io::stdout().lock();
-        if self.status_shown {
-            let _ = write!(out, "\r\x1b[2K");
-            self.status_shown = false;
-        }
-        let _ = writeln!(out, "{line}");
-        drop(out);
-        self.status();
-    }
-
-    /// `… running: compile 3.2s, lint 0.4s` on the last terminal line.
-    fn status(&mut self) {
-        if !self.live || self.quiet || self.running.is_empty() {
-            return;
-        }
-        let parts: Vec<String> = self.running.iter().take(6).map(|(s, t)| format!("{} {:.1}s", escape_controls(s), t.elapsed().as_secs_f64())).collect();
-        let more = if self.running.len() > 6 { format!(" +{}", self.running.len() - 6) } else { String::new() };
-        let mut line = format!("… running: {}{more}", parts.join(", "));
-        if line.chars().count() > 120 {
-            line = line.chars().take(119).collect::<String>() + "…";
-        }
-        let mut out = std::io::stdout().lock();
-        let _ = write!(out, "\r\x1b[2K{line}");
-        let _ = out.flush();
-        self.status_shown = true;
-    }
-
-    /// A line of a run: printed here and sent to whoever follows the run.
-    fn emit(&mut self, run_id: &str, line: &str) {
-        if let Some(tx) = self.watchers.get(run_id) {
-            let _ = tx.send(line.to_string());
-        }
-        self.say(line);
     }
 
     fn event(&self, run_id: &str, kind: &str, step: &str, message: &str) {
@@ -102,16 +89,7 @@ impl HubState {
         }
     }
 
-    fn clear_status(&mut self) {
-        if self.status_shown {
-            let mut out = std::io::stdout().lock();
-            let _ = write!(out, "\r\x1b[2K");
-            let _ = out.flush();
-            self.status_shown = false;
-        }
-    }
-
-    fn flush(&mut self) {
+    fn flush_logs(&mut self) {
         let Some(s) = &self.store else {
             self.batch.clear();
             return;
@@ -133,54 +111,53 @@ impl HubState {
 impl Actor for HubActor {
     type Msg = Event;
     type State = HubState;
-    type Arguments = (bool, Option<Arc<dyn Store>>, Arc<std::sync::atomic::AtomicUsize>);
+    type Arguments = (Vec<Box<dyn Subscriber>>, Option<Arc<dyn Store>>, Arc<std::sync::atomic::AtomicUsize>);
 
-    async fn pre_start(&self, me: ActorRef<Event>, (quiet, store, pending_lines): Self::Arguments) -> Result<HubState, ActorProcessingErr> {
-        use std::io::IsTerminal;
-        let live = std::io::stdout().is_terminal() && std::env::var_os("TERM").is_some_and(|t| t != "dumb");
-        if live && !quiet {
+    async fn pre_start(&self, me: ActorRef<Event>, (subscribers, store, pending_lines): Self::Arguments) -> Result<HubState, ActorProcessingErr> {
+        if subscribers.iter().any(|s| s.wants_ticks()) {
             let _ = me.send_interval(Duration::from_millis(500), || Event::Tick);
         }
-        Ok(HubState { quiet, store, batch: Vec::new(), live, running: Vec::new(), status_shown: false, watchers: Default::default(), pending_lines })
+        Ok(HubState { store, batch: Vec::new(), watchers: Watchers::default(), subscribers, pending_lines })
     }
 
     async fn handle(&self, _me: ActorRef<Event>, ev: Event, st: &mut HubState) -> Result<(), ActorProcessingErr> {
         match ev {
-            Event::Say(l) => st.say(&l),
+            Event::Say(l) => st.each(|s| s.line("", &l)),
             Event::Started { run_id, step } => {
                 st.event(&run_id, "started", &step, "");
-                st.running.push((step.clone(), std::time::Instant::now()));
-                st.emit(&run_id, &format!("▶ {}", escape_controls(&step)));
+                let line = format!("▶ {}", escape_controls(&step));
+                st.each(|s| {
+                    s.step_started(&run_id, &step);
+                    s.line(&run_id, &line);
+                });
             }
             Event::RunNote { run_id, line } => {
                 st.event(&run_id, "note", "", &line);
-                st.emit(&run_id, &line);
+                st.each(|s| s.line(&run_id, &line));
             }
             Event::Ended { run_id, step, outcome, line } => {
                 st.event(&run_id, "ended", &step, &outcome);
-                if let Some(i) = st.running.iter().position(|(s, _)| *s == step) {
-                    st.running.remove(i);
-                }
-                st.emit(&run_id, &line);
-                if st.running.is_empty() {
-                    st.clear_status();
-                }
+                st.each(|s| {
+                    s.step_ended(&run_id, &step);
+                    s.line(&run_id, &line);
+                });
             }
-            Event::Tick => st.status(),
+            Event::Tick => st.each(|s| s.tick()),
             Event::Line { run_id, line } => {
                 st.pending_lines.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-                st.emit(&run_id, &format!("[{}] {}", escape_controls(&line.step), line.line));
+                let text = format!("[{}] {}", escape_controls(&line.step), line.line);
+                st.each(|s| s.line(&run_id, &text));
             }
             Event::Output { run_id, lines } => {
                 if st.store.is_some() {
                     st.batch.extend(lines.into_iter().map(|l| (run_id.clone(), l)));
                     if st.batch.len() >= 500 {
-                        st.flush();
+                        st.flush_logs();
                     }
                 }
             }
             Event::Step(rec) => {
-                st.flush();
+                st.flush_logs();
                 if let Some(s) = &st.store {
                     if let Err(e) = s.record_step(&rec) {
                         store_failed(&e);
@@ -189,15 +166,11 @@ impl Actor for HubActor {
                     }
                 }
             }
-            Event::Watch { run_id, tx } => {
-                st.watchers.insert(run_id, tx);
-            }
-            Event::Unwatch(run_id) => {
-                st.watchers.remove(&run_id);
-            }
+            Event::Watch { run_id, tx } => st.watchers.watch(run_id, tx),
+            Event::Unwatch(run_id) => st.watchers.unwatch(&run_id),
             Event::Flush(reply) => {
-                st.clear_status();
-                st.flush();
+                st.each(|s| s.flush());
+                st.flush_logs();
                 let _ = reply.send(());
             }
         }
@@ -240,13 +213,17 @@ pub struct EventHub {
 /// The most live lines waiting to be printed.
 const LIVE_LINES_MAX: usize = 10_000;
 
-/// The name the engine uses for the terminal side of the hub.
-pub type Output = EventHub;
-
 impl EventHub {
+    /// Starts the hub: the terminal shows everything unless `quiet`.
     pub async fn start(quiet: bool, store: Option<Arc<dyn Store>>) -> Result<Self, ractor::SpawnErr> {
+        let subscribers: Vec<Box<dyn Subscriber>> = if quiet { Vec::new() } else { vec![Box::new(Terminal::new())] };
+        Self::start_with(subscribers, store).await
+    }
+
+    /// Starts the hub with these subscribers (watchers are always there).
+    pub async fn start_with(subscribers: Vec<Box<dyn Subscriber>>, store: Option<Arc<dyn Store>>) -> Result<Self, ractor::SpawnErr> {
         let pending_lines = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let (actor, _) = Actor::spawn(None, HubActor, (quiet, store.clone(), pending_lines.clone())).await?;
+        let (actor, _) = Actor::spawn(None, HubActor, (subscribers, store.clone(), pending_lines.clone())).await?;
         Ok(EventHub { actor, store, pending_lines, dropped: Default::default() })
     }
 
@@ -327,5 +304,58 @@ impl LineSink for EventHub {
         self.pending_lines.fetch_add(1, Ordering::Relaxed);
         let line = LogLine::new(step, stream == Stream::Stderr, &masked(line.to_string()));
         let _ = self.actor.cast(Event::Line { run_id: run_id.to_string(), line });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// A subscriber that keeps what it was told.
+    struct Recording(Arc<Mutex<Vec<String>>>);
+
+    impl Subscriber for Recording {
+        fn line(&mut self, run_id: &str, line: &str) {
+            self.0.lock().unwrap().push(format!("{run_id}|{line}"));
+        }
+        fn step_started(&mut self, run_id: &str, step: &str) {
+            self.0.lock().unwrap().push(format!("{run_id}|started {step}"));
+        }
+        fn step_ended(&mut self, run_id: &str, step: &str) {
+            self.0.lock().unwrap().push(format!("{run_id}|ended {step}"));
+        }
+    }
+
+    #[tokio::test]
+    async fn subscribers_see_every_event_in_order_and_watchers_only_their_run() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let hub = EventHub::start_with(vec![Box::new(Recording(seen.clone()))], None).await.unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        hub.watch("a", tx);
+        hub.start_step("a", "build");
+        hub.line("a", "build", Stream::Stdout, "compiling http://u:secret@host/x");
+        hub.run_note("b", "another run's note");
+        hub.end("a", "build", &Ok(()), Duration::from_millis(1500));
+        hub.note("process note");
+        hub.flush().await;
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(
+            seen,
+            vec![
+                "a|started build".to_string(),
+                "a|▶ build".into(),
+                "a|[build] compiling http://u:***@host/x".into(),
+                "b|another run's note".into(),
+                "a|ended build".into(),
+                "a|✔ build (1.50s)".into(),
+                "|process note".into(),
+            ]
+        );
+        let mut watched = Vec::new();
+        while let Ok(l) = rx.try_recv() {
+            watched.push(l);
+        }
+        assert_eq!(watched, vec!["▶ build", "[build] compiling http://u:***@host/x", "✔ build (1.50s)"]);
     }
 }

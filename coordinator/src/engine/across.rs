@@ -1,0 +1,193 @@
+//! `across`: a step run once per matrix cell (values, from_file, max_in_flight,
+//! fail_fast), cell labels and templates, outputs collected per cell.
+
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+use steppe_language::model::{AcrossVar, Step, StepKind};
+use steppe_runtime::artifacts::ArtifactRef;
+use steppe_runtime::outcome::StepError;
+
+use super::*;
+
+impl JobRun {
+    /// An `across:` step: one cell per combination (last axis fastest).
+    pub(super) async fn across(self: &Arc<Self>, s: &Step, kind: StepKind) -> Done {
+        let axes = s.across.as_deref().unwrap_or(&[]);
+        let mut values: Vec<(String, Vec<String>)> = Vec::new();
+        for ax in axes {
+            match self.axis_values(ax).await {
+                Ok(v) => values.push((ax.var.clone().unwrap_or_default(), v)),
+                Err(e) => return Done::err(e, Vec::new()),
+            }
+        }
+        // Collected outputs land in <out>/<v1>/<v2>/…: every value, those
+        // read from a file too, must be one plain directory name.
+        if !s.output_names().is_empty() {
+            let mut seen = std::collections::HashSet::new();
+            for (var, vals) in &values {
+                for v in vals {
+                    if !steppe_language::validate::is_artifact_name(v) || !seen.insert((var.clone(), v.clone())) {
+                        return Done::err(
+                            StepError::failed(format!("across: value {v:?} of {var} cannot name a collected output directory (letters, digits, . _ - only, unique per axis)")),
+                            Vec::new(),
+                        );
+                    }
+                }
+            }
+        }
+        let count = values.iter().map(|(_, v)| v.len()).fold(1usize, usize::saturating_mul);
+        if count > steppe_language::validate::MAX_ACROSS_CELLS {
+            return Done::err(
+                StepError::failed(format!("across: its axes make {count} cells; one across step runs at most {}", steppe_language::validate::MAX_ACROSS_CELLS)),
+                Vec::new(),
+            );
+        }
+        let mut cells: Vec<Cell> = vec![Vec::new()];
+        for (var, vals) in &values {
+            let mut next = Vec::new();
+            for c in &cells {
+                for v in vals {
+                    let mut c = c.clone();
+                    c.push((var.clone(), v.clone()));
+                    next.push(c);
+                }
+            }
+            cells = next;
+        }
+        if cells.is_empty() || values.iter().any(|(_, v)| v.is_empty()) {
+            self.engine.out.run_note(&self.run_id, &format!("across: 0 cells ({} is empty); nothing to run", s.name().unwrap_or("step")));
+            return Done::ok(Vec::new());
+        }
+        let _ = kind;
+        let limit = s.max_in_flight.filter(|m| *m > 1).map(|m| m as usize).unwrap_or(1);
+        let gate = Arc::new(tokio::sync::Semaphore::new(limit));
+        // budget: checked before each cell; when spent, start no more (the plan goes on).
+        let budget = s.budget.as_ref().and_then(|b| b.tokens).map(|t| t.max(0) as u64);
+        let start_spent = self.spent();
+        let stopped = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let futs = cells.iter().map(|c| {
+            let gate = gate.clone();
+            let stopped = stopped.clone();
+            async move {
+                let _p = gate.acquire_owned().await;
+                if let Some(b) = budget {
+                    if self.spent().saturating_sub(start_spent) >= b {
+                        stopped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        return None;
+                    }
+                }
+                Some((c.clone(), self.step(s, c.clone(), false).await))
+            }
+        });
+        let results: Vec<(Cell, Done)> = join_all(futs).await.into_iter().flatten().collect();
+        let skipped = stopped.load(std::sync::atomic::Ordering::Relaxed);
+        if let (Some(b), true) = (budget, skipped > 0) {
+            self.engine.out.run_note(
+                &self.run_id,
+                &format!(
+                    "budget: across stopped after {} of {} cells (spent {} of {b} tokens)",
+                    cells.len() - skipped,
+                    cells.len(),
+                    self.spent().saturating_sub(start_spent)
+                ),
+            );
+        }
+        let mut log = Vec::new();
+        let mut errors = Vec::new();
+        let mut collected: Vec<(Cell, Vec<(String, ArtifactRef)>)> = Vec::new();
+        for (c, d) in results {
+            log.extend(d.log);
+            match d.result {
+                Ok(()) => collected.push((c, d.outputs)),
+                Err(e) => errors.push(e),
+            }
+        }
+        // Collected outputs: <out>/<v1>/<v2>/… from the cells that succeeded.
+        let outs = s.output_names().to_vec();
+        if !outs.is_empty() {
+            let (store, scratch) = (self.engine.store.clone(), self.engine.scratch.clone());
+            let res = tokio::task::spawn_blocking(move || -> std::io::Result<Vec<(String, ArtifactRef)>> {
+                let mut regs = Vec::new();
+                for o in outs {
+                    let tmp = TempDir(scratch.join(format!("collect-{o}-{}", rand_suffix())));
+                    std::fs::create_dir_all(&tmp.0)?;
+                    for (c, outputs) in &collected {
+                        if let Some((_, r)) = outputs.iter().find(|(n, _)| n == &o) {
+                            let mut dest = tmp.0.clone();
+                            for (_, v) in c {
+                                dest.push(v);
+                            }
+                            store.materialize(r, &dest)?;
+                        }
+                    }
+                    regs.push((o, store.put_dir(&tmp.0)?));
+                }
+                Ok(regs)
+            })
+            .await;
+            match res {
+                Ok(Ok(regs)) => self.register(&regs),
+                Ok(Err(e)) => errors.push(StepError::errored(format!("across: collecting outputs: {e}"))),
+                Err(e) => errors.push(StepError::errored(format!("across: collecting outputs: {e}"))),
+            }
+        }
+        if errors.is_empty() {
+            Done::ok(log)
+        } else {
+            Done::err(combined(&errors, ""), log)
+        }
+    }
+
+    pub(super) async fn axis_values(self: &Arc<Self>, ax: &AcrossVar) -> Result<Vec<String>, StepError> {
+        if let Some(v) = &ax.values {
+            return Ok(v.iter().map(|x| match x {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            }).collect());
+        }
+        let Some(f) = &ax.from_file else { return Ok(Vec::new()) };
+        let first = f.split('/').next().unwrap_or_default();
+        let rest = f.splitn(2, '/').nth(1).unwrap_or_default().to_string();
+        let r = self.artifact(first).ok_or_else(|| StepError::failed(format!("across from_file {f}: artifact \"{first}\" was not produced")))?;
+        let tmp = self.temp("across");
+        let store = self.engine.store.clone();
+        let dest = tmp.0.clone();
+        tokio::task::spawn_blocking(move || store.materialize(&r, &dest))
+            .await
+            .map_err(|e| StepError::errored(e.to_string()))?
+            .map_err(|e| StepError::errored(format!("across from_file {f}: {e}")))?;
+        let text = steppe_language::confine::resolve(&tmp.0, &rest, Some(&tmp.0), "the artifact").and_then(|p| steppe_language::confine::read_capped(&p, 1 << 20));
+        drop(tmp);
+        let text = text.map_err(|e| match e {
+            steppe_language::confine::PathError::TooLarge { .. } => StepError::failed(format!("across from_file {f}: larger than 1 MiB")),
+            e => StepError::failed(format!("across from_file {f}: \"{rest}\" {e}")),
+        })?;
+        let v: Vec<Value> = serde_json::from_slice(&text).map_err(|e| StepError::failed(format!("across from_file {f}: not a JSON array of strings: {e}")))?;
+        if v.len() > 1000 {
+            return Err(StepError::failed(format!("across from_file {f}: {} items; the limit is 1000", v.len())));
+        }
+        v.into_iter()
+            .map(|x| x.as_str().map(str::to_string).ok_or_else(|| StepError::failed(format!("across from_file {f}: every item must be a string"))))
+            .collect()
+    }
+}
+
+/// A matrix cell's variables, in axis order.
+pub(super) type Cell = Vec<(String, String)>;
+
+pub(super) fn cell_label(name: &str, cell: &Cell) -> String {
+    if name.contains("{{") {
+        return render_cell(name, cell).unwrap_or_else(|_| name.to_string());
+    }
+    let pairs: Vec<String> = cell.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    format!("{name} [{}]", pairs.join(" "))
+}
+
+pub(super) fn render_cell(text: &str, cell: &Cell) -> Result<String, String> {
+    if cell.is_empty() || !text.contains("{{") {
+        return Ok(text.to_string());
+    }
+    let vars: serde_json::Map<String, Value> = cell.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect();
+    template::render(text, &json!({ "vars": vars }))
+}

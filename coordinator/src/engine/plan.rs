@@ -1,0 +1,244 @@
+//! The plan walk: a job's top-level steps in order, routing (`to:`, verdicts)
+//! within a segment, `every` gets fanning the rest out per version, the job's
+//! hooks and its assert.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use steppe_language::model::{Step, VersionSpec};
+use steppe_runtime::outcome::{Class, Outcome, StepError};
+
+use super::*;
+
+impl JobRun {
+    /// Runs the job: plan (with routing), job hooks, job assert.
+    pub async fn run(self: &Arc<Self>) -> JobResult {
+        let now_ms = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
+        let started_ms = now_ms();
+        if let Some(s) = self.engine.out.store() {
+            if let Err(e) = s.start_run(&self.run_id, &self.job.name, started_ms) {
+                self.engine.out.run_note(&self.run_id, &format!("steppe: recording the run: {e}"));
+            }
+        }
+        let r = self.run_inner().await;
+        let usage = self.usage.lock().map(|u| u.clone()).unwrap_or_default();
+        if !usage.is_empty() {
+            let total: u64 = usage.iter().map(|(_, t)| t).sum();
+            self.engine.out.run_note(&self.run_id, &format!("usage: {} tokens across {} agent step(s)", group(total), usage.len()));
+            for (name, t) in &usage {
+                self.engine.out.run_note(&self.run_id, &format!("  {name:<16} {}", group(*t)));
+            }
+        }
+        let denials = self.denials.lock().map(|d| d.clone()).unwrap_or_default();
+        if !denials.is_empty() {
+            self.engine.out.run_note(&self.run_id, &format!("sandbox: {} tool call(s) refused:", denials.len()));
+            for (step, d) in &denials {
+                self.engine.out.run_note(&self.run_id, &format!("  {step}: {} {} — {}", d.tool, d.path, d.reason));
+            }
+        }
+        self.engine.out.flush().await;
+        if let (Some(s), true) = (self.engine.out.store(), r.build_ok) {
+            for (res, v) in self.fetched.lock().map(|f| f.clone()).unwrap_or_default() {
+                if let Err(e) = s.record_green(&self.job.name, &res, &v) {
+                    self.engine.out.run_note(&self.run_id, &format!("steppe: recording {res} as passed: {e}"));
+                }
+            }
+        }
+        if let Some(s) = self.engine.out.store() {
+            let (word, msg) = match &r.result {
+                Ok(()) => ("succeeded", String::new()),
+                Err(e) => (Outcome::of(&r.result).word(), e.message.clone()),
+            };
+            let rec = steppe_runtime::store::RunRecord { id: self.run_id.clone(), job: self.job.name.clone(), started_ms, finished_ms: Some(now_ms()), outcome: Some(word.to_string()), message: msg };
+            if let Err(e) = s.finish_run(&rec) {
+                self.engine.out.run_note(&self.run_id, &format!("steppe: recording the run: {e}"));
+            }
+        }
+        r
+    }
+
+    pub(super) async fn run_inner(self: &Arc<Self>) -> JobResult {
+        let job_timeout = self.job.timeout.and_then(|t| t.to_std());
+        let started = Instant::now();
+        let (mut result, mut log) = self.walk_plan(0, job_timeout, started).await;
+        // Job hooks.
+        let outcome = Outcome::of(&result);
+        let hooks = self.job.hooks();
+        let pick: Vec<&Step> = hooks
+            .iter()
+            .filter(|(k, _)| *k == outcome.hook() || *k == "ensure")
+            .map(|(_, s)| *s)
+            .collect();
+        for h in pick {
+            let d = self.step(h, Vec::new(), true).await;
+            log.extend(d.log);
+            if let Err(e) = d.result {
+                if result.is_ok() {
+                    result = Err(StepError::failed(format!("job hook: {}", e.message)));
+                } else {
+                    self.engine.out.run_note(&self.run_id, &format!("job hook failed: {}", e.message));
+                }
+            }
+        }
+        let build_ok = result.is_ok();
+        // Job assert.
+        if let Some(a) = &self.job.assert {
+            if let Some(want) = &a.execution {
+                if want != &log {
+                    let e = StepError::failed(format!(
+                        "assert.execution mismatch\n  want: [{}]\n  got:  [{}]",
+                        want.join(", "),
+                        log.join(", ")
+                    ));
+                    return JobResult { result: Err(e), build_ok, log };
+                }
+                if a.outcome.as_deref() != Some("succeeded") {
+                    result = Ok(());
+                }
+            }
+            match a.outcome.as_deref() {
+                Some("failed") => {
+                    result = match result {
+                        Err(_) => Ok(()),
+                        Ok(()) if a.execution.is_some() => Ok(()),
+                        Ok(()) => Err(StepError::failed("assert.outcome: want failed, got succeeded")),
+                    };
+                }
+                Some("succeeded") => {
+                    if let Err(e) = &result {
+                        result = Err(StepError { class: e.class, message: format!("assert.outcome: want succeeded, got {}: {}", Outcome::of(&result).word(), e.message) });
+                    }
+                }
+                _ => {}
+            }
+        }
+        JobResult { result, build_ok, log }
+    }
+
+    /// Walks the top-level plan from `start`, following routes.
+    pub(super) fn walk_plan(self: &Arc<Self>, start: usize, job_timeout: Option<Duration>, started: Instant) -> BoxFut<'_, (Result<(), StepError>, Vec<String>)> {
+        Box::pin(async move {
+            let plan = &self.job.plan;
+            let mut log = Vec::new();
+            let mut visits: HashMap<usize, i64> = HashMap::new();
+            let mut i = start;
+            while i < plan.len() {
+                if self.aborted() {
+                    return (Err(StepError::aborted("aborted")), log);
+                }
+                if let Some(t) = job_timeout {
+                    if started.elapsed() > t {
+                        return (Err(StepError::failed(format!("job \"{}\" timed out", self.job.name))), log);
+                    }
+                }
+                let s = &plan[i];
+                // An `every` get fans the rest of the plan out per version.
+                if s.get.is_some() && matches!(s.version, Some(VersionSpec::Every)) {
+                    return self.every_get(s, i, job_timeout, started, log).await;
+                }
+                let v = visits.entry(i).or_insert(0);
+                *v += 1;
+                if let Some(max) = s.max_visits {
+                    if *v > max {
+                        let name = s.name().unwrap_or("step");
+                        return (Err(StepError::failed(format!("{name}: max_visits {max} exceeded"))), log);
+                    }
+                }
+                let d = self.step(s, Vec::new(), false).await;
+                log.extend(d.log.clone());
+                if d.skipped {
+                    i += 1;
+                    continue;
+                }
+                match self.route(i, s, &d) {
+                    Some(Route::Next) => i += 1,
+                    Some(Route::To(j)) => i = j,
+                    None => {
+                        if let Err(e) = d.result {
+                            return (Err(e), log);
+                        }
+                        i += 1;
+                    }
+                }
+            }
+            (Ok(()), log)
+        })
+    }
+
+    /// Where a finished top-level step sends the plan, if it routes: by its
+    /// verdict when it declares verdicts, else by `to:` on success/failure.
+    pub(super) fn route(&self, i: usize, s: &Step, d: &Done) -> Option<Route> {
+        let failed = matches!(&d.routed, Err(e) if e.class == Class::Failed);
+        if d.routed.as_ref().is_err_and(|e| e.class != Class::Failed) {
+            return None;
+        }
+        let verdicts = s
+            .verdicts
+            .as_ref()
+            .or(s.ensemble.as_ref().and_then(|e| e.verdicts.as_ref()))
+            .or(s.try_.as_ref().and_then(|t| t.verdicts.as_ref()));
+        let target = match verdicts {
+            Some(vs) => {
+                let key = if failed { Some("failure".to_string()) } else { d.agent.as_ref().and_then(|o| o.verdict.clone()) };
+                let key = key?;
+                vs.iter().find(|v| v.name == key).and_then(|v| v.target.clone())
+            }
+            None => match &s.to {
+                Some(to) => if failed { to.failure.clone() } else { to.success.clone() },
+                None => None,
+            },
+        }?;
+        if target == "next" {
+            return Some(Route::Next);
+        }
+        // Targets resolve within the segment: the steps between gets.
+        let plan = &self.job.plan;
+        let lo = plan[..i].iter().rposition(|s| s.get.is_some()).map_or(0, |g| g + 1);
+        let hi = plan[i..].iter().position(|s| s.get.is_some()).map_or(plan.len(), |g| i + g);
+        (lo..hi).find(|&j| plan[j].name() == Some(target.as_str())).map(Route::To)
+    }
+
+    pub(super) async fn every_get(self: &Arc<Self>, s: &Step, i: usize, job_timeout: Option<Duration>, started: Instant, mut log: Vec<String>) -> (Result<(), StepError>, Vec<String>) {
+        let resource = s.resource.clone().or(s.get.clone()).unwrap_or_default();
+        let versions = match self.versions(&resource).await {
+            Ok(v) => v,
+            Err(e) => return (Err(e), log),
+        };
+        if versions.is_empty() {
+            self.engine.out.run_note(&self.run_id, &format!("get {resource}: cannot build; no versions exist for: {resource}"));
+            return (Ok(()), log);
+        }
+        let snapshot = self.artifacts.lock().map(|a| a.clone()).unwrap_or_default();
+        let mut errors = Vec::new();
+        for v in versions {
+            if let Ok(mut a) = self.artifacts.lock() {
+                *a = snapshot.clone();
+            }
+            if let Ok(mut e) = self.every.lock() {
+                e.insert(resource.clone(), v);
+            }
+            let d = self.step(s, Vec::new(), false).await;
+            log.extend(d.log);
+            if let Err(e) = d.result {
+                errors.push(e);
+                continue;
+            }
+            let (r, l) = self.walk_plan(i + 1, job_timeout, started).await;
+            log.extend(l);
+            if let Err(e) = r {
+                errors.push(e);
+            }
+        }
+        if errors.is_empty() {
+            (Ok(()), log)
+        } else {
+            (Err(combined(&errors, "")), log)
+        }
+    }
+}
+
+pub(super) enum Route {
+    Next,
+    To(usize),
+}
