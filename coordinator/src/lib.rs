@@ -18,5 +18,6 @@ pub mod run_actor;
 pub mod runs_service;
 pub mod scripted;
 pub mod service;
+pub mod server;
 pub mod services;
 pub mod text;

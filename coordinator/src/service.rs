@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use steppe_proto::v1::coordinator_server::Coordinator;
 use steppe_proto::v1::{coordinator_message, worker_message, CoordinatorMessage, Welcome, WorkerMessage};
-use steppe_worker::exec::{LineSink, Stream};
+use steppe_worker::sink::{LineSink, Stream};
 use steppe_runtime::queue::{check_pool_name, pool_key, DEFAULT_POOL};
 use steppe_worker::local::Reporter;
 use steppe_runtime::wire::{assignment_to_wire, restore_payload, result_from_wire};

@@ -11,7 +11,7 @@ use steppe_runtime::agent_work::{AgentMessage, AgentOutcome, AgentWork, ToolDef,
 use steppe_runtime::outcome::StepError;
 use tokio::sync::watch;
 
-use crate::exec::{LineSink, Stream};
+use crate::sink::{LineSink, Stream};
 use crate::provider::{chat, ProviderError};
 use crate::sandbox::SandboxPolicy;
 use crate::tools::{custom, custom_params, error, Space};
@@ -288,7 +288,7 @@ pub async fn run(work: &AgentWork, root: &Path, run_id: &str, sink: Arc<dyn Line
     tokio::select! {
         r = fut => r,
         _ = async { match deadline { Some(d) => tokio::time::sleep(d).await, None => std::future::pending().await } } => {
-            let d = deadline.map(crate::exec::fmt_duration).unwrap_or_default();
+            let d = deadline.map(steppe_language::duration::show).unwrap_or_default();
             (Err(StepError::failed(format!("{label}: timed out after {d}"))), AgentOutcome::default())
         }
         _ = cancelled => (Err(StepError::aborted(format!("{label}: aborted"))), AgentOutcome::default()),
@@ -389,7 +389,7 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
         space.cwd.display()
     );
     if let Some(ms) = work.timeout_ms {
-        system.push_str(&format!("\nDeadline: this step has {} of wall-clock time in total; it is cut off when that runs out.", crate::exec::fmt_duration(Duration::from_millis(ms))));
+        system.push_str(&format!("\nDeadline: this step has {} of wall-clock time in total; it is cut off when that runs out.", steppe_language::duration::show(Duration::from_millis(ms))));
     }
     conv.messages.push(json!({"role": "system", "content": system}));
     for (i, (sender, text)) in work.upstream.iter().enumerate() {
@@ -439,7 +439,7 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
             if started.elapsed() > total.mul_f64(0.8) {
                 deadline_nudged = true;
                 let left = total.saturating_sub(started.elapsed());
-                conv.messages.push(json!({"role": "user", "content": format!("Less than a fifth of this step's {} deadline is left (about {}). Wrap up: finish with what you have.", crate::exec::fmt_duration(total), crate::exec::fmt_duration(left))}));
+                conv.messages.push(json!({"role": "user", "content": format!("Less than a fifth of this step's {} deadline is left (about {}). Wrap up: finish with what you have.", steppe_language::duration::show(total), steppe_language::duration::show(left))}));
             }
         }
         turn += 1;

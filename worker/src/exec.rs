@@ -15,26 +15,13 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 use tokio::sync::watch;
 
-/// Host variables every host-executed command sees (plus declared names that are set).
-pub const HOST_ENV: &[&str] = &[
-    "PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "TERM", "TMPDIR", "TMP", "TEMP",
-    "USER", "LOGNAME", "SHELL", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy",
-    "no_proxy",
-];
+use crate::host_env::HOST_ENV;
+use crate::sink::{LineSink, Stream};
+
 
 /// Captured output per stream is capped; the rest is counted, not kept.
 const CAPTURE_CAP: usize = 16 << 20;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stream {
-    Stdout,
-    Stderr,
-}
-
-/// Where live output lines go.
-pub trait LineSink: Send + Sync {
-    fn line(&self, run_id: &str, step: &str, stream: Stream, line: &str);
-}
 
 static SEQ: AtomicU64 = AtomicU64::new(0);
 
@@ -262,7 +249,7 @@ async fn run_command(a: &Assignment, dir: &Path, sink: &Arc<dyn LineSink>, cance
     let status = tokio::select! {
         s = child.wait() => s.ok(),
         _ = deadline => {
-            stop = Some(StepError::failed(format!("{}: timed out after {}", a.step, fmt_duration(a.timeout.unwrap_or_default()))));
+            stop = Some(StepError::failed(format!("{}: timed out after {}", a.step, steppe_language::duration::show(a.timeout.unwrap_or_default()))));
             None
         }
         _ = cancelled => {
@@ -407,10 +394,4 @@ fn judge(a: &Assignment, j: &Judge, dir: &Path, exit: Option<i32>, stdout: &str)
         }
     }
     Ok(())
-}
-
-pub fn fmt_duration(d: Duration) -> String {
-    steppe_language::duration::Duration::parse(&format!("{}ns", d.as_nanos()))
-        .map(|d| d.to_string())
-        .unwrap_or_else(|_| format!("{d:?}"))
 }

@@ -10,11 +10,13 @@
 
 pub mod agent;
 pub mod exec;
+pub mod host_env;
 pub mod local;
 pub mod output;
 pub mod process_group;
 pub mod provider;
 pub mod remote;
 pub mod sandbox;
+pub mod sink;
 pub mod tools;
 pub mod transfer;

@@ -10,7 +10,8 @@ use steppe_runtime::assignment::AssignmentResult;
 use steppe_runtime::queue::Queue;
 use tokio::sync::watch;
 
-use crate::exec::{execute, LineSink};
+use crate::exec::execute;
+use crate::sink::LineSink;
 
 /// Cancellation switches of the assignments running in this process, by id.
 #[derive(Clone, Default)]

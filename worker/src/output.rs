@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use steppe_runtime::artifacts::ArtifactStore;
 use steppe_runtime::assignment::{OutputLine, OutputRecord};
 
-use crate::exec::{LineSink, Stream};
+use crate::sink::{LineSink, Stream};
 
 /// The name of the whole output inside its artifact.
 pub const FULL_OUTPUT: &str = "output.log";

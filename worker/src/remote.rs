@@ -14,7 +14,8 @@ use steppe_runtime::artifacts::{ArtifactStore, LocalArtifactStore};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-use crate::exec::{execute, LineSink, Stream};
+use crate::exec::execute;
+use crate::sink::{LineSink, Stream};
 use crate::local::Cancels;
 use crate::transfer::StreamedArtifactStore;
 use steppe_runtime::wire::{assignment_from_wire, cap_line, offload_payload, result_to_wire};
@@ -270,7 +271,7 @@ pub async fn run(config: WorkerConfig) -> Result<(), WorkerError> {
                     "steppe worker {}: lost the coordinator at {}; reconnecting for up to {} (--reconnect-for)",
                     config.name,
                     steppe_runtime::secrets::mask_urls(&config.url),
-                    crate::exec::fmt_duration(config.reconnect_for)
+                    steppe_language::duration::show(config.reconnect_for)
                 );
                 lost_at = Some(std::time::Instant::now());
                 backoff = Duration::from_millis(250);
@@ -278,7 +279,7 @@ pub async fn run(config: WorkerConfig) -> Result<(), WorkerError> {
             Err(e) if e.transient() && !config.reconnect_for.is_zero() => {
                 if lost_at.is_none() {
                     // Said once: a coordinator not up yet, or a mistyped URL.
-                    eprintln!("steppe worker {}: {e}; trying again for up to {} (--reconnect-for)", config.name, crate::exec::fmt_duration(config.reconnect_for));
+                    eprintln!("steppe worker {}: {e}; trying again for up to {} (--reconnect-for)", config.name, steppe_language::duration::show(config.reconnect_for));
                 }
                 let since = *lost_at.get_or_insert_with(std::time::Instant::now);
                 if since.elapsed() >= config.reconnect_for {
@@ -288,7 +289,7 @@ pub async fn run(config: WorkerConfig) -> Result<(), WorkerError> {
             Err(e) => return Err(e),
         }
         if lost_at.is_some_and(|t| t.elapsed() >= config.reconnect_for) {
-            return Err(WorkerError::GaveUp { url: steppe_runtime::secrets::mask_urls(&config.url).into_owned(), after: crate::exec::fmt_duration(config.reconnect_for) });
+            return Err(WorkerError::GaveUp { url: steppe_runtime::secrets::mask_urls(&config.url).into_owned(), after: steppe_language::duration::show(config.reconnect_for) });
         }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(5));

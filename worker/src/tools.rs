@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::{json, Map, Value};
 use steppe_runtime::agent_work::{DenialRecord, ToolDef};
 
-use crate::exec::HOST_ENV;
+use crate::host_env::HOST_ENV;
 use crate::sandbox::{Access, SandboxPolicy};
 
 pub const INLINE_CAP: usize = 32_000;
@@ -297,7 +297,7 @@ impl Space {
         let (o, e, status) = match timeout {
             Some(t) => match tokio::time::timeout(t, run).await {
                 Ok(r) => r,
-                Err(_) => return error(format!("command timed out after {}", crate::exec::fmt_duration(t))),
+                Err(_) => return error(format!("command timed out after {}", steppe_language::duration::show(t))),
             },
             None => run.await,
         };

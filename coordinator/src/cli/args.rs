@@ -1,13 +1,11 @@
 //! Flags several commands share: ((vars)), --coordinator, and how a run executes.
 
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Args;
 use steppe_language::vars::{parse_var_flag, Vars};
 
-use super::runtime;
 use crate::remote::Remote;
 
 /// `--coordinator`: work through a coordinator instead of this machine.
@@ -62,17 +60,6 @@ pub struct ExecArgs {
     /// With --coordinator: also send these files (see `steppe submit --help`).
     #[arg(long, value_name = "GLOB", requires = "coordinator")]
     pub include: Vec<String>,
-}
-
-impl ExecArgs {
-    /// `--coordinator`: hand the run to a coordinator and follow it.
-    pub fn submit(&self, path: &Path, job: Option<&str>, test: bool, vars: &VarArgs) -> Result<Option<ExitCode>> {
-        let Some(remote) = self.remote.remote()? else { return Ok(None) };
-        let vars = vars.resolve()?.into_iter().collect();
-        let o = super::submit::SubmitOptions { job: job.map(str::to_string), test, pool: self.pool.clone(), vars, answers: self.answer.clone(), include: self.include.clone(), ..Default::default() };
-        let code = runtime()?.block_on(super::submit::submit(&remote, path, o))?;
-        Ok(Some(ExitCode::from(u8::try_from(code).unwrap_or(2))))
-    }
 }
 
 #[derive(Args, Debug, Default)]

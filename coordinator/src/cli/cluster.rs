@@ -11,6 +11,7 @@ use super::args::{parse_lease, parse_wait};
 use super::{cores, runtime, scratch};
 use crate::remote::read_token;
 use crate::run_actor::terminated;
+use crate::server::{serve, ServeOptions};
 use crate::services::{start_services_with, ClusterOptions, QUEUE_KEY};
 
 /// Serve runs for `steppe submit` and assignments for `steppe worker`s.
@@ -110,8 +111,8 @@ impl CoordinatorArgs {
                 Some(other) => anyhow::bail!("--store {other}: only redis:// stores are supported so far"),
                 None => Arc::new(steppe_runtime::store::SqliteStore::open(&state.join("steppe.db"))?),
             };
-            let cluster = ClusterOptions { pools, worker_lease, artifacts, tls, long_lived: true };
-            let svc = start_services_with(&state, runs, scratch.path(), workers, false, Some(listen), token, cluster).await?;
+            let svc = start_services_with(&state, runs, scratch.path(), workers, false, true, ClusterOptions { pools, artifacts }).await?;
+            serve(&svc, listen, ServeOptions { token, tls, worker_lease, long_lived: true })?;
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => {}
                 _ = terminated() => {}

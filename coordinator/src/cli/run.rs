@@ -96,6 +96,9 @@ fn run_job(path: &Path, job: Option<&str>, exec: &ExecArgs, vars: &VarArgs) -> R
 
 /// Builds the engine of embedded mode: services under the pipeline's `.steppe/`.
 pub(super) async fn engine(loaded: &steppe_language::Loaded, exec: &ExecArgs, scratch: &Path, scripted: Option<(String, Option<String>)>) -> Result<Arc<engine::Engine>> {
-    let svc = start_services(&loaded.dir.join(".steppe"), &steppe_runtime::store::db_path(&loaded.path), scratch, exec.workers.unwrap_or_else(cores), exec.quiet, exec.listen).await?;
+    let svc = start_services(&loaded.dir.join(".steppe"), &steppe_runtime::store::db_path(&loaded.path), scratch, exec.workers.unwrap_or_else(cores), exec.quiet, exec.listen.is_some()).await?;
+    if let Some(addr) = exec.listen {
+        crate::server::serve(&svc, addr, crate::server::ServeOptions::default())?;
+    }
     Ok(make_engine(&svc, loaded, parse_answers(&exec.answer)?, scripted))
 }

@@ -10,7 +10,7 @@ use steppe_language::LoadOptions;
 use steppe_proto::v1::runs_client::RunsClient;
 use steppe_proto::v1::{run_event, CancelRequest, SubmitRequest};
 
-use super::args::{RemoteArgs, VarArgs};
+use super::args::{ExecArgs, RemoteArgs, VarArgs};
 use super::{load_reporting, runtime};
 use crate::remote::Remote;
 
@@ -71,6 +71,17 @@ impl SubmitArgs {
         let o = SubmitOptions { job, test, detach, pool, vars, answers: answer, include };
         let code = runtime()?.block_on(submit(&remote, &pipeline, o))?;
         Ok(ExitCode::from(u8::try_from(code).unwrap_or(2)))
+    }
+}
+
+impl ExecArgs {
+    /// `--coordinator`: hand the run to a coordinator and follow it.
+    pub fn submit(&self, path: &Path, job: Option<&str>, test: bool, vars: &VarArgs) -> Result<Option<ExitCode>> {
+        let Some(remote) = self.remote.remote()? else { return Ok(None) };
+        let vars = vars.resolve()?.into_iter().collect();
+        let o = SubmitOptions { job: job.map(str::to_string), test, pool: self.pool.clone(), vars, answers: self.answer.clone(), include: self.include.clone(), ..Default::default() };
+        let code = runtime()?.block_on(submit(&remote, path, o))?;
+        Ok(Some(ExitCode::from(u8::try_from(code).unwrap_or(2))))
     }
 }
 

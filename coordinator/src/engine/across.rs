@@ -8,7 +8,10 @@ use steppe_language::model::{AcrossVar, Step, StepKind};
 use steppe_runtime::artifacts::ArtifactRef;
 use steppe_runtime::outcome::StepError;
 
-use super::*;
+use super::run::*;
+use super::temp::{rand_suffix, TempDir};
+use futures::future::join_all;
+use steppe_language::template;
 
 impl JobRun {
     /// An `across:` step: one cell per combination (last axis fastest).

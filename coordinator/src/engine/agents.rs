@@ -10,7 +10,8 @@ use steppe_language::builtins::{provider_of, DEFAULT_TOOLS};
 use steppe_language::model::{AgentDef, Message, Source, Step, ToolGrant, ToolSpec};
 use steppe_runtime::outcome::StepError;
 
-use super::{cell_label, render_cell, Cell, Done, JobRun};
+use super::across::{cell_label, render_cell, Cell};
+use super::run::{Done, JobRun};
 
 fn builtin(name: &str, spec: Option<&ToolSpec>) -> ToolDef {
     ToolDef::Builtin {
@@ -407,7 +408,7 @@ impl JobRun {
             }
         }
         if !errors.is_empty() && (!exclude || votes.is_empty()) {
-            return Done::err(super::combined(&errors, "ensemble: "), log);
+            return Done::err(super::run::combined(&errors, "ensemble: "), log);
         }
         let count = |v: &str| votes.iter().filter(|(_, x, _)| x == v).count();
         let decision: Result<String, String> = match rule.as_str() {
@@ -447,7 +448,7 @@ impl JobRun {
         }
     }
 
-    fn step_as_member<'a>(self: &'a Arc<Self>, m: &'a Step, vocab: &'a [String]) -> super::BoxFut<'a, Done> {
+    fn step_as_member<'a>(self: &'a Arc<Self>, m: &'a Step, vocab: &'a [String]) -> super::run::BoxFut<'a, Done> {
         Box::pin(async move { self.agent(m, &Vec::new(), Some(vocab)).await })
     }
 }

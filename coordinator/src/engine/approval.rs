@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use steppe_language::model::Step;
 use steppe_runtime::outcome::StepError;
 
-use super::*;
+use super::run::*;
 
 impl JobRun {
     /// Parks until a person decides (`steppe approve|reject`), polling the store every 2 s.
@@ -27,7 +27,7 @@ impl JobRun {
             Err(e) => return Done::err(StepError::errored(format!("approval: {e}")), Vec::new()),
         };
         let p = &self.engine.decide_with;
-        let wait = steppe_worker::exec::fmt_duration(timeout);
+        let wait = steppe_language::duration::show(timeout);
         self.engine.out.run_note(&self.run_id, &format!("approval {id}: {message}"));
         self.engine.out.run_note(&self.run_id, &format!("approval {id}: waiting up to {wait} — steppe approve {p} {id}   (or: steppe reject {p} {id} --reason …)"));
         let t0 = Instant::now();

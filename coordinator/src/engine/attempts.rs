@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use steppe_runtime::assignment::Assignment;
 use steppe_runtime::outcome::Class;
 
-use super::*;
+use super::run::*;
 
 impl JobRun {
     /// Dispatches with retries: the whole operation again, backoff attempt × 500 ms;

@@ -4,7 +4,8 @@ use std::sync::Arc;
 
 use steppe_language::model::Step;
 
-use super::*;
+use super::run::*;
+use futures::future::join_all;
 
 impl JobRun {
     pub(super) async fn do_block(self: &Arc<Self>, steps: &[Step]) -> Done {

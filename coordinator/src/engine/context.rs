@@ -4,7 +4,7 @@
 use serde_json::Value;
 use steppe_language::model::Step;
 
-use super::*;
+use super::run::*;
 
 impl JobRun {
     /// `context.from` deliveries for a reader step, sorted by sender: the
@@ -49,9 +49,3 @@ impl JobRun {
     }
 }
 
-#[derive(Debug, Clone)]
-pub(crate) struct Decision {
-    verdict: String,
-    note: Option<String>,
-    response: String,
-}

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use steppe_language::model::Step;
 use steppe_runtime::outcome::StepError;
 
-use super::*;
+use super::run::*;
 
 impl JobRun {
     pub(super) async fn load_var(self: &Arc<Self>, s: &Step) -> Done {

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use steppe_language::model::{Step, VersionSpec};
 use steppe_runtime::outcome::{Class, Outcome, StepError};
 
-use super::*;
+use super::run::*;
+use super::record::group;
 
 impl JobRun {
     /// Runs the job: plan (with routing), job hooks, job assert.

@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 use steppe_runtime::assignment::Assignment;
 use steppe_runtime::outcome::{Outcome, StepError};
 
-use super::*;
+use super::run::*;
 
 impl JobRun {
     /// A step ended: tell the terminal and record it.

@@ -11,7 +11,7 @@ use steppe_language::model::{Inputs, Resource, ResourceType, Step, VersionSpec};
 use steppe_runtime::outcome::StepError;
 use steppe_language::expr::{compile, eval, Env, Stage};
 
-use super::{Done, JobRun};
+use super::run::{Done, JobRun};
 
 impl JobRun {
     fn resource(&self, name: &str) -> Result<(&Resource, &ResourceType), StepError> {
@@ -90,7 +90,7 @@ impl JobRun {
             }
             // Embedded: in the pipeline's own directory, in this process.
             None => {
-                let sink: Arc<dyn steppe_worker::exec::LineSink> = self.engine.out.clone();
+                let sink: Arc<dyn steppe_worker::sink::LineSink> = self.engine.out.clone();
                 steppe_worker::exec::execute(&a, self.engine.store.clone(), &self.engine.dir, sink, self.engine.cancel.clone()).await
             }
         };
@@ -223,9 +223,9 @@ impl JobRun {
         Ok(res.outputs.into_iter().map(|(_, r)| (artifact.to_string(), r)).collect())
     }
 
-    pub(super) async fn put(self: &Arc<Self>, s: &Step, cell: &super::Cell) -> Done {
+    pub(super) async fn put(self: &Arc<Self>, s: &Step, cell: &super::across::Cell) -> Done {
         let name = s.put.clone().unwrap_or_default();
-        let label = if cell.is_empty() { name.clone() } else { super::cell_label(&name, cell) };
+        let label = if cell.is_empty() { name.clone() } else { super::across::cell_label(&name, cell) };
         let (r, t) = match self.resource(&name) {
             Ok(x) => x,
             Err(e) => return self.finish_err(&label, e),

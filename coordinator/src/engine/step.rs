@@ -6,7 +6,8 @@ use steppe_language::model::{Step, StepKind};
 use steppe_runtime::assignment::{Assignment, Cwd};
 use steppe_runtime::outcome::{Class, Outcome, StepError};
 
-use super::*;
+use super::run::*;
+use super::across::{render_cell, Cell};
 
 impl JobRun {
     /// Runs one step with its `when:` guard, attempts, hooks and `try:` tolerance.

@@ -7,7 +7,8 @@ use steppe_language::model::Step;
 use steppe_runtime::assignment::{Assignment, Judge};
 use steppe_runtime::outcome::StepError;
 
-use super::*;
+use super::run::*;
+use super::across::{cell_label, render_cell, Cell};
 
 impl JobRun {
     pub(super) async fn task(self: &Arc<Self>, s: &Step, cell: &Cell) -> Done {

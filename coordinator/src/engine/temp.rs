@@ -3,7 +3,8 @@
 
 use steppe_runtime::artifacts::ArtifactRef;
 
-use super::*;
+use super::run::*;
+use std::path::PathBuf;
 
 impl JobRun {
     /// A temporary directory under the engine's scratch, gone when dropped.

@@ -14,7 +14,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use steppe_runtime::outcome::{Outcome, StepError};
 use steppe_runtime::printable::escape_controls;
 use steppe_runtime::store::{LogLine, StepRecord, Store};
-use steppe_worker::exec::{LineSink, Stream};
+use steppe_worker::sink::{LineSink, Stream};
 
 pub use terminal::Terminal;
 pub use watchers::Watchers;

@@ -76,6 +76,11 @@ impl Duration {
     }
 }
 
+/// A wait the way messages say it (`1m30s`, `2.5s`), as Go prints a duration.
+pub fn show(d: std::time::Duration) -> String {
+    Duration { nanos: i128::try_from(d.as_nanos()).unwrap_or(i128::MAX) }.to_string()
+}
+
 impl fmt::Display for Duration {
     /// Go's `time.Duration.String` shape: `1h30m0s`, `30m0s`, `1.5s`, `0s`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

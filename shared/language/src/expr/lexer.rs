@@ -1,6 +1,6 @@
 //! Tokens of the expression language.
 
-use super::parser::ParseError;
+use super::error::ParseError;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Tok {

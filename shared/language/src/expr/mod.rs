@@ -2,12 +2,14 @@
 //! expr-lang): parsing to an AST and the compile-time checks `validate` runs.
 //! Evaluation lives with the engine that runs resource stages.
 
+mod error;
 mod eval;
 mod lexer;
 mod parser;
 
 pub use eval::{eval, Env, EvalError};
-pub use parser::{parse, Expr, ParseError};
+pub use error::ParseError;
+pub use parser::{parse, Expr};
 
 /// Which stage an expression serves; decides what is in scope.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

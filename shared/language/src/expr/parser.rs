@@ -1,23 +1,7 @@
 //! A Pratt parser for the expression language.
 
-use std::fmt;
-
+use super::error::ParseError;
 use super::lexer::{lex, Tok};
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct ParseError {
-    pub message: String,
-    /// Byte offset in the source.
-    pub pos: usize,
-}
-
-impl fmt::Display for ParseError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} (at offset {})", self.message, self.pos)
-    }
-}
-
-impl std::error::Error for ParseError {}
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Expr {

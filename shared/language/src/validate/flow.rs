@@ -5,8 +5,6 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 
 use serde_json::Value;
 
-use super::steps::effective_inputs;
-use super::steps::effective_outputs;
 use super::{first_segment, Cx};
 use crate::model::{Job, Message, Step, StepKind, VersionSpec};
 use crate::vars::find_refs;
@@ -273,4 +271,30 @@ fn flow_step(cx: &mut Cx, job: &Job, s: &Step, path: &str, avail: &mut Scope) {
         flow_step(cx, job, h, &format!("{path}.{key}"), avail);
         avail.pop();
     }
+}
+
+/// A step's outputs, falling back to its tasks: entry's.
+pub(crate) fn effective_outputs(cx: &Cx, s: &Step) -> Vec<String> {
+    if let Some(o) = &s.outputs {
+        return o.clone();
+    }
+    if s.run.is_none() {
+        if let Some(t) = s.task.as_deref().and_then(|t| cx.tasks.get(t)) {
+            return t.outputs.clone().unwrap_or_default();
+        }
+    }
+    Vec::new()
+}
+
+/// A step's inputs, falling back to its tasks: entry's.
+pub(crate) fn effective_inputs(cx: &Cx, s: &Step) -> Vec<String> {
+    if s.inputs.is_some() {
+        return s.input_names().to_vec();
+    }
+    if s.run.is_none() {
+        if let Some(t) = s.task.as_deref().and_then(|t| cx.tasks.get(t)) {
+            return t.inputs.clone().unwrap_or_default();
+        }
+    }
+    Vec::new()
 }

@@ -12,7 +12,8 @@ pub mod unhonoured;
 
 use std::collections::{HashMap, HashSet};
 
-use crate::load::{LoadOptions, Report};
+use crate::load::options::LoadOptions;
+use crate::load::report::Report;
 use crate::model::{AgentDef, ContainerLimits, Job, McpServer, Pipeline, Resource, ResourceType, TaskDef};
 use crate::suggest::did_you_mean;
 

@@ -3,7 +3,7 @@
 //! so nothing accepted is silently ignored; an entry leaves [`NOT_HONOURED`]
 //! when its feature lands.
 
-use crate::load::Report;
+use crate::load::report::Report;
 use crate::model::walk::each_step;
 use crate::model::Pipeline;
 

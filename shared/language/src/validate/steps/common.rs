@@ -4,6 +4,7 @@ use std::collections::HashSet;
 
 use super::super::{check_artifact_names, check_container, first_segment, Container, Cx};
 use super::*;
+use crate::validate::flow::effective_outputs;
 use crate::model::{AssertSpec, Inputs, Step, StepKind, Verdict};
 
 pub(super) fn check_common(cx: &mut Cx, s: &Step, kind: StepKind, path: &str) {

@@ -303,29 +303,3 @@ pub(crate) fn branch_outputs(s: &Step) -> Vec<String> {
     }
     out
 }
-
-/// A step's outputs, falling back to its tasks: entry's.
-pub(crate) fn effective_outputs(cx: &Cx, s: &Step) -> Vec<String> {
-    if let Some(o) = &s.outputs {
-        return o.clone();
-    }
-    if s.run.is_none() {
-        if let Some(t) = s.task.as_deref().and_then(|t| cx.tasks.get(t)) {
-            return t.outputs.clone().unwrap_or_default();
-        }
-    }
-    Vec::new()
-}
-
-/// A step's inputs, falling back to its tasks: entry's.
-pub(crate) fn effective_inputs(cx: &Cx, s: &Step) -> Vec<String> {
-    if s.inputs.is_some() {
-        return s.input_names().to_vec();
-    }
-    if s.run.is_none() {
-        if let Some(t) = s.task.as_deref().and_then(|t| cx.tasks.get(t)) {
-            return t.inputs.clone().unwrap_or_default();
-        }
-    }
-    Vec::new()
-}

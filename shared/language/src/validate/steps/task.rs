@@ -4,6 +4,7 @@
 use crate::validate::agents::effective_grant;
 use super::super::{is_artifact_name, Cx};
 use super::*;
+use crate::validate::flow::{effective_inputs, effective_outputs};
 use crate::model::{Fix, Step};
 
 pub(super) fn check_task(cx: &mut Cx, s: &Step, path: &str) {
