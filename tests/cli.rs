@@ -1,28 +1,8 @@
 //! The `steppe` binary as a user meets it: help, schema, validate's outputs.
 
-use std::path::PathBuf;
-use std::process::Command;
+mod common;
 
-fn steppe(args: &[&str], dir: &std::path::Path) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_steppe"))
-        .args(args)
-        .current_dir(dir)
-        .env_remove("STEPPE_MODEL").env_remove("STEPS_MODEL")
-        .output()
-        .expect("run steppe");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("steppe-cli-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("mkdir");
-    d
-}
+use common::{run_steppe as steppe, scratch};
 
 #[test]
 fn help_teaches_the_commands() {

@@ -4,11 +4,15 @@
 //! `tests/agents/NAME.yml` with `NAME.scenario.yaml` must pass;
 //! `tests/agents/failing/` ones must fail with their `# expect:` fragments.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use common::repo;
+
 fn cases(sub: &str) -> Vec<(PathBuf, PathBuf)> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/agents").join(sub);
+    let dir = repo("tests/agents").join(sub);
     let mut v: Vec<(PathBuf, PathBuf)> = std::fs::read_dir(&dir)
         .expect("tests/agents")
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -72,7 +76,7 @@ fn failing_agent_pipelines_fail_with_their_message() {
 /// Denials and spend are recorded on the step and shown by `steppe runs`.
 #[test]
 fn denials_and_tokens_are_recorded() {
-    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/agents/failing");
+    let base = repo("tests/agents/failing");
     let work = std::env::temp_dir().join(format!("steppe-agents-records-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).expect("mkdir");
@@ -161,7 +165,7 @@ fn an_agent_declared_in_a_container_never_runs_its_tools_on_the_host() {
 /// sandbox denial like any other: listed at the end of the run and on the step.
 #[test]
 fn a_refused_web_fetch_is_a_recorded_denial() {
-    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/agents");
+    let base = repo("tests/agents");
     let work = std::env::temp_dir().join(format!("steppe-agents-fence-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).expect("mkdir");

@@ -492,118 +492,16 @@ fn glob_to_regex(g: &str) -> Result<regex::Regex, regex::Error> {
     regex::Regex::new(&re)
 }
 
-/// Renders a custom tool's `run:` over `.args` and runs it.
-pub async fn custom(space: &Space, def: &ToolDef, model_args: &Value) -> Value {
-    let ToolDef::Custom { name, run, pinned, max_output_bytes, timeout_ms, literal, .. } = def else {
-        return error("not a custom tool");
-    };
-    let cap = max_output_bytes.map(|m| m.min(10 << 20) as usize).unwrap_or(INLINE_CAP);
-    if *literal {
-        return space.shell(run, timeout_ms.map(Duration::from_millis), cap).await;
-    }
-    let mut args: Map<String, Value> = model_args.as_object().cloned().unwrap_or_default();
-    for (k, v) in pinned {
-        args.insert(k.clone(), v.clone());
-    }
-    let wanted = custom_params(run);
-    let missing: Vec<String> = wanted
-        .iter()
-        .filter(|p| !pinned.contains_key(*p))
-        .filter(|p| args.get(*p).is_none_or(|v| v.is_null() || v.as_str() == Some("")))
-        .map(|p| format!("\"{p}\""))
-        .collect();
-    if !missing.is_empty() {
-        return error(format!("{name}: missing required argument(s): {} (expected: {})", missing.join(", "), wanted.join(", ")));
-    }
-    let cmd = match steppe_language::template::render(run, &json!({ "args": Value::Object(args) })) {
-        Ok(c) => c,
-        Err(e) => return error(format!("{name}: {e}")),
-    };
-    space.shell(&cmd, timeout_ms.map(Duration::from_millis), cap).await
-}
+mod custom;
+mod web_fetch;
 
-/// Each distinct `{{ .args.NAME … }}`, in first-seen order.
-pub fn custom_params(run: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let re = regex::Regex::new(r"\.args\.([A-Za-z_][A-Za-z0-9_]*)").expect("static regex");
-    for block in run.split("{{").skip(1) {
-        let inner = block.split("}}").next().unwrap_or_default();
-        for c in re.captures_iter(inner) {
-            let n = c[1].to_string();
-            if !out.contains(&n) {
-                out.push(n);
-            }
-        }
-    }
-    out
-}
-
-fn host_allowed(host: &str, allow: &[String]) -> bool {
-    let h = host.to_ascii_lowercase();
-    allow.is_empty() || allow.iter().any(|a| {
-        let a = a.to_ascii_lowercase();
-        h == a || h.ends_with(&format!(".{a}"))
-    })
-}
-
-/// Fetches a URL whose host (and every redirect's) is in the allow list; a
-/// refused host is named in the tool's answer and recorded as a denial.
-async fn web_fetch(args: &Value, allow: &[String], denials: &mut Vec<DenialRecord>) -> Value {
-    let Some(url) = arg_str(args, "url") else { return error("web_fetch: missing required argument \"url\"") };
-    let Ok(parsed) = reqwest::Url::parse(url) else { return error(format!("web_fetch: {url:?} is not a URL")) };
-    if !matches!(parsed.scheme(), "http" | "https") {
-        return error("web_fetch: only http:// and https:// URLs can be fetched");
-    }
-    let shown = steppe_runtime::secrets::mask_urls(url).into_owned();
-    let mut refuse = |host: &str, how: String| {
-        let reason = format!("{how} \"{host}\", which is not in this tool's allow: list ({})", allow.join(", "));
-        denials.push(DenialRecord { tool: "web_fetch".into(), path: shown.clone(), reason: reason.clone() });
-        error(format!("web_fetch: {reason}"))
-    };
-    let host = parsed.host_str().unwrap_or_default().to_string();
-    if !host_allowed(&host, allow) {
-        return refuse(&host, "host".into());
-    }
-    let allow_owned = allow.to_vec();
-    let refused_redirect = std::sync::Arc::new(std::sync::Mutex::new(None::<String>));
-    let seen = refused_redirect.clone();
-    let policy = reqwest::redirect::Policy::custom(move |attempt| {
-        if attempt.previous().len() >= 10 {
-            return attempt.error("too many redirects");
-        }
-        let h = attempt.url().host_str().unwrap_or_default().to_string();
-        if host_allowed(&h, &allow_owned) {
-            attempt.follow()
-        } else {
-            if let Ok(mut s) = seen.lock() {
-                *s = Some(h.clone());
-            }
-            attempt.error(format!("redirect to host \"{h}\", which is not in this tool's allow: list"))
-        }
-    });
-    let client = match reqwest::Client::builder().redirect(policy).timeout(Duration::from_secs(30)).build() {
-        Ok(c) => c,
-        Err(e) => return error(format!("web_fetch: {e}")),
-    };
-    match client.get(parsed).send().await {
-        Ok(resp) => {
-            let status = resp.status().as_u16();
-            let ctype = resp.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
-            let bytes = resp.bytes().await.unwrap_or_default();
-            let truncated = bytes.len() > READ_CAP;
-            let body = String::from_utf8_lossy(&bytes[..bytes.len().min(READ_CAP)]).into_owned();
-            json!({"status": status, "content_type": ctype, "body": body, "truncated": truncated})
-        }
-        Err(e) => match refused_redirect.lock().ok().and_then(|s| s.clone()) {
-            Some(h) => refuse(&h, format!("{host} redirected to host")),
-            None => error(format!("web_fetch: {}", steppe_runtime::secrets::mask_urls(&e.to_string()))),
-        },
-    }
-}
+pub use custom::{custom, custom_params};
+use web_fetch::web_fetch;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use super::web_fetch::host_allowed;
 
     fn space(name: &str) -> (Space, PathBuf) {
         let d = std::env::temp_dir().join(format!("steppe-tools-{name}-{}", std::process::id()));

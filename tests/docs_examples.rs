@@ -4,11 +4,14 @@
 //! every other example must be accepted. An example marked `# test: passes`
 //! is also run with `steppe test` and must pass.
 
-use std::path::Path;
+mod common;
+
 use std::process::Command;
 
+use common::repo;
+
 fn examples() -> Vec<(String, usize, String)> {
-    let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs");
+    let docs = repo("docs");
     let mut out = Vec::new();
     let mut files: Vec<_> = std::fs::read_dir(&docs).expect("docs/").filter_map(|e| e.ok().map(|e| e.path())).collect();
     files.sort();

@@ -19,55 +19,6 @@ use crate::tools::{custom, custom_params, error, Space};
 const DEFAULT_PERSONA: &str = "You are an automated agent running as one step of a CI pipeline job.";
 const WRAP_UP: &str = "You have used your entire turn budget, and no further tool calls are possible. Answer now, using only what you have already gathered. If your investigation was incomplete, give your best answer and say plainly which parts you could not verify.";
 
-fn schema_for(def: &ToolDef, verdicts: &[String]) -> Value {
-    let (name, description, params): (String, String, Value) = match def {
-        ToolDef::Custom { name, description, run, pinned, literal, .. } => {
-            let ps: Vec<String> = if *literal { Vec::new() } else { custom_params(run) }.into_iter().into_iter().filter(|p| !pinned.contains_key(p)).collect();
-            let props: Map<String, Value> = ps.iter().map(|p| (p.clone(), json!({"type": "string"}))).collect();
-            let mut schema = json!({"type": "object", "properties": props});
-            if !ps.is_empty() {
-                schema["required"] = json!(ps);
-            }
-            (name.clone(), description.clone(), schema)
-        }
-        ToolDef::Builtin { name, allow, .. } => {
-            let (d, p) = match name.as_str() {
-                "read_file" => ("Read a file in the working directory. Returns raw text (no line numbers); use start_line/end_line (1-based, inclusive) to page through a large file.", json!({"type":"object","properties":{"path":{"type":"string"},"start_line":{"type":"integer"},"end_line":{"type":"integer"}},"required":["path"]})),
-                "list_dir" => ("List a directory (default: the working directory).", json!({"type":"object","properties":{"path":{"type":"string"}}})),
-                "search_files" => ("Search files: pattern is a regular expression matched against lines, glob a shell pattern matched against paths (a slash-less glob matches the file name; ** only as a leading **/). output_mode: files_with_matches (default), content (path, line, text) or count.", json!({"type":"object","properties":{"pattern":{"type":"string"},"glob":{"type":"string"},"path":{"type":"string"},"output_mode":{"type":"string","enum":["files_with_matches","content","count"]},"head_limit":{"type":"integer"},"case_insensitive":{"type":"boolean"}}})),
-                "run_shell" => ("Run a shell command (sh -c) in the working directory. Returns stdout, stderr and exit_code.", json!({"type":"object","properties":{"command":{"type":"string"}},"required":["command"]})),
-                "write_file" => ("Write a UTF-8 text file (missing parent directories are created); with append: true, append to it.", json!({"type":"object","properties":{"path":{"type":"string"},"content":{"type":"string"},"append":{"type":"boolean"}},"required":["path","content"]})),
-                "edit_file" => ("Replace old_string (which must occur exactly once unless replace_all) with new_string in an existing file. Copy old_string from read_file output exactly.", json!({"type":"object","properties":{"path":{"type":"string"},"old_string":{"type":"string"},"new_string":{"type":"string"},"replace_all":{"type":"boolean"}},"required":["path","old_string","new_string"]})),
-                "web_fetch" => ("HTTP GET a URL (http or https) and return {status, content_type, body, truncated}.", json!({"type":"object","properties":{"url":{"type":"string"}},"required":["url"]})),
-                _ => ("", json!({"type":"object","properties":{}})),
-            };
-            let mut d = d.to_string();
-            if name == "web_fetch" && !allow.is_empty() {
-                d.push_str(&format!(" Only these hosts (and their subdomains) can be fetched: {}.", allow.join(", ")));
-            }
-            (name.clone(), d, p)
-        }
-    };
-    let _ = verdicts;
-    json!({"type": "function", "function": {"name": name, "description": description, "parameters": params}})
-}
-
-fn verdict_schema(vocab: &[String], note_required: bool) -> Value {
-    let note = if note_required { "Required: a short reason. A later step of this pipeline reads it." } else { "Optional: a short reason for the audit log." };
-    let mut required = vec!["choice"];
-    if note_required {
-        required.push("note");
-    }
-    json!({"type": "function", "function": {
-        "name": "verdict",
-        "description": "Emit your decision. Call this exactly once with your final verdict — it is how the pipeline decides which step runs next.",
-        "parameters": {"type": "object", "properties": {
-            "choice": {"type": "string", "enum": vocab, "description": "Your verdict — must be one of the allowed values."},
-            "note": {"type": "string", "description": note}
-        }, "required": required}
-    }})
-}
-
 /// `untrusted-` + 16 lowercase alphanumerics that do not occur in `text`.
 fn untrusted_tag(text: &str) -> String {
     let mut seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(7) as u64 ^ text.len() as u64;
@@ -116,44 +67,12 @@ fn ok_result(r: &Value) -> bool {
     }
 }
 
-/// `files:` obligations not met yet, as the nudge and the failure name them.
-fn unmet_files(root: &Path, files: &[String]) -> Vec<String> {
-    files
-        .iter()
-        .filter_map(|f| match std::fs::metadata(root.join(f)) {
-            Err(_) => Some(format!("{f} does not exist")),
-            Ok(m) if m.is_dir() => Some(format!("{f} is a directory, not a file")),
-            Ok(m) if m.len() == 0 => Some(format!("{f} is empty")),
-            Ok(_) => None,
-        })
-        .collect()
-}
-
 fn as_text(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
         Value::Number(n) => n.as_f64().filter(|f| f.fract() == 0.0 && n.is_f64()).map(|f| format!("{f}")).unwrap_or_else(|| n.to_string()),
         other => other.to_string(),
     }
-}
-
-/// The first `tool_calls` entry not matched as an ordered subsequence, if any.
-fn unmet_tool_calls(want: &[(String, Map<String, Value>)], got: &[TrajectoryEntry]) -> Option<String> {
-    let mut i = 0;
-    for (name, args) in want {
-        let found = got[i..].iter().position(|t| {
-            t.name == *name && args.iter().all(|(k, v)| t.args.get(k).map(as_text) == Some(as_text(v)))
-        });
-        match found {
-            Some(p) => i += p + 1,
-            None => {
-                let with: Vec<String> = args.iter().map(|(k, v)| format!(" with {k}={:?}", as_text(v))).collect();
-                let names: Vec<&str> = got.iter().map(|t| t.name.as_str()).collect();
-                return Some(format!("no call matching \"{name}\"{} after the previously matched calls; got [{}]", with.join(""), names.join(", ")));
-            }
-        }
-    }
-    None
 }
 
 struct Conversation<'a> {
@@ -685,30 +604,12 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
     Ok(())
 }
 
-/// The step's assert, judged once the conversation ended well.
-pub fn judge(work: &AgentWork, root: &Path, out: &AgentOutcome) -> Result<(), StepError> {
-    let label = &work.agent;
-    let a = &work.assert;
-    if let Some(s) = &a.stdout {
-        if !out.response.contains(s.as_str()) {
-            return Err(StepError::failed(format!("{label}: assert.stdout: response does not contain {s:?}")));
-        }
-    }
-    if let Some(v) = &a.verdict {
-        let got = out.verdict.clone().unwrap_or_default();
-        if &got != v {
-            return Err(StepError::failed(format!("{label}: assert.verdict: want {v:?}, got {got:?}")));
-        }
-    }
-    let hint = if a.nudge { "" } else { " (assert.nudge: true would have told the model while it could still act)" };
-    if let Some(m) = unmet_tool_calls(&a.tool_calls, &out.trajectory) {
-        return Err(StepError::failed(format!("{label}: assert.tool_calls: {m}{hint}")));
-    }
-    if let Some(f) = unmet_files(root, &a.files).first() {
-        return Err(StepError::failed(format!("{label}: assert.files: {f}{hint}")));
-    }
-    Ok(())
-}
+mod judge;
+mod schema;
+
+pub use judge::judge;
+use judge::{unmet_files, unmet_tool_calls};
+use schema::{schema_for, verdict_schema};
 
 #[cfg(test)]
 mod tests {

@@ -4,10 +4,14 @@
 //! with `docker network disconnect`: the step runs again on the other, the
 //! run succeeds, and the cut-off worker's late result is refused.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
+
+use common::{repo, wait_for};
 
 fn docker(args: &[&str]) -> Output {
     Command::new("docker").args(args).output().expect("docker on PATH (the machine's Docker engine)")
@@ -53,17 +57,9 @@ fn logs(container: &str) -> String {
     format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
 }
 
-fn wait_for(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !check() {
-        assert!(t0.elapsed() < limit, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 #[test]
 fn a_worker_cut_off_the_network_mid_step_loses_its_step_to_the_other() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = repo("");
     let id = std::process::id();
     let (image, network) = (format!("steppe-test:{id}"), format!("steppe-test-{id}"));
     let name = |role: &str| format!("steppe-test-{id}-{role}");
@@ -181,7 +177,7 @@ fn a_worker_cut_off_the_network_mid_step_loses_its_step_to_the_other() {
 /// workers sharing an artifact volume) and runs the example pipeline.
 #[test]
 fn the_compose_file_comes_up_and_runs_the_example() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = repo("");
     let id = std::process::id();
     let image = format!("steppe-test-compose:{id}");
     let project = format!("steppe-test-{id}");
@@ -238,7 +234,7 @@ fn the_image_build_reads_its_mirror_from_the_hosts_apt_sources() {
     let apt = std::env::temp_dir().join(format!("steppe-apt-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&apt);
     std::fs::create_dir_all(apt.join("sources.list.d")).expect("mkdir");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/build-image.sh");
+    let script = repo("deploy/build-image.sh");
     let mirror = |suite: &str| {
         let sh = format!("eval \"$(sed -n '/^host_mirror() {{/,/^}}/p' {})\"; host_mirror {suite} | head -n 1", script.display());
         let out = std::process::Command::new("sh").args(["-c", &sh]).env("APT_ETC", &apt).output().expect("sh");

@@ -39,6 +39,7 @@ pub fn steppe(args: &[&str], dir: &Path) -> Output {
         .args(args)
         .current_dir(dir)
         .env_remove("STEPPE_MODEL")
+        .env_remove("STEPS_MODEL")
         .output()
         .expect("run steppe")
 }
@@ -126,4 +127,43 @@ pub fn serving_logged(args: &[&str], dir: &Path) -> (std::process::Child, String
         });
     }
     (child, url, log)
+}
+
+/// A path of this repository (`tests/run`, `docs`, `deploy/build-image.sh`).
+pub fn repo(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel)
+}
+
+/// The files directly in the repository's directory `rel` whose names end in
+/// one of `exts`, sorted; there must be some.
+pub fn files_in(rel: &str, exts: &[&str]) -> Vec<PathBuf> {
+    let dir = repo(rel);
+    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| exts.iter().any(|e| x == *e)))
+        .collect();
+    v.sort();
+    assert!(!v.is_empty(), "no {exts:?} files in {}", dir.display());
+    v
+}
+
+/// The self-checking pipelines of `tests/run/SUB`.
+pub fn fixtures(sub: &str) -> Vec<PathBuf> {
+    files_in(&format!("tests/run/{sub}"), &["yml"])
+}
+
+/// `steppe ARGS` in `dir`: its exit code, stdout and stderr.
+pub fn run_steppe(args: &[&str], dir: &Path) -> (i32, String, String) {
+    let out = steppe(args, dir);
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// Waits up to `limit` for `check` to hold, polling; panics naming `what`.
+pub fn wait_for(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !check() {
+        assert!(t0.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

@@ -4,19 +4,15 @@
 //! - every `invalid/*.yml` carries `# expect: <fragment>` lines and must exit 2
 //!   with each fragment somewhere in its output.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use common::files_in;
+
 fn corpus(kind: &str) -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/validate").join(kind);
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "yml" || x == "yaml"))
-        .collect();
-    files.sort();
-    assert!(!files.is_empty(), "no pipelines in {}", dir.display());
-    files
+    files_in(&format!("tests/validate/{kind}"), &["yml", "yaml"])
 }
 
 fn validate(file: &Path) -> (i32, String) {
