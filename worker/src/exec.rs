@@ -173,7 +173,7 @@ async fn repair(a: &Assignment, fix: &steppe_runtime::agent_work::AgentWork, dir
     let (r, outcome) = crate::agent::run(&work, dir, &a.run_id, sink.clone(), cancel.clone()).await;
     if let Err(e) = r {
         return AssignmentResult {
-            result: Err(StepError { class: e.class, message: format!("fix agent \"{}\": {}", fix.agent, e.message) }),
+            result: Err(e.with_message(format!("fix agent \"{}\": {}", fix.agent, e.message))),
             agent: Some(outcome),
             ..failed
         };
@@ -249,7 +249,7 @@ async fn run_command(a: &Assignment, dir: &Path, sink: &Arc<dyn LineSink>, cance
     let status = tokio::select! {
         s = child.wait() => s.ok(),
         _ = deadline => {
-            stop = Some(StepError::failed(format!("{}: timed out after {}", a.step, steppe_language::duration::show(a.timeout.unwrap_or_default()))));
+            stop = Some(StepError::timed_out(format!("{}: timed out after {}", a.step, steppe_language::duration::show(a.timeout.unwrap_or_default()))));
             None
         }
         _ = cancelled => {

@@ -432,7 +432,7 @@ impl JobRun {
                 log.extend(d.log.clone());
                 match (&d.result, d.agent.as_ref().and_then(|o| o.verdict.clone())) {
                     (Ok(()), Some(v)) => Ok(v),
-                    (Err(e), _) => return Done::err(StepError { class: e.class, message: format!("ensemble judge {judge}: {}", e.message) }, log),
+                    (Err(e), _) => return Done::err(e.with_message(format!("ensemble judge {judge}: {}", e.message)), log),
                     _ => Err(format!("ensemble judge {judge} gave no verdict")),
                 }
             }

@@ -20,7 +20,7 @@ impl JobRun {
         for n in 1..=attempts {
             a.attempt = n;
             let r = self.dispatch(a.clone()).await;
-            let timed_out = matches!(&r.result, Err(e) if e.message.contains("timed out after"));
+            let timed_out = matches!(&r.result, Err(e) if e.timed_out);
             let aborted = matches!(&r.result, Err(e) if e.class == Class::Aborted);
             let ok = r.result.is_ok();
             last = Some(r);

@@ -108,7 +108,7 @@ impl JobRun {
                 }
                 Some("succeeded") => {
                     if let Err(e) = &result {
-                        result = Err(StepError { class: e.class, message: format!("assert.outcome: want succeeded, got {}: {}", Outcome::of(&result).word(), e.message) });
+                        result = Err(e.with_message(format!("assert.outcome: want succeeded, got {}: {}", Outcome::of(&result).word(), e.message)));
                     }
                 }
                 _ => {}
@@ -130,7 +130,7 @@ impl JobRun {
                 }
                 if let Some(t) = job_timeout {
                     if started.elapsed() > t {
-                        return (Err(StepError::failed(format!("job \"{}\" timed out", self.job.name))), log);
+                        return (Err(StepError::timed_out(format!("job \"{}\" timed out", self.job.name))), log);
                     }
                 }
                 let s = &plan[i];

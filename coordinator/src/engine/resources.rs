@@ -96,8 +96,8 @@ impl JobRun {
         };
         if let Err(e) = res.result {
             let detail = res.stderr.trim();
-            let msg = if detail.is_empty() { e.message } else { format!("{}: {detail}", e.message) };
-            return Err(StepError { class: if e.class == steppe_runtime::outcome::Class::Aborted { e.class } else { steppe_runtime::outcome::Class::Errored }, message: format!("check {name}: {msg}") });
+            let msg = if detail.is_empty() { e.message.clone() } else { format!("{}: {detail}", e.message) };
+            return Err(StepError { class: if e.class == steppe_runtime::outcome::Class::Aborted { e.class } else { steppe_runtime::outcome::Class::Errored }, ..e.with_message(format!("check {name}: {msg}")) });
         }
         let v: Value = serde_json::from_str(res.stdout.trim())
             .map_err(|e| StepError::errored(format!("check {name}: could not parse JSON output: {e}")))?;

@@ -139,7 +139,7 @@ pub struct JobRun {
 /// Several failures as one: the most severe class, the messages joined.
 pub(super) fn combined(errors: &[StepError], prefix: &str) -> StepError {
     let msg = errors.iter().map(|e| e.message.clone()).collect::<Vec<_>>().join("; ");
-    StepError { class: classify_all(errors), message: format!("{prefix}{msg}") }
+    StepError { class: classify_all(errors), message: format!("{prefix}{msg}"), timed_out: false }
 }
 
 pub(super) fn classify_all(errors: &[StepError]) -> Class {

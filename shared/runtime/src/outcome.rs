@@ -17,17 +17,28 @@ pub enum Class {
 pub struct StepError {
     pub class: Class,
     pub message: String,
+    /// It ran out of time (its own `timeout:`, an agent's deadline, the
+    /// job's): attempts stop here, whatever the message says.
+    pub timed_out: bool,
 }
 
 impl StepError {
     pub fn failed(m: impl Into<String>) -> Self {
-        StepError { class: Class::Failed, message: m.into() }
+        StepError { class: Class::Failed, message: m.into(), timed_out: false }
     }
     pub fn errored(m: impl Into<String>) -> Self {
-        StepError { class: Class::Errored, message: m.into() }
+        StepError { class: Class::Errored, message: m.into(), timed_out: false }
     }
     pub fn aborted(m: impl Into<String>) -> Self {
-        StepError { class: Class::Aborted, message: m.into() }
+        StepError { class: Class::Aborted, message: m.into(), timed_out: false }
+    }
+    /// A step that ran out of time: it failed.
+    pub fn timed_out(m: impl Into<String>) -> Self {
+        StepError { class: Class::Failed, message: m.into(), timed_out: true }
+    }
+    /// The same outcome, told differently (a wrapper naming where it happened).
+    pub fn with_message(&self, m: impl Into<String>) -> Self {
+        StepError { message: m.into(), ..self.clone() }
     }
 }
 
@@ -87,5 +98,19 @@ impl Outcome {
             Outcome::Aborted => 130,
             Outcome::Errored => 2,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_timeout_is_known_by_its_kind_not_its_words() {
+        let t = StepError::timed_out("compile: timed out after 5s");
+        assert!(t.timed_out && t.class == Class::Failed);
+        let wrapped = t.with_message("fix agent \"f\": compile: timed out after 5s");
+        assert!(wrapped.timed_out, "a wrapper keeps what happened");
+        assert!(!StepError::failed("the log says: timed out after 5s").timed_out, "words alone are not a timeout");
     }
 }

@@ -208,7 +208,7 @@ pub async fn run(work: &AgentWork, root: &Path, run_id: &str, sink: Arc<dyn Line
         r = fut => r,
         _ = async { match deadline { Some(d) => tokio::time::sleep(d).await, None => std::future::pending().await } } => {
             let d = deadline.map(steppe_language::duration::show).unwrap_or_default();
-            (Err(StepError::failed(format!("{label}: timed out after {d}"))), AgentOutcome::default())
+            (Err(StepError::timed_out(format!("{label}: timed out after {d}"))), AgentOutcome::default())
         }
         _ = cancelled => (Err(StepError::aborted(format!("{label}: aborted"))), AgentOutcome::default()),
     }
