@@ -49,6 +49,12 @@ impl Terminal {
     }
 }
 
+impl Default for Terminal {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Subscriber for Terminal {
     fn line(&mut self, _run_id: &str, line: &str) {
         let mut out = std::io::stdout().lock();
