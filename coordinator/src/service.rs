@@ -141,6 +141,11 @@ impl Coordinator for WorkerService {
                         }
                         continue;
                     }
+                    Err(e) if !e.is_outage() => {
+                        // One entry it could not read (moved aside): on to the next.
+                        hub.note(&format!("steppe: {e}"));
+                        continue;
+                    }
                     Err(e) => {
                         if let Some(l) = steppe_runtime::outage::failed("taking from the queue", &e) {
                             hub.note(&format!("steppe: {l}"));

@@ -190,6 +190,11 @@ async fn pull(
                 }
                 continue;
             }
+            Err(e) if !e.is_outage() => {
+                // One entry it could not read (moved aside): on to the next.
+                eprintln!("steppe worker: {e}");
+                continue;
+            }
             Err(e) => {
                 if let Some(l) = steppe_runtime::outage::failed("taking from the queue", &e) {
                     eprintln!("steppe worker: {l}");
