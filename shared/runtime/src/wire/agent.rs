@@ -284,12 +284,8 @@ pub fn outcome_from_wire(o: v1::AgentOutcome) -> Result<AgentOutcome, WireError>
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use prost::Message;
+    use crate::wire::through_bytes;
     use serde_json::json;
-
-    fn through_bytes<M: Message + Default>(m: M) -> M {
-        M::decode(m.encode_to_vec().as_slice()).expect("prost decodes what it encoded")
-    }
 
     fn endpoint(n: &str) -> Endpoint {
         Endpoint { model: format!("m-{n}"), base_url: format!("http://{n}/v1/"), api_key_env: Some(format!("{n}_KEY")), key_required: true, string_tool_choice: true }

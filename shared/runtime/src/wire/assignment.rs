@@ -173,11 +173,7 @@ fn record_from_wire(o: v1::OutputRecord) -> OutputRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use prost::Message;
-
-    fn through_bytes<M: Message + Default>(m: M) -> M {
-        M::decode(m.encode_to_vec().as_slice()).expect("prost decodes what it encoded")
-    }
+    use crate::wire::through_bytes;
 
     fn full_assignment(cwd: Cwd, template: Option<serde_json::Value>) -> Assignment {
         Assignment {

@@ -80,11 +80,7 @@ pub fn reply_kind(r: &v1::history_reply::Reply) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use prost::Message;
-
-    fn through_bytes<M: Message + Default>(m: M) -> M {
-        M::decode(m.encode_to_vec().as_slice()).expect("prost decodes what it encoded")
-    }
+    use crate::wire::through_bytes;
 
     #[test]
     fn records_round_trip() {

@@ -53,6 +53,12 @@ pub fn cap_line(line: &str) -> std::borrow::Cow<'_, str> {
     format!("{}… ({} more bytes cut)", &line[..end], line.len() - end).into()
 }
 
+/// A message through its prost bytes and back (for round-trip tests).
+#[cfg(test)]
+pub(crate) fn through_bytes<M: prost::Message + Default>(m: M) -> M {
+    M::decode(m.encode_to_vec().as_slice()).expect("prost decodes what it encoded")
+}
+
 /// The file of a payload artifact holding the agent outcome (prost-encoded);
 /// absent when the result has none.
 const AGENT_FILE: &str = "agent.pb";
