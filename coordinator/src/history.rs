@@ -9,8 +9,12 @@ use steppe_proto::v1::artifacts_client::ArtifactsClient;
 use steppe_proto::v1::history_client::HistoryClient;
 use steppe_proto::v1::history_query::What;
 use steppe_proto::v1::history_server::History;
-use steppe_proto::v1::{DecideReply, DecideRequest, HistoryQuery, HistoryReply, RunsQuery};
+use steppe_proto::v1::history_reply::Reply;
+use steppe_proto::v1::{self as v1, DecideReply, DecideRequest, HistoryQuery, HistoryReply, RunsQuery};
 use steppe_runtime::store::{ApprovalRecord, LogLine, RunRecord, StepRecord, Store, StoreError};
+use steppe_runtime::wire::history::{
+    approval_from_wire, approval_to_wire, event_from_wire, event_to_wire, log_from_wire, log_to_wire, reply_kind, run_from_wire, run_to_wire, step_from_wire, step_to_wire,
+};
 use tonic::codegen::InterceptedService;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
@@ -22,32 +26,29 @@ pub struct HistoryService {
     pub store: Arc<dyn Store>,
 }
 
-fn json<T: serde::Serialize>(v: &T) -> Result<Response<HistoryReply>, Status> {
-    serde_json::to_string(v).map(|json| Response::new(HistoryReply { json })).map_err(|e| Status::internal(e.to_string()))
-}
-
 #[tonic::async_trait]
 impl History for HistoryService {
     async fn query(&self, req: Request<HistoryQuery>) -> Result<Response<HistoryReply>, Status> {
         let store = self.store.clone();
         let what = req.into_inner().what.ok_or_else(|| Status::invalid_argument("an empty query"))?;
-        let reply = tokio::task::spawn_blocking(move || -> Result<Result<Response<HistoryReply>, Status>, StoreError> {
+        let reply = tokio::task::spawn_blocking(move || -> Result<Reply, StoreError> {
             Ok(match what {
                 What::Runs(q) => {
                     let job = Some(q.job.as_str()).filter(|j| !j.is_empty());
-                    json(&store.runs(job, q.limit as usize)?)
+                    Reply::Runs(v1::RunList { runs: store.runs(job, q.limit as usize)?.into_iter().map(run_to_wire).collect() })
                 }
-                What::Run(id) => json(&store.run(&id)?),
-                What::Steps(id) => json(&store.steps(&id)?),
-                What::Logs(id) => json(&store.logs(&id)?),
-                What::Events(id) => json(&store.events(&id)?),
-                What::Approval(id) => json(&store.approval(id)?),
-                What::PendingApprovals(_) => json(&store.pending_approvals()?),
+                What::Run(id) => Reply::Run(v1::FoundRun { run: store.run(&id)?.map(run_to_wire) }),
+                What::Steps(id) => Reply::Steps(v1::StepList { steps: store.steps(&id)?.into_iter().map(step_to_wire).collect() }),
+                What::Logs(id) => Reply::Logs(v1::LogList { lines: store.logs(&id)?.into_iter().map(log_to_wire).collect() }),
+                What::Events(id) => Reply::Events(v1::EventList { events: store.events(&id)?.into_iter().map(event_to_wire).collect() }),
+                What::Approval(id) => Reply::Approval(v1::FoundApproval { approval: store.approval(id)?.map(approval_to_wire) }),
+                What::PendingApprovals(_) => Reply::Approvals(v1::ApprovalList { approvals: store.pending_approvals()?.into_iter().map(approval_to_wire).collect() }),
             })
         })
         .await
         .map_err(|e| Status::internal(e.to_string()))?;
-        reply.map_err(|e| Status::unavailable(e.to_string()))?
+        let reply = reply.map_err(|e| Status::unavailable(e.to_string()))?;
+        Ok(Response::new(HistoryReply { reply: Some(reply) }))
     }
 
     async fn decide(&self, req: Request<DecideRequest>) -> Result<Response<DecideReply>, Status> {
@@ -109,10 +110,15 @@ impl RemoteStore {
         StoreError::Remote { url: self.url.clone(), message: message.to_string() }
     }
 
-    fn ask<T: serde::de::DeserializeOwned>(&self, what: What) -> Result<T, StoreError> {
+    fn ask(&self, what: What) -> Result<Reply, StoreError> {
         let mut client = self.client.clone();
         let reply = self.rt.block_on(client.query(HistoryQuery { what: Some(what) })).map_err(|s| self.err(s.message()))?;
-        serde_json::from_str(&reply.into_inner().json).map_err(|e| self.err(format!("an unreadable reply: {e}")))
+        reply.into_inner().reply.ok_or_else(|| self.err("an empty reply"))
+    }
+
+    /// A reply of another kind than was asked for.
+    fn unexpected(&self, asked: &str, got: &Reply) -> StoreError {
+        self.err(format!("asked for {asked}, the reply holds {}", reply_kind(got)))
     }
 
     fn read_only(&self) -> StoreError {
@@ -134,31 +140,52 @@ impl Store for RemoteStore {
         Err(self.read_only())
     }
     fn runs(&self, job: Option<&str>, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
-        self.ask(What::Runs(RunsQuery { job: job.unwrap_or_default().to_string(), limit: u32::try_from(limit).unwrap_or(u32::MAX) }))
+        match self.ask(What::Runs(RunsQuery { job: job.unwrap_or_default().to_string(), limit: u32::try_from(limit).unwrap_or(u32::MAX) }))? {
+            Reply::Runs(l) => Ok(l.runs.into_iter().map(run_from_wire).collect()),
+            other => Err(self.unexpected("runs", &other)),
+        }
     }
     fn run(&self, id: &str) -> Result<Option<RunRecord>, StoreError> {
-        self.ask(What::Run(id.to_string()))
+        match self.ask(What::Run(id.to_string()))? {
+            Reply::Run(found) => Ok(found.run.map(run_from_wire)),
+            other => Err(self.unexpected("a run", &other)),
+        }
     }
     fn steps(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError> {
-        self.ask(What::Steps(run_id.to_string()))
+        match self.ask(What::Steps(run_id.to_string()))? {
+            Reply::Steps(l) => Ok(l.steps.into_iter().map(step_from_wire).collect()),
+            other => Err(self.unexpected("steps", &other)),
+        }
     }
     fn logs(&self, run_id: &str) -> Result<Vec<LogLine>, StoreError> {
-        self.ask(What::Logs(run_id.to_string()))
+        match self.ask(What::Logs(run_id.to_string()))? {
+            Reply::Logs(l) => Ok(l.lines.into_iter().map(log_from_wire).collect()),
+            other => Err(self.unexpected("logs", &other)),
+        }
     }
     fn record_event(&self, _: &str, _: &str, _: &str, _: &str) -> Result<(), StoreError> {
         Err(self.read_only())
     }
     fn events(&self, run_id: &str) -> Result<Vec<(String, String, String)>, StoreError> {
-        self.ask(What::Events(run_id.to_string()))
+        match self.ask(What::Events(run_id.to_string()))? {
+            Reply::Events(l) => Ok(l.events.into_iter().map(event_from_wire).collect()),
+            other => Err(self.unexpected("events", &other)),
+        }
     }
     fn request_approval(&self, _: &str, _: &str, _: &str, _: i64, _: i64) -> Result<i64, StoreError> {
         Err(self.read_only())
     }
     fn approval(&self, id: i64) -> Result<Option<ApprovalRecord>, StoreError> {
-        self.ask(What::Approval(id))
+        match self.ask(What::Approval(id))? {
+            Reply::Approval(found) => Ok(found.approval.map(approval_from_wire)),
+            other => Err(self.unexpected("an approval", &other)),
+        }
     }
     fn pending_approvals(&self) -> Result<Vec<ApprovalRecord>, StoreError> {
-        self.ask(What::PendingApprovals(true))
+        match self.ask(What::PendingApprovals(true))? {
+            Reply::Approvals(l) => Ok(l.approvals.into_iter().map(approval_from_wire).collect()),
+            other => Err(self.unexpected("pending approvals", &other)),
+        }
     }
     fn decide_approval(&self, id: i64, approve: bool, reason: &str, approver: &str) -> Result<bool, StoreError> {
         let mut client = self.client.clone();

@@ -10,6 +10,8 @@ use steppe_proto::v1::{coordinator_message, worker_message, CoordinatorMessage, 
 use steppe_worker::sink::{LineSink, Stream};
 use steppe_runtime::queue::{check_pool_name, pool_key, DEFAULT_POOL};
 use steppe_worker::local::Reporter;
+use steppe_runtime::assignment::AssignmentResult;
+use steppe_runtime::outcome::StepError;
 use steppe_runtime::wire::{assignment_to_wire, restore_payload, result_from_wire};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
@@ -139,6 +141,11 @@ impl Coordinator for WorkerService {
                         }
                         continue;
                     }
+                    Err(e) if !e.is_outage() => {
+                        // One entry it could not read (moved aside): on to the next.
+                        hub.note(&format!("steppe: {e}"));
+                        continue;
+                    }
                     Err(e) => {
                         if let Some(l) = steppe_runtime::outage::failed("taking from the queue", &e) {
                             hub.note(&format!("steppe: {l}"));
@@ -241,7 +248,11 @@ impl Coordinator for WorkerService {
                                             },
                                         };
                                     }
-                                    d.complete(result_from_wire(r));
+                                    let (id, epoch) = (r.assignment_id.clone(), r.epoch);
+                                    d.complete(result_from_wire(r).unwrap_or_else(|e| {
+                                        let message = format!("the result from worker {name} could not be read: {e}");
+                                        AssignmentResult::with_id(&id, epoch, Err(StepError::errored(message)))
+                                    }));
                                 } else {
                                     registry.refused(&name, &r.assignment_id);
                                 }

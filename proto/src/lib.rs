@@ -1,5 +1,6 @@
-//! The `steppe.v1` contract: every message that crosses a process boundary,
-//! and the gRPC service workers hold a session with.
+//! The `steppe.v1` contract: every message that crosses a process boundary
+//! (gRPC, the Redis queue, a result's payload), and the gRPC services —
+//! `Coordinator` (the session a worker holds), `Artifacts`, `Runs`, `History`.
 
 pub mod v1 {
     tonic::include_proto!("steppe.v1");

@@ -73,6 +73,11 @@ pub fn spawn_local_workers(
                         }
                         a
                     }
+                    Err(e) if !e.is_outage() => {
+                        // One entry it could not read (moved aside): on to the next.
+                        eprintln!("steppe: {e}");
+                        continue;
+                    }
                     Err(e) => {
                         if let Some(l) = steppe_runtime::outage::failed("taking from the queue", &e) {
                             eprintln!("steppe: {l}");

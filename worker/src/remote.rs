@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use steppe_proto::v1::coordinator_client::CoordinatorClient;
 use steppe_proto::v1::{coordinator_message, worker_message, CoordinatorMessage, Drain, Heartbeat, Hello, OutputLine, Release, Taken, WorkerMessage};
-use steppe_runtime::assignment::Assignment;
+use steppe_runtime::assignment::{Assignment, AssignmentResult};
+use steppe_runtime::outcome::StepError;
 use steppe_runtime::queue::{keep_leases, Queue, RedisQueue};
 use steppe_runtime::artifacts::{ArtifactStore, LocalArtifactStore};
 use tokio::sync::mpsc;
@@ -143,7 +144,7 @@ impl Running {
                 wire.message = format!("{step}: its output ({} bytes) could not be stored for the coordinator: {e}", wire.stdout.len() + wire.stderr.len());
                 wire.stdout.clear();
                 wire.stderr.clear();
-                wire.agent_json.clear();
+                wire.agent = None;
             }
             wire
         })
@@ -188,6 +189,11 @@ async fn pull(
                 if let Some(l) = steppe_runtime::outage::recovered("taking from the queue") {
                     eprintln!("steppe worker: {l}");
                 }
+                continue;
+            }
+            Err(e) if !e.is_outage() => {
+                // One entry it could not read (moved aside): on to the next.
+                eprintln!("steppe worker: {e}");
                 continue;
             }
             Err(e) => {
@@ -437,10 +443,20 @@ async fn session(config: &WorkerConfig, reconnecting: bool) -> Result<End, Worke
                         let _ = tx.send(WorkerMessage { msg: Some(worker_message::Msg::Release(Release { assignment_id: wa.id })) }).await;
                     }
                     Some(coordinator_message::Msg::Assignment(wa)) => {
-                        // Registered here, not in the task: a cancel read next must find it.
-                        let a = assignment_from_wire(wa);
-                        let cancel = ctx.cancels.register(&a.id);
-                        running.spawn(ctx.clone().run_one(a, cancel, None));
+                        let (id, epoch) = (wa.id.clone(), wa.epoch);
+                        match assignment_from_wire(wa) {
+                            Ok(a) => {
+                                // Registered here, not in the task: a cancel read next must find it.
+                                let cancel = ctx.cancels.register(&a.id);
+                                running.spawn(ctx.clone().run_one(a, cancel, None));
+                            }
+                            Err(e) => {
+                                let message = format!("worker {name} could not read assignment {id}: {e}");
+                                eprintln!("steppe worker: {message}");
+                                let r = AssignmentResult::with_id(&id, epoch, Err(StepError::errored(message)));
+                                let _ = tx.send(WorkerMessage { msg: Some(worker_message::Msg::Result(result_to_wire(&r))) }).await;
+                            }
+                        }
                     }
                     Some(coordinator_message::Msg::Confirm(c)) => {
                         if let Some((a, permit)) = awaiting.remove(&c.assignment_id) {

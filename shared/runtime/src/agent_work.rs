@@ -1,11 +1,10 @@
 //! An agent step resolved for a worker: everything the conversation needs,
 //! with the agent definition, the step and the defaults already merged.
-//! (It travels inside an assignment as JSON until its proto messages exist.)
+//! (Across processes it is the `steppe.v1.AgentWork` message: wire/agent.rs.)
 
-use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct AgentWork {
     /// The agent's name (and the execution-log entry).
     pub agent: String,
@@ -37,30 +36,23 @@ pub struct AgentWork {
     pub max_context_bytes: u64,
     pub budget_tokens: Option<u64>,
     /// The job's token ceiling: (cap, already spent by earlier steps of the run).
-    #[serde(default)]
     pub job_budget: Option<(u64, u64)>,
     pub assert: AgentAssert,
     /// `context.from` deliveries, sorted by sender: (sender, rendered text).
-    #[serde(default)]
     pub upstream: Vec<(String, String)>,
     /// Agents this one may delegate to, as tools taking one `request` string.
-    #[serde(default)]
     pub sub_agents: Vec<SubAgent>,
     /// Sources to fail over to, in order, when the current one is unwell.
-    #[serde(default)]
     pub fallbacks: Vec<Endpoint>,
     /// `--answer 'substring=answer'` presets for ask_user.
-    #[serde(default)]
     pub answers: Vec<(String, String)>,
     /// How many ask_user calls the step may make (default 3).
-    #[serde(default)]
     pub max_questions: u32,
     /// The ask_user grant's settings, when ask_user is granted.
-    #[serde(default)]
     pub ask: Option<Box<AskSpec>>,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct AskSpec {
     /// An agent asked before a person is.
     pub answered_by: Option<SubAgent>,
@@ -68,7 +60,7 @@ pub struct AskSpec {
     pub options_required: bool,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct SubAgent {
     pub name: String,
     pub description: String,
@@ -76,7 +68,7 @@ pub struct SubAgent {
 }
 
 /// Where a model is reached.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Endpoint {
     pub model: String,
     pub base_url: String,
@@ -85,7 +77,7 @@ pub struct Endpoint {
     pub string_tool_choice: bool,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct AgentAssert {
     pub stdout: Option<String>,
     pub verdict: Option<String>,
@@ -94,13 +86,13 @@ pub struct AgentAssert {
     pub nudge: bool,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum AgentMessage {
     Text(String),
     Artifact { artifact: String, path: String },
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum ToolDef {
     Builtin {
         name: String,
@@ -120,7 +112,6 @@ pub enum ToolDef {
         max_output_bytes: Option<u64>,
         timeout_ms: Option<u64>,
         /// `run` is a plain command, not a template (a fix agent's rerun tool).
-        #[serde(default)]
         literal: bool,
     },
 }
@@ -134,7 +125,7 @@ impl ToolDef {
 }
 
 /// One call the model requested, as `assert.tool_calls` reads it.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct TrajectoryEntry {
     pub name: String,
     pub args: Value,
@@ -142,15 +133,16 @@ pub struct TrajectoryEntry {
 }
 
 /// A refused tool call, as recorded on the step.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct DenialRecord {
     pub tool: String,
     pub path: String,
     pub reason: String,
 }
 
-/// What an agent conversation produced.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+/// What an agent conversation produced. (Its trajectory, denials and
+/// transcript are serializable: a step's record stores them as JSON.)
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct AgentOutcome {
     pub response: String,
     pub verdict: Option<String>,
@@ -161,15 +153,13 @@ pub struct AgentOutcome {
     pub wrapped_up: bool,
     pub denials: Vec<DenialRecord>,
     /// The fallback model that served the end of the conversation, if any.
-    #[serde(default)]
     pub fallback_model: Option<String>,
     /// What happened, in order: the model's text, its calls, the results
     /// (each cut at 16 KiB; the whole capped at 256 KiB).
-    #[serde(default)]
     pub transcript: Vec<TranscriptEvent>,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct TranscriptEvent {
     /// `text`, `call`, `result` or `subagent`.
     pub kind: String,

@@ -1,9 +1,9 @@
 //! The unit of work a coordinator hands a worker, and what comes back.
-//! (These become the `steppe.v1` proto messages when workers leave the process.)
+//! (Across processes they are `steppe.v1.Assignment` and `AssignmentResult`:
+//! wire/assignment.rs.)
 
 use std::path::PathBuf;
 
-use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
 use crate::agent_work::{AgentOutcome, AgentWork};
@@ -11,7 +11,7 @@ use crate::artifacts::ArtifactRef;
 use crate::outcome::StepError;
 
 /// Where the command runs.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Cwd {
     /// A fresh directory holding the inputs and an empty directory per output.
     StepDir,
@@ -29,7 +29,7 @@ pub enum Cwd {
 
 /// How success is judged: by exit code 0, or (when any field is set) by the
 /// step's assert, which then takes over completely.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Judge {
     pub stdout: Option<String>,
     pub code: Option<i64>,
@@ -42,7 +42,7 @@ impl Judge {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct Assignment {
     /// Unique per dispatch; results are matched to it.
     pub id: String,
@@ -51,18 +51,15 @@ pub struct Assignment {
     pub step: String,
     pub attempt: u32,
     /// The worker pool it waits for ("" or "default": the default pool).
-    #[serde(default)]
     pub pool: String,
     /// Raised each time the coordinator hands the assignment out again (a
     /// requeue); a result carrying an older epoch is refused (fencing).
-    #[serde(default)]
     pub epoch: u32,
     /// Run with `sh -c`.
     pub command: String,
     /// When set, `command` is a template rendered with this data by the
     /// worker that runs it (a resource stage's: `{source, version, params}`),
     /// so a hostile template costs a worker, not the coordinator.
-    #[serde(default)]
     pub template: Option<serde_json::Value>,
     /// Declared environment variable names passed through from the host.
     pub env: Vec<String>,
@@ -108,7 +105,7 @@ impl Assignment {
 }
 
 /// One line a step wrote.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct OutputLine {
     pub stderr: bool,
     pub line: String,
@@ -117,7 +114,7 @@ pub struct OutputLine {
 /// A step's output as the store keeps it: its first and last lines (at
 /// most [`OutputRecord::HEAD`] and [`OutputRecord::TAIL`]), and where the
 /// rest is, whatever the step printed.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct OutputRecord {
     pub head: Vec<OutputLine>,
     pub tail: Vec<OutputLine>,

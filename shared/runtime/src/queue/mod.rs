@@ -1,7 +1,6 @@
 //! Where assignments wait for a worker. In-process for embedded mode; Redis
 //! Streams for a cluster (a consumer group; an entry a worker took but never
-
-
+//! acknowledged comes back to another after the lease).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -16,8 +15,21 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub enum QueueError {
     #[error("queue {url}: {message}")]
     Backend { url: String, message: String },
-    #[error("queue: an entry that is not an assignment: {0}")]
-    Corrupt(String),
+    /// An entry this build cannot read (another encoding, or bytes that do
+    /// not decode): it was moved aside, never misread.
+    #[error("queue {key}: refused entry {entry}: {reason}; this steppe reads only entries with enc={encoding}; the entry was moved to the stream {key}:refused")]
+    Refused { key: String, entry: String, reason: String, encoding: &'static str },
+}
+
+impl QueueError {
+    /// The backend is away (worth waiting for), as opposed to one entry
+    /// that could not be read (the next one may be fine).
+    pub fn is_outage(&self) -> bool {
+        match self {
+            QueueError::Backend { .. } => true,
+            QueueError::Refused { .. } => false,
+        }
+    }
 }
 
 pub trait Queue: Send + Sync {
@@ -56,10 +68,14 @@ pub trait Queue: Send + Sync {
 /// The pool a step goes to unless its run names another.
 pub const DEFAULT_POOL: &str = "default";
 
-/// A pool name: letters, digits, `-`, `_`, `.`; at most 64 characters.
+/// A pool name: letters, digits, `-`, `_`, `.`; at most 64 characters;
+/// not `refused` (the default pool's stream of refused entries is `base:refused`).
 pub fn check_pool_name(name: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) {
         return Err(format!("pool {name:?}: a pool name is 1 to 64 letters, digits, '-', '_' or '.'"));
+    }
+    if name == "refused" {
+        return Err("pool \"refused\": the name is taken by the queue's stream of refused entries".to_string());
     }
     Ok(())
 }
@@ -205,7 +221,7 @@ mod tests {
         assert_eq!(pools.get("gpu").await.unwrap().pop().await.unwrap().id, "g1", "the same queue each time");
         assert_eq!(pools.all().await.len(), 2);
         assert!(check_pool_name("gpu-a100.x").is_ok());
-        assert!(check_pool_name("../etc").is_err() && check_pool_name("").is_err());
+        assert!(check_pool_name("../etc").is_err() && check_pool_name("").is_err() && check_pool_name("refused").is_err());
         assert_eq!(pool_key("steppe:assignments", "default"), "steppe:assignments");
         assert_eq!(pool_key("steppe:assignments", "gpu"), "steppe:assignments:gpu");
     }

@@ -5,8 +5,17 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use prost::Message;
+use steppe_proto::v1;
+
 use super::{BoxFuture, Queue, QueueError};
 use crate::assignment::Assignment;
+use crate::wire::{assignment_from_wire, assignment_to_wire};
+
+/// What an entry's `enc` field names: the encoding of its `pb` field.
+const ENCODING: &str = "steppe.v1.Assignment";
+const ENC_FIELD: &str = "enc";
+const BODY_FIELD: &str = "pb";
 
 /// Redis Streams: one stream, one consumer group; this process is one consumer.
 pub struct RedisQueue {
@@ -76,13 +85,16 @@ impl RedisQueue {
         QueueError::Backend { url: self.url.clone(), message: crate::secrets::mask_urls(&e.to_string()).into_owned() }
     }
 
-    fn take(&self, entry: String, fields: HashMap<String, redis::Value>) -> Result<Assignment, QueueError> {
-        let raw = match fields.get("a") {
-            Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
-            Some(redis::Value::SimpleString(s)) => s.clone(),
-            _ => return Err(QueueError::Corrupt(format!("entry {entry} has no assignment"))),
+    /// The assignment of an entry just read; one this build cannot read is
+    /// moved to `<key>:refused` (with a reason) and refused.
+    async fn take(&self, (entry, fields): Entry) -> Result<Assignment, QueueError> {
+        let a = match decode(&fields) {
+            Ok(a) => a,
+            Err(reason) => {
+                self.refuse(&entry, &fields, &reason).await?;
+                return Err(QueueError::Refused { key: self.key.clone(), entry, reason, encoding: ENCODING });
+            }
         };
-        let a: Assignment = serde_json::from_str(&raw).map_err(|e| QueueError::Corrupt(format!("entry {entry}: {e}")))?;
         if let Ok(mut m) = self.entries.lock() {
             m.insert(a.id.clone(), entry);
         }
@@ -90,6 +102,30 @@ impl RedisQueue {
             t.insert(a.id.clone());
         }
         Ok(a)
+    }
+
+    /// Moves an entry from the queue to `<key>:refused`, its fields as they
+    /// were and a `reason` added, in one transaction.
+    async fn refuse(&self, entry: &str, fields: &[(Vec<u8>, Vec<u8>)], reason: &str) -> Result<(), QueueError> {
+        let refused = format!("{}:refused", self.key);
+        self.retry(|mut c| {
+            let mut add = redis::cmd("XADD");
+            add.arg(&refused).arg("*");
+            for (k, v) in fields {
+                add.arg(k).arg(v);
+            }
+            add.arg("reason").arg(reason);
+            async move {
+                redis::pipe()
+                    .atomic()
+                    .add_command(add).ignore()
+                    .cmd("XACK").arg(&self.key).arg(&self.group).arg(entry).ignore()
+                    .cmd("XDEL").arg(&self.key).arg(entry).ignore()
+                    .query_async(&mut c)
+                    .await
+            }
+        })
+        .await
     }
 
     fn entry_of(&self, id: &str) -> Option<String> {
@@ -113,8 +149,8 @@ impl RedisQueue {
             .await
             .map_err(|e| self.err(e))?;
         if let redis::Value::Array(parts) = &claimed {
-            if let Some((entry, fields)) = parts.get(1).map(parse_entries).and_then(|v| v.into_iter().next()) {
-                return self.take(entry, fields).map(Some);
+            if let Some(entry) = parts.get(1).map(parse_entries).and_then(|v| v.into_iter().next()) {
+                return self.take(entry).await.map(Some);
             }
         }
         let read: redis::Value = redis::cmd("XREADGROUP")
@@ -134,8 +170,8 @@ impl RedisQueue {
         if let redis::Value::Array(streams) = &read {
             for s in streams {
                 if let redis::Value::Array(kv) = s {
-                    if let Some((entry, fields)) = kv.get(1).map(parse_entries).and_then(|v| v.into_iter().next()) {
-                        return self.take(entry, fields).map(Some);
+                    if let Some(entry) = kv.get(1).map(parse_entries).and_then(|v| v.into_iter().next()) {
+                        return self.take(entry).await.map(Some);
                     }
                 }
             }
@@ -216,7 +252,16 @@ fn missing_group(message: &str) -> bool {
     message.contains("NOGROUP")
 }
 
-type Entry = (String, HashMap<String, redis::Value>);
+/// A stream entry: its id, and its fields in order.
+type Entry = (String, Vec<(Vec<u8>, Vec<u8>)>);
+
+fn bytes(v: &redis::Value) -> Option<Vec<u8>> {
+    match v {
+        redis::Value::BulkString(b) => Some(b.clone()),
+        redis::Value::SimpleString(s) => Some(s.clone().into_bytes()),
+        _ => None,
+    }
+}
 
 fn parse_entries(v: &redis::Value) -> Vec<Entry> {
     let redis::Value::Array(items) = v else { return Vec::new() };
@@ -224,21 +269,33 @@ fn parse_entries(v: &redis::Value) -> Vec<Entry> {
         .iter()
         .filter_map(|e| {
             let redis::Value::Array(pair) = e else { return None };
-            let id = match pair.first()? {
-                redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-                redis::Value::SimpleString(s) => s.clone(),
-                _ => return None,
-            };
+            let id = String::from_utf8_lossy(&bytes(pair.first()?)?).into_owned();
             let redis::Value::Array(kv) = pair.get(1)? else { return None };
-            let mut fields = HashMap::new();
-            for chunk in kv.chunks(2) {
-                if let [redis::Value::BulkString(k), v] = chunk {
-                    fields.insert(String::from_utf8_lossy(k).into_owned(), v.clone());
-                }
-            }
-            Some((id, fields))
+            let fields = kv.chunks(2).filter_map(|c| match c {
+                [k, v] => Some((bytes(k)?, bytes(v)?)),
+                _ => None,
+            });
+            Some((id, fields.collect()))
         })
         .collect()
+}
+
+/// An entry's assignment, or why this build cannot read it.
+fn decode(fields: &[(Vec<u8>, Vec<u8>)]) -> Result<Assignment, String> {
+    let field = |name: &str| fields.iter().find(|(k, _)| k == name.as_bytes()).map(|(_, v)| v.as_slice());
+    match (field(ENC_FIELD), field(BODY_FIELD)) {
+        (Some(enc), Some(body)) if enc == ENCODING.as_bytes() => {
+            let wire = v1::Assignment::decode(body).map_err(|e| format!("its {ENCODING} bytes do not decode ({e})"))?;
+            assignment_from_wire(wire).map_err(|e| format!("its {ENCODING} cannot be read ({e})"))
+        }
+        (Some(enc), None) if enc == ENCODING.as_bytes() => Err(format!("enc={ENCODING} without the field {BODY_FIELD:?}")),
+        (Some(enc), _) => Err(format!("an entry in the encoding {:?}", String::from_utf8_lossy(enc))),
+        (None, _) if field("a").is_some() => Err("an assignment as JSON in the field \"a\" (written by an earlier steppe)".to_string()),
+        (None, _) => {
+            let names: Vec<String> = fields.iter().map(|(k, _)| format!("{:?}", String::from_utf8_lossy(k))).collect();
+            Err(format!("an entry without the field {ENC_FIELD:?} (fields: {})", names.join(", ")))
+        }
+    }
 }
 
 impl Queue for RedisQueue {
@@ -250,7 +307,7 @@ impl Queue for RedisQueue {
             t.remove(&a.id);
         }
         Box::pin(async move {
-            let body = serde_json::to_string(&a).map_err(|e| QueueError::Corrupt(e.to_string()))?;
+            let body = assignment_to_wire(&a).encode_to_vec();
             let entry: String = match &taken {
                 // Pushing back what this consumer took (a requeue): the old
                 // entry goes in the same transaction, or its lease would
@@ -264,7 +321,7 @@ impl Queue for RedisQueue {
                                     .atomic()
                                     .cmd("XACK").arg(key).arg(group).arg(old).ignore()
                                     .cmd("XDEL").arg(key).arg(old).ignore()
-                                    .cmd("XADD").arg(key).arg("*").arg("a").arg(body)
+                                    .cmd("XADD").arg(key).arg("*").arg(ENC_FIELD).arg(ENCODING).arg(BODY_FIELD).arg(body)
                                     .query_async(&mut c)
                                     .await
                             }
@@ -275,7 +332,7 @@ impl Queue for RedisQueue {
                 None => {
                     self.retry(|mut c| {
                         let (key, body) = (&self.key, &body);
-                        async move { redis::cmd("XADD").arg(key).arg("*").arg("a").arg(body).query_async(&mut c).await }
+                        async move { redis::cmd("XADD").arg(key).arg("*").arg(ENC_FIELD).arg(ENCODING).arg(BODY_FIELD).arg(body).query_async(&mut c).await }
                     })
                     .await?
                 }
@@ -489,5 +546,72 @@ pub(crate) mod tests {
         tokio::time::sleep(lease + Duration::from_millis(100)).await;
         let ghost = q.pop_within(Duration::from_millis(500)).await.unwrap();
         assert!(ghost.is_none(), "a requeued assignment was delivered again: {ghost:?}");
+    }
+
+    #[tokio::test]
+    async fn entries_this_build_cannot_read_are_refused_and_moved_aside() {
+        let s = redis_server();
+        let key = "steppe:refuse";
+        let q = RedisQueue::connect(&s.url, key, "c1", Duration::from_secs(30)).await.expect("connect");
+        let mut c = redis::Client::open(s.url.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
+        let old = r#"{"id":"old","run_id":"r","step":"s","attempt":1,"command":"true"}"#;
+        let writes: [&[&[u8]]; 3] = [
+            &[b"a", old.as_bytes()],
+            &[b"enc", b"steppe.v9.Assignment", b"pb", b"\x0a\x01x"],
+            &[b"enc", b"steppe.v1.Assignment", b"pb", b"\xff\xff\xff\xff"],
+        ];
+        for fields in writes {
+            let _: String = redis::cmd("XADD").arg(key).arg("*").arg(fields).query_async(&mut c).await.unwrap();
+        }
+        q.push(a("good")).await.unwrap();
+        let mut refused = Vec::new();
+        let good = loop {
+            match q.pop_within(Duration::from_millis(500)).await {
+                Err(e @ QueueError::Refused { .. }) => {
+                    assert!(!e.is_outage());
+                    refused.push(e.to_string());
+                }
+                Ok(Some(a)) => break a,
+                other => panic!("expected a refusal or the good entry, got {other:?}"),
+            }
+        };
+        assert_eq!(good.id, "good", "a valid entry after the refused ones is delivered");
+        assert_eq!(refused.len(), 3, "{refused:#?}");
+        for (message, problem) in refused.iter().zip([r#"an assignment as JSON in the field "a" (written by an earlier steppe)"#, r#"an entry in the encoding "steppe.v9.Assignment""#, "its steppe.v1.Assignment bytes do not decode"]) {
+            assert!(message.contains(problem), "{message}");
+            assert!(message.contains("this steppe reads only entries with enc=steppe.v1.Assignment"), "{message}");
+            assert!(message.contains("moved to the stream steppe:refuse:refused"), "{message}");
+        }
+        let moved: redis::Value = redis::cmd("XRANGE").arg("steppe:refuse:refused").arg("-").arg("+").query_async(&mut c).await.unwrap();
+        let moved = parse_entries(&moved);
+        assert_eq!(moved.len(), 3);
+        for ((_, fields), written) in moved.iter().zip(writes) {
+            let (last, original) = fields.split_last().unwrap();
+            assert_eq!(last.0, b"reason");
+            assert!(!last.1.is_empty());
+            let original: Vec<&[u8]> = original.iter().flat_map(|(k, v)| [k.as_slice(), v.as_slice()]).collect();
+            assert_eq!(original, written, "the original fields are kept");
+        }
+        // Only the good entry is left on the queue (taken, not yet done with).
+        let len: usize = redis::cmd("XLEN").arg(key).query_async(&mut c).await.unwrap();
+        assert_eq!(len, 1);
+        q.ack("good").await.unwrap();
+        let len: usize = redis::cmd("XLEN").arg(key).query_async(&mut c).await.unwrap();
+        assert_eq!(len, 0);
+        assert!(q.pop_within(Duration::from_millis(100)).await.unwrap().is_none(), "nothing refused comes back");
+    }
+
+    #[tokio::test]
+    async fn an_assignment_travels_whole_through_the_queue() {
+        let s = redis_server();
+        let q = RedisQueue::connect(&s.url, "steppe:whole", "c1", Duration::from_secs(30)).await.expect("connect");
+        let sent = Assignment {
+            pool: "gpu".into(),
+            template: Some(serde_json::json!({"source": {"z": 1, "a": -2}, "version": {"ref": "x"}, "params": null})),
+            ..a("w1")
+        };
+        q.push(sent.clone()).await.unwrap();
+        let got = q.pop().await.unwrap();
+        assert_eq!(format!("{got:?}"), format!("{sent:?}"));
     }
 }

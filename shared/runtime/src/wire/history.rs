@@ -1,0 +1,127 @@
+//! Store records (runs, steps, log lines, events, approvals) ↔ the `steppe.v1` messages of history.proto.
+
+use steppe_proto::v1;
+
+use crate::store::{ApprovalRecord, LogLine, Omitted, RunRecord, StepRecord};
+
+pub fn run_to_wire(r: RunRecord) -> v1::RunRecord {
+    let RunRecord { id, job, started_ms, finished_ms, outcome, message } = r;
+    v1::RunRecord { id, job, started_ms, finished_ms, outcome, message }
+}
+
+pub fn run_from_wire(r: v1::RunRecord) -> RunRecord {
+    let v1::RunRecord { id, job, started_ms, finished_ms, outcome, message } = r;
+    RunRecord { id, job, started_ms, finished_ms, outcome, message }
+}
+
+pub fn step_to_wire(s: StepRecord) -> v1::StepRecord {
+    let StepRecord { run_id, seq, name, outcome, message, duration_ms, exit_code, tokens, detail } = s;
+    v1::StepRecord { run_id, seq, name, outcome, message, duration_ms, exit_code, tokens, detail }
+}
+
+pub fn step_from_wire(s: v1::StepRecord) -> StepRecord {
+    let v1::StepRecord { run_id, seq, name, outcome, message, duration_ms, exit_code, tokens, detail } = s;
+    StepRecord { run_id, seq, name, outcome, message, duration_ms, exit_code, tokens, detail }
+}
+
+pub fn log_to_wire(l: LogLine) -> v1::LogLine {
+    let LogLine { step, stderr, line, omitted } = l;
+    v1::LogLine {
+        step,
+        stderr,
+        line,
+        omitted: omitted.map(|Omitted { full, head, lines, bytes, tail }| v1::Omitted { full, head, lines, bytes, tail }),
+    }
+}
+
+pub fn log_from_wire(l: v1::LogLine) -> LogLine {
+    let v1::LogLine { step, stderr, line, omitted } = l;
+    LogLine {
+        step,
+        stderr,
+        line,
+        omitted: omitted.map(|v1::Omitted { full, head, lines, bytes, tail }| Omitted { full, head, lines, bytes, tail }),
+    }
+}
+
+/// A run event as the store gives it: (kind, step, message).
+pub fn event_to_wire((kind, step, message): (String, String, String)) -> v1::RunEventRecord {
+    v1::RunEventRecord { kind, step, message }
+}
+
+pub fn event_from_wire(e: v1::RunEventRecord) -> (String, String, String) {
+    (e.kind, e.step, e.message)
+}
+
+pub fn approval_to_wire(a: ApprovalRecord) -> v1::ApprovalRecord {
+    let ApprovalRecord { id, run_id, job, message, requested_ms, deadline_ms, decision, reason, approver } = a;
+    v1::ApprovalRecord { id, run_id, job, message, requested_ms, deadline_ms, decision, reason, approver }
+}
+
+pub fn approval_from_wire(a: v1::ApprovalRecord) -> ApprovalRecord {
+    let v1::ApprovalRecord { id, run_id, job, message, requested_ms, deadline_ms, decision, reason, approver } = a;
+    ApprovalRecord { id, run_id, job, message, requested_ms, deadline_ms, decision, reason, approver }
+}
+
+/// What a reply holds, for a message saying it was not what was asked for.
+pub fn reply_kind(r: &v1::history_reply::Reply) -> &'static str {
+    use v1::history_reply::Reply;
+    match r {
+        Reply::Runs(_) => "runs",
+        Reply::Run(_) => "a run",
+        Reply::Steps(_) => "steps",
+        Reply::Logs(_) => "logs",
+        Reply::Events(_) => "events",
+        Reply::Approval(_) => "an approval",
+        Reply::Approvals(_) => "approvals",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::through_bytes;
+
+    #[test]
+    fn records_round_trip() {
+        for r in [
+            RunRecord { id: "r1".into(), job: "build".into(), started_ms: 10, finished_ms: Some(30), outcome: Some("failed".into()), message: "m".into() },
+            RunRecord { id: "r2".into(), job: "j".into(), started_ms: -1, finished_ms: None, outcome: None, message: String::new() },
+        ] {
+            assert_eq!(run_from_wire(through_bytes(run_to_wire(r.clone()))), r);
+        }
+        for s in [
+            StepRecord { run_id: "r".into(), seq: 3, name: "agent".into(), outcome: "failed".into(), message: "no".into(), duration_ms: 7, exit_code: Some(-1), tokens: Some(12), detail: Some("{\"verdict\":null}".into()) },
+            StepRecord { run_id: "r".into(), seq: 0, name: "c".into(), outcome: "succeeded".into(), message: String::new(), duration_ms: 0, exit_code: None, tokens: None, detail: Some(String::new()) },
+            StepRecord { run_id: "r".into(), seq: 0, name: "c".into(), outcome: "succeeded".into(), message: String::new(), duration_ms: 0, exit_code: Some(0), tokens: Some(0), detail: None },
+        ] {
+            assert_eq!(step_from_wire(through_bytes(step_to_wire(s.clone()))), s);
+        }
+        for l in [
+            LogLine::new("s", true, "warn"),
+            LogLine { omitted: Some(Omitted { full: "f".repeat(64), head: 1, lines: 10, bytes: 100, tail: 0 }), ..LogLine::new("s", false, "…") },
+            LogLine { omitted: Some(Omitted { full: String::new(), head: 0, lines: 0, bytes: 0, tail: 0 }), ..LogLine::new("s", false, "") },
+        ] {
+            assert_eq!(log_from_wire(through_bytes(log_to_wire(l.clone()))), l);
+        }
+        let e = ("ended".to_string(), "compile".to_string(), "succeeded".to_string());
+        assert_eq!(event_from_wire(through_bytes(event_to_wire(e.clone()))), e);
+        for a in [
+            ApprovalRecord { id: 4, run_id: "r".into(), job: "j".into(), message: "Ship?".into(), requested_ms: 40, deadline_ms: 50, decision: Some("rejected".into()), reason: "no".into(), approver: "ana".into() },
+            ApprovalRecord { id: 5, run_id: "r".into(), job: "j".into(), message: String::new(), requested_ms: 0, deadline_ms: 0, decision: None, reason: String::new(), approver: String::new() },
+        ] {
+            assert_eq!(approval_from_wire(through_bytes(approval_to_wire(a.clone()))), a);
+        }
+    }
+
+    #[test]
+    fn a_missing_record_is_told_apart_from_a_present_one() {
+        use v1::history_reply::Reply;
+        let none = v1::HistoryReply { reply: Some(Reply::Run(v1::FoundRun { run: None })) };
+        let some = v1::HistoryReply { reply: Some(Reply::Run(v1::FoundRun { run: Some(v1::RunRecord::default()) })) };
+        assert!(matches!(through_bytes(none).reply, Some(Reply::Run(v1::FoundRun { run: None }))));
+        assert!(matches!(through_bytes(some).reply, Some(Reply::Run(v1::FoundRun { run: Some(_) }))));
+        let none = v1::HistoryReply { reply: Some(Reply::Approval(v1::FoundApproval { approval: None })) };
+        assert!(matches!(through_bytes(none).reply, Some(Reply::Approval(v1::FoundApproval { approval: None }))));
+    }
+}
