@@ -94,8 +94,8 @@ pub fn assignment_from_wire(a: v1::Assignment) -> Result<Assignment, WireError> 
 }
 
 pub fn result_to_wire(r: &AssignmentResult) -> v1::AssignmentResult {
-    let (class, message) = match &r.result {
-        Ok(()) => (v1::OutcomeClass::Succeeded, String::new()),
+    let (class, message, timed_out) = match &r.result {
+        Ok(()) => (v1::OutcomeClass::Succeeded, String::new(), false),
         Err(e) => (
             match e.class {
                 Class::Failed => v1::OutcomeClass::Failed,
@@ -103,6 +103,7 @@ pub fn result_to_wire(r: &AssignmentResult) -> v1::AssignmentResult {
                 Class::Aborted => v1::OutcomeClass::Aborted,
             },
             e.message.clone(),
+            e.timed_out,
         ),
     };
     v1::AssignmentResult {
@@ -117,6 +118,7 @@ pub fn result_to_wire(r: &AssignmentResult) -> v1::AssignmentResult {
         agent: r.agent.as_ref().map(|o| Box::new(outcome_to_wire(o))),
         payload: None,
         output: Some(record_to_wire(&r.output)),
+        timed_out,
     }
 }
 
@@ -127,7 +129,8 @@ pub fn result_from_wire(r: v1::AssignmentResult) -> Result<AssignmentResult, Wir
         v1::OutcomeClass::Failed => Err(StepError::failed(r.message)),
         v1::OutcomeClass::Errored => Err(StepError::errored(r.message)),
         v1::OutcomeClass::Aborted => Err(StepError::aborted(r.message)),
-    };
+    }
+    .map_err(|e| StepError { timed_out: r.timed_out, ..e });
     Ok(AssignmentResult {
         assignment_id: r.assignment_id,
         epoch: r.epoch,
@@ -266,7 +269,7 @@ mod tests {
         };
         let back = result_from_wire(through_bytes(result_to_wire(&r))).unwrap();
         assert_eq!(format!("{back:?}"), format!("{r:?}"));
-        for result in [Ok(()), Err(StepError::errored("e")), Err(StepError::aborted("a"))] {
+        for result in [Ok(()), Err(StepError::errored("e")), Err(StepError::aborted("a")), Err(StepError::timed_out("t: timed out after 1s"))] {
             let r = AssignmentResult::with_id("x", 0, result.clone());
             assert_eq!(result_from_wire(result_to_wire(&r)).unwrap().result, result);
         }
