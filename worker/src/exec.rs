@@ -33,6 +33,29 @@ fn fresh_dir(root: &Path) -> std::io::Result<PathBuf> {
     Ok(d)
 }
 
+/// As [`execute`], in a task of its own: a panic running the step (a bug)
+/// errors that step, and the loop that asked goes on taking work.
+pub async fn execute_isolated(a: &Assignment, store: Arc<dyn ArtifactStore>, work_root: &Path, sink: Arc<dyn LineSink>, cancel: watch::Receiver<bool>) -> AssignmentResult {
+    /// Dropped with the caller (a session lost, a worker stopping): the step
+    /// is dropped too, its process group with it.
+    struct AbortOnDrop(tokio::task::AbortHandle);
+    impl Drop for AbortOnDrop {
+        fn drop(&mut self) {
+            self.0.abort();
+        }
+    }
+    let (owned, root) = (a.clone(), work_root.to_path_buf());
+    let task = tokio::spawn(async move { execute(&owned, store, &root, sink, cancel).await });
+    let _abort = AbortOnDrop(task.abort_handle());
+    match task.await {
+        Ok(r) => r,
+        Err(e) => {
+            let what = if e.is_panic() { steppe_language::load::panic_text(e.into_panic().as_ref()) } else { e.to_string() };
+            AssignmentResult::of(a, Err(StepError::errored(format!("{}: the worker failed running this step ({what}); it goes on with others", a.step))))
+        }
+    }
+}
+
 /// Runs `a`; `cancel` turning true kills the command (aborted).
 pub async fn execute(
     a: &Assignment,
@@ -266,18 +289,27 @@ async fn run_command(a: &Assignment, dir: &Path, sink: &Arc<dyn LineSink>, cance
     // What the command left running in the background goes with it (and
     // lets go of the output pipes it held).
     drop(group);
+    // A reader that failed (a bug) leaves the output incomplete: the step
+    // cannot be judged on it, so it errors rather than passing on half.
     let collect = |t: Option<tokio::task::JoinHandle<String>>| async move {
         match t {
-            Some(t) => tokio::time::timeout(Duration::from_secs(2), t).await.ok().and_then(Result::ok).unwrap_or_default(),
-            None => String::new(),
+            Some(t) => match tokio::time::timeout(Duration::from_secs(2), t).await {
+                Ok(Ok(text)) => Ok(text),
+                Ok(Err(e)) if e.is_panic() => Err(steppe_language::load::panic_text(e.into_panic().as_ref())),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Ok(String::new()),
+            },
+            None => Ok(String::new()),
         }
     };
-    let stdout = collect(out_task).await;
-    let stderr = collect(err_task).await;
+    let (stdout, stderr) = (collect(out_task).await, collect(err_task).await);
     let exit_code = status.and_then(|s| s.code().or_else(|| s.signal_code()));
-    let mut res = AssignmentResult { exit_code, stdout, stderr, ..AssignmentResult::of(a, Ok(())) };
+    let unread = stdout.as_ref().err().or(stderr.as_ref().err()).cloned();
+    let mut res = AssignmentResult { exit_code, stdout: stdout.unwrap_or_default(), stderr: stderr.unwrap_or_default(), ..AssignmentResult::of(a, Ok(())) };
     if let Some(e) = stop {
         res.result = Err(e);
+    } else if let Some(what) = unread {
+        res.result = Err(StepError::errored(format!("{}: reading its output failed ({what})", a.step)));
     }
     Ok(res)
 }
@@ -394,4 +426,55 @@ fn judge(a: &Assignment, j: &Judge, dir: &Path, exit: Option<i32>, stdout: &str)
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sink with a bug: it panics on the first line.
+    struct Broken;
+
+    impl LineSink for Broken {
+        fn line(&self, _run_id: &str, _step: &str, _stream: Stream, _line: &str) {
+            panic!("the sink broke");
+        }
+    }
+
+    fn setup(name: &str) -> (PathBuf, Arc<dyn ArtifactStore>, watch::Receiver<bool>) {
+        let root = std::env::temp_dir().join(format!("steppe-exec-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).unwrap();
+        let store: Arc<dyn ArtifactStore> = Arc::new(steppe_runtime::artifacts::LocalArtifactStore::new(&root.join("store")).unwrap());
+        let (tx, cancel) = watch::channel(false);
+        std::mem::forget(tx);
+        (root, store, cancel)
+    }
+
+    #[tokio::test]
+    async fn a_panic_running_a_step_errors_that_step_only() {
+        let (root, store, cancel) = setup("isolated");
+        // The task fails, so its fix is announced on the sink, which panics in the step's own task.
+        let fix = Box::new(steppe_runtime::agent_work::AgentWork { agent: "mender".into(), ..Default::default() });
+        let a = Assignment { id: "a1".into(), stream: false, fix: Some(fix), ..Assignment::command("r", "build", "exit 1".into()) };
+        let r = execute_isolated(&a, store.clone(), &root, Arc::new(Broken), cancel.clone()).await;
+        let e = r.result.expect_err("the step must not pass");
+        assert_eq!(e.class, steppe_runtime::outcome::Class::Errored);
+        assert!(e.message.contains("the worker failed running this step") && e.message.contains("the sink broke"), "{}", e.message);
+        assert_eq!(r.assignment_id, "a1");
+        // The same worker goes on: the next step runs.
+        let quiet = Assignment { id: "a2".into(), stream: false, ..Assignment::command("r", "quiet", "true".into()) };
+        assert!(execute_isolated(&quiet, store, &root, Arc::new(Broken), cancel).await.result.is_ok());
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[tokio::test]
+    async fn a_step_whose_output_could_not_be_read_errors_instead_of_passing() {
+        let (root, store, cancel) = setup("unread");
+        let a = Assignment { id: "a1".into(), ..Assignment::command("r", "speak", "echo hi".into()) };
+        let r = execute_isolated(&a, store, &root, Arc::new(Broken), cancel).await;
+        let e = r.result.expect_err("half an output must not pass");
+        assert!(e.message.contains("reading its output failed") && e.message.contains("the sink broke"), "{}", e.message);
+        let _ = std::fs::remove_dir_all(&root);
+    }
 }

@@ -10,7 +10,7 @@ use steppe_runtime::assignment::AssignmentResult;
 use steppe_runtime::queue::Queue;
 use tokio::sync::watch;
 
-use crate::exec::execute;
+use crate::exec::execute_isolated;
 use crate::sink::LineSink;
 
 /// Cancellation switches of the assignments running in this process, by id.
@@ -92,7 +92,7 @@ pub fn spawn_local_workers(
                     continue;
                 }
                 let cancel = cancels.register(&a.id);
-                let r = execute(&a, store.clone(), &work_root, sink.clone(), cancel).await;
+                let r = execute_isolated(&a, store.clone(), &work_root, sink.clone(), cancel).await;
                 cancels.done(&a.id);
                 reporter.complete(r);
             }

@@ -15,7 +15,7 @@ use steppe_runtime::artifacts::{ArtifactStore, LocalArtifactStore};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-use crate::exec::execute;
+use crate::exec::execute_isolated;
 use crate::sink::{LineSink, Stream};
 use crate::local::Cancels;
 use crate::transfer::StreamedArtifactStore;
@@ -128,7 +128,7 @@ impl Running {
                 &a,
                 Err(steppe_runtime::outcome::StepError::errored(format!("{}: a worker does not run a step in a directory of its host ({}) named by the coordinator", a.step, p.display()))),
             ),
-            _ => execute(&a, store.clone(), &work_root, sink.clone(), cancel).await,
+            _ => execute_isolated(&a, store.clone(), &work_root, sink.clone(), cancel).await,
         };
         cancels.done(&a.id);
         let dropped = sink.dropped.swap(0, std::sync::atomic::Ordering::Relaxed);
