@@ -454,3 +454,61 @@ fn a_submitted_check_runs_on_a_worker_in_what_was_sent() {
     assert!(found.stdout.is_empty(), "the token reached the coordinator: {}", String::from_utf8_lossy(&found.stdout));
     stop([&mut coord, &mut worker]);
 }
+
+/// Fifty pipelines, every one from a file called `pipeline.yml` with the same
+/// job and resource names, submitted at once under fifty names: each keeps
+/// its own versions and `passed:` records and ends as it does embedded.
+#[test]
+fn fifty_pipelines_with_the_same_names_keep_their_own_history() {
+    let work = scratch("fifty");
+    let (mut redis, redis_url) = redis_server();
+    let args = ["coordinator", "--listen", "127.0.0.1:0", "--state", "state", "--queue", &redis_url, "--store", &redis_url];
+    let (mut coord, url, mut lines) = serving(&args, &work);
+    std::thread::spawn(move || for _ in lines.by_ref() {});
+    let mut workers = [spawn_worker(&url, &["--slots", "4"]), spawn_worker(&url, &["--slots", "4"])];
+    // Pipeline i's resource has versions i-a and i-b; build passes i-b, and
+    // deploy must get exactly that: another pipeline's record would be wrong.
+    let pipeline = |i: usize| {
+        format!(
+            "resource_types:\n- name: list\n  config:\n    check: |\n      printf '[{{\"v\": \"{i}-a\"}}, {{\"v\": \"{i}-b\"}}]'\n    in: |\n      echo {{{{ .version.v }}}} > v\nresources:\n- name: src\n  type: list\n  source: {{}}\njobs:\n- name: build\n  plan:\n  - get: src\n    version: {{v: \"{i}-b\"}}\n- name: deploy\n  plan:\n  - get: src\n    passed: [build]\n  - task: show\n    inputs: [src]\n    run: cat src/v\n    assert:\n      stdout: \"{i}-b\"\n"
+        )
+    };
+    let dirs: Vec<PathBuf> = (0..50)
+        .map(|i| {
+            let d = work.join(format!("p{i}"));
+            std::fs::create_dir_all(&d).expect("mkdir");
+            std::fs::write(d.join("pipeline.yml"), pipeline(i)).expect("write");
+            d
+        })
+        .collect();
+    // Embedded, each passes on its own.
+    let embedded = steppe(&["test", "pipeline.yml"], &dirs[7]);
+    assert_eq!(embedded.status.code(), Some(0), "{}", text(&embedded));
+    // Through the coordinator, all at once.
+    let submits: Vec<std::process::Child> = dirs
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
+                .args(["submit", "pipeline.yml", "--test", "--pipeline", &format!("p{i}"), "--coordinator", &url])
+                .current_dir(d)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("submit")
+        })
+        .collect();
+    for (i, s) in submits.into_iter().enumerate() {
+        let out = s.wait_with_output().expect("wait");
+        assert_eq!(out.status.code(), Some(0), "pipeline p{i}:\n{}", text(&out));
+    }
+    // Each pipeline's history is its own two runs; the list names all fifty.
+    for i in [0, 23, 49] {
+        let out = steppe(&["runs", "--pipeline", &format!("p{i}"), "--coordinator", &url], &work);
+        let rows = String::from_utf8_lossy(&out.stdout).lines().skip(1).count();
+        assert_eq!(rows, 2, "p{i}: {}", text(&out));
+    }
+    let out = steppe(&["pipelines", "--coordinator", &url], &work);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().skip(1).count(), 50, "{}", text(&out));
+    stop(workers.iter_mut().chain([&mut coord, &mut redis]));
+}

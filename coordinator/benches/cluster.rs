@@ -26,7 +26,7 @@ struct Figures {
 }
 
 fn figures(wall: Duration, store: &dyn Store) -> Figures {
-    let run = store.runs(None, 1).expect("runs").into_iter().next().expect("a recorded run");
+    let run = store.runs(&steppe_runtime::store::RunFilter { limit: 1, ..Default::default() }).expect("runs").into_iter().next().expect("a recorded run");
     assert_eq!(run.outcome.as_deref(), Some("succeeded"), "{run:?}");
     let mut ms: Vec<i64> = store.steps(&run.id).expect("steps").iter().map(|s| s.duration_ms).collect();
     assert_eq!(ms.len(), STEPS, "every cell recorded once");

@@ -11,9 +11,11 @@ use steppe_proto::v1::history_query::What;
 use steppe_proto::v1::history_server::History;
 use steppe_proto::v1::history_reply::Reply;
 use steppe_proto::v1::{self as v1, DecideReply, DecideRequest, HistoryQuery, HistoryReply, RunsQuery};
-use steppe_runtime::store::{ApprovalRecord, LogLine, RunRecord, StepRecord, Store, StoreError};
+use steppe_runtime::auth::{Identity, Role};
+use steppe_runtime::store::{ApprovalRecord, LogLine, PipelineSummary, RunFilter, RunRecord, Scope, StepRecord, Store, StoreError};
 use steppe_runtime::wire::history::{
-    approval_from_wire, approval_to_wire, event_from_wire, event_to_wire, log_from_wire, log_to_wire, reply_kind, run_from_wire, run_to_wire, step_from_wire, step_to_wire,
+    approval_from_wire, approval_to_wire, event_from_wire, event_to_wire, log_from_wire, log_to_wire, pipeline_from_wire, pipeline_to_wire, reply_kind, run_from_wire, run_to_wire, step_from_wire,
+    step_to_wire,
 };
 use tonic::codegen::InterceptedService;
 use tonic::transport::Channel;
@@ -26,23 +28,41 @@ pub struct HistoryService {
     pub store: Arc<dyn Store>,
 }
 
+/// Who may read history: anyone but a worker, each its own team's (an admin every team's).
+fn reader(req_identity: Option<&Identity>) -> Result<Identity, Status> {
+    match req_identity {
+        Some(id) if id.role == Role::Worker => Err(Status::permission_denied("a worker token serves assignments; reading history takes a submit or admin token")),
+        Some(id) => Ok(id.clone()),
+        None => Err(Status::unauthenticated("a valid token is required")),
+    }
+}
+
 #[tonic::async_trait]
 impl History for HistoryService {
     async fn query(&self, req: Request<HistoryQuery>) -> Result<Response<HistoryReply>, Status> {
+        let who = reader(Identity::of(&req))?;
         let store = self.store.clone();
         let what = req.into_inner().what.ok_or_else(|| Status::invalid_argument("an empty query"))?;
         let reply = tokio::task::spawn_blocking(move || -> Result<Reply, StoreError> {
+            // A run of another team is answered as one that does not exist.
+            let visible = |id: &str| -> Result<bool, StoreError> { Ok(store.run(id)?.is_some_and(|r| who.sees(&r.team))) };
+            let nonempty = |s: &str| Some(s.to_string()).filter(|s| !s.is_empty());
             Ok(match what {
                 What::Runs(q) => {
-                    let job = Some(q.job.as_str()).filter(|j| !j.is_empty());
-                    Reply::Runs(v1::RunList { runs: store.runs(job, q.limit as usize)?.into_iter().map(run_to_wire).collect() })
+                    let (job, pipeline) = (nonempty(&q.job), nonempty(&q.pipeline));
+                    let f = RunFilter { team: who.team_filter(), pipeline: pipeline.as_deref(), job: job.as_deref(), limit: q.limit as usize };
+                    Reply::Runs(v1::RunList { runs: store.runs(&f)?.into_iter().map(run_to_wire).collect() })
                 }
-                What::Run(id) => Reply::Run(v1::FoundRun { run: store.run(&id)?.map(run_to_wire) }),
-                What::Steps(id) => Reply::Steps(v1::StepList { steps: store.steps(&id)?.into_iter().map(step_to_wire).collect() }),
-                What::Logs(id) => Reply::Logs(v1::LogList { lines: store.logs(&id)?.into_iter().map(log_to_wire).collect() }),
-                What::Events(id) => Reply::Events(v1::EventList { events: store.events(&id)?.into_iter().map(event_to_wire).collect() }),
-                What::Approval(id) => Reply::Approval(v1::FoundApproval { approval: store.approval(id)?.map(approval_to_wire) }),
-                What::PendingApprovals(_) => Reply::Approvals(v1::ApprovalList { approvals: store.pending_approvals()?.into_iter().map(approval_to_wire).collect() }),
+                What::Run(id) => Reply::Run(v1::FoundRun { run: store.run(&id)?.filter(|r| who.sees(&r.team)).map(run_to_wire) }),
+                What::Steps(id) => Reply::Steps(v1::StepList { steps: if visible(&id)? { store.steps(&id)?.into_iter().map(step_to_wire).collect() } else { Vec::new() } }),
+                What::Logs(id) => Reply::Logs(v1::LogList { lines: if visible(&id)? { store.logs(&id)?.into_iter().map(log_to_wire).collect() } else { Vec::new() } }),
+                What::Events(id) => Reply::Events(v1::EventList { events: if visible(&id)? { store.events(&id)?.into_iter().map(event_to_wire).collect() } else { Vec::new() } }),
+                What::Approval(id) => Reply::Approval(v1::FoundApproval { approval: store.approval(id)?.filter(|a| who.sees(&a.team)).map(approval_to_wire) }),
+                What::Pending(q) => {
+                    let pipeline = nonempty(&q.pipeline);
+                    Reply::Approvals(v1::ApprovalList { approvals: store.pending_approvals(who.team_filter(), pipeline.as_deref())?.into_iter().map(approval_to_wire).collect() })
+                }
+                What::Pipelines(_) => Reply::Pipelines(v1::PipelineList { pipelines: store.pipelines(who.team_filter())?.into_iter().map(pipeline_to_wire).collect() }),
             })
         })
         .await
@@ -52,12 +72,19 @@ impl History for HistoryService {
     }
 
     async fn decide(&self, req: Request<DecideRequest>) -> Result<Response<DecideReply>, Status> {
+        let who = reader(Identity::of(&req))?;
         let store = self.store.clone();
         let d = req.into_inner();
-        let decided = tokio::task::spawn_blocking(move || store.decide_approval(d.id, d.approve, &d.reason, &d.approver))
-            .await
-            .map_err(|e| Status::internal(e.to_string()))?
-            .map_err(|e| Status::unavailable(e.to_string()))?;
+        let decided = tokio::task::spawn_blocking(move || -> Result<Option<bool>, StoreError> {
+            match store.approval(d.id)? {
+                Some(a) if who.sees(&a.team) => store.decide_approval(d.id, d.approve, &d.reason, &d.approver).map(Some),
+                _ => Ok(None),
+            }
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?
+        .map_err(|e| Status::unavailable(e.to_string()))?
+        .ok_or_else(|| Status::not_found(format!("no approval {} in your team's history", d.id)))?;
         Ok(Response::new(DecideReply { decided }))
     }
 }
@@ -127,7 +154,7 @@ impl RemoteStore {
 }
 
 impl Store for RemoteStore {
-    fn start_run(&self, _: &str, _: &str, _: i64) -> Result<(), StoreError> {
+    fn start_run(&self, _: &RunRecord) -> Result<(), StoreError> {
         Err(self.read_only())
     }
     fn finish_run(&self, _: &RunRecord) -> Result<(), StoreError> {
@@ -139,10 +166,18 @@ impl Store for RemoteStore {
     fn append_logs(&self, _: &str, _: &[LogLine]) -> Result<(), StoreError> {
         Err(self.read_only())
     }
-    fn runs(&self, job: Option<&str>, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
-        match self.ask(What::Runs(RunsQuery { job: job.unwrap_or_default().to_string(), limit: u32::try_from(limit).unwrap_or(u32::MAX) }))? {
+    /// The coordinator applies the team its token belongs to; `f.team` is not sent.
+    fn runs(&self, f: &RunFilter) -> Result<Vec<RunRecord>, StoreError> {
+        let q = RunsQuery { job: f.job.unwrap_or_default().to_string(), pipeline: f.pipeline.unwrap_or_default().to_string(), limit: u32::try_from(f.limit).unwrap_or(u32::MAX) };
+        match self.ask(What::Runs(q))? {
             Reply::Runs(l) => Ok(l.runs.into_iter().map(run_from_wire).collect()),
             other => Err(self.unexpected("runs", &other)),
+        }
+    }
+    fn pipelines(&self, _team: Option<&str>) -> Result<Vec<PipelineSummary>, StoreError> {
+        match self.ask(What::Pipelines(v1::PipelinesQuery {}))? {
+            Reply::Pipelines(l) => Ok(l.pipelines.into_iter().filter_map(pipeline_from_wire).collect()),
+            other => Err(self.unexpected("pipelines", &other)),
         }
     }
     fn run(&self, id: &str) -> Result<Option<RunRecord>, StoreError> {
@@ -172,7 +207,7 @@ impl Store for RemoteStore {
             other => Err(self.unexpected("events", &other)),
         }
     }
-    fn request_approval(&self, _: &str, _: &str, _: &str, _: i64, _: i64) -> Result<i64, StoreError> {
+    fn request_approval(&self, _: &Scope, _: &str, _: &str, _: &str, _: i64, _: i64) -> Result<i64, StoreError> {
         Err(self.read_only())
     }
     fn approval(&self, id: i64) -> Result<Option<ApprovalRecord>, StoreError> {
@@ -181,8 +216,8 @@ impl Store for RemoteStore {
             other => Err(self.unexpected("an approval", &other)),
         }
     }
-    fn pending_approvals(&self) -> Result<Vec<ApprovalRecord>, StoreError> {
-        match self.ask(What::PendingApprovals(true))? {
+    fn pending_approvals(&self, _team: Option<&str>, pipeline: Option<&str>) -> Result<Vec<ApprovalRecord>, StoreError> {
+        match self.ask(What::Pending(v1::PendingQuery { pipeline: pipeline.unwrap_or_default().to_string() }))? {
             Reply::Approvals(l) => Ok(l.approvals.into_iter().map(approval_from_wire).collect()),
             other => Err(self.unexpected("pending approvals", &other)),
         }
@@ -193,16 +228,16 @@ impl Store for RemoteStore {
         let reply = self.rt.block_on(client.decide(req)).map_err(|s| self.err(s.message()))?;
         Ok(reply.into_inner().decided)
     }
-    fn record_versions(&self, _: &str, _: &[serde_json::Value]) -> Result<(), StoreError> {
+    fn record_versions(&self, _: &Scope, _: &str, _: &[serde_json::Value]) -> Result<(), StoreError> {
         Err(self.read_only())
     }
-    fn history(&self, _: &str) -> Result<Vec<serde_json::Value>, StoreError> {
+    fn history(&self, _: &Scope, _: &str) -> Result<Vec<serde_json::Value>, StoreError> {
         Err(self.read_only())
     }
-    fn record_green(&self, _: &str, _: &str, _: &serde_json::Value) -> Result<(), StoreError> {
+    fn record_green(&self, _: &Scope, _: &str, _: &str, _: &serde_json::Value) -> Result<(), StoreError> {
         Err(self.read_only())
     }
-    fn green(&self, _: &str, _: &str) -> Result<Vec<serde_json::Value>, StoreError> {
+    fn green(&self, _: &Scope, _: &str, _: &str) -> Result<Vec<serde_json::Value>, StoreError> {
         Err(self.read_only())
     }
 }

@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use steppe_proto::v1::runs_server::Runs;
 use steppe_proto::v1::{run_event, CancelReply, CancelRequest, RunEvent, RunFinished, SubmitRequest};
+use steppe_runtime::auth::{Identity, Role};
 use steppe_runtime::outcome::{Class, Outcome};
+use steppe_runtime::store::Scope;
 use steppe_language::{load_file, LoadOptions};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -26,8 +28,16 @@ pub struct RunService {
 type Lines = mpsc::UnboundedSender<String>;
 
 impl RunService {
-    /// Runs one submission whose files go under `root`.
-    async fn handle(&self, mut req: SubmitRequest, root: &Path, lines: &Lines, started: &Lines) -> i32 {
+    /// Runs one submission of `team` whose files go under `root`.
+    async fn handle(&self, mut req: SubmitRequest, team: String, root: &Path, lines: &Lines, started: &Lines) -> i32 {
+        let given = Some(req.name.as_str()).filter(|n| !n.is_empty());
+        let scope = match crate::services::pipeline_name(given, Path::new(&req.pipeline)) {
+            Ok(pipeline) => Scope { team, pipeline },
+            Err(e) => {
+                let _ = lines.send(format!("steppe: error: {e}"));
+                return 2;
+            }
+        };
         let id = root.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let (r, i, p, f) = (root.to_path_buf(), id.clone(), req.pipeline.clone(), std::mem::take(&mut req.files));
         let unpacked = tokio::task::spawn_blocking(move || crate::bundle::unpack(&r, &i, &p, &f)).await.unwrap_or_else(|e| Err(e.to_string()));
@@ -68,7 +78,7 @@ impl RunService {
             }
         };
         let (cancel_tx, cancel_rx) = tokio::sync::watch::channel(false);
-        let mut engine = crate::services::make_engine_with(&self.svc, &loaded, answers, None, Arc::new(cancel_tx), cancel_rx);
+        let mut engine = crate::services::make_engine_with(&self.svc, &loaded, scope, answers, None, Arc::new(cancel_tx), cancel_rx);
         engine.decide_with = "--coordinator URL".into();
         engine.submission = Some(Arc::new(crate::engine::Submission::new(root.to_path_buf(), sub_dir, self.svc.store.clone())));
         if !req.pool.is_empty() {
@@ -173,21 +183,41 @@ impl RunService {
     }
 }
 
+/// Who may submit and cancel: a submit or admin token.
+fn submitter(who: Option<&Identity>) -> Result<Identity, Status> {
+    match who {
+        Some(id) if id.role == Role::Worker => Err(Status::permission_denied("a worker token serves assignments; submitting and cancelling take a submit or admin token")),
+        Some(id) => Ok(id.clone()),
+        None => Err(Status::unauthenticated("a valid token is required")),
+    }
+}
+
 #[tonic::async_trait]
 impl Runs for RunService {
     type SubmitStream = ReceiverStream<Result<RunEvent, Status>>;
 
     async fn cancel(&self, req: Request<CancelRequest>) -> Result<Response<CancelReply>, Status> {
-        let id = req.into_inner().run_id;
-        let engine = self.active.lock().ok().and_then(|a| a.get(&id).cloned());
-        if let Some(e) = &engine {
+        let who = submitter(Identity::of(&req))?;
+        let CancelRequest { run_id, pipeline } = req.into_inner();
+        // Runs of another team are not there, as far as the caller can tell.
+        let chosen: Vec<(String, Arc<crate::engine::Engine>)> = match self.active.lock() {
+            Ok(a) => a
+                .iter()
+                .filter(|(id, e)| (run_id.is_empty() || **id == run_id) && (pipeline.is_empty() || e.scope.pipeline == pipeline) && who.sees(&e.scope.team))
+                .filter(|_| !(run_id.is_empty() && pipeline.is_empty()))
+                .map(|(id, e)| (id.clone(), e.clone()))
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        for (id, e) in &chosen {
             e.out.note(&format!("run {id}: cancelled by request"));
-            e.abort_run(&id);
+            e.abort_run(id);
         }
-        Ok(Response::new(CancelReply { cancelled: engine.is_some() }))
+        Ok(Response::new(CancelReply { cancelled: !chosen.is_empty(), run_ids: chosen.into_iter().map(|(id, _)| id).collect() }))
     }
 
     async fn submit(&self, req: Request<SubmitRequest>) -> Result<Response<Self::SubmitStream>, Status> {
+        let team = submitter(Identity::of(&req))?.team;
         let req = req.into_inner();
         let (tx, rx) = mpsc::channel(1024);
         let (ltx, mut lrx) = mpsc::unbounded_channel::<String>();
@@ -221,7 +251,7 @@ impl Runs for RunService {
             use futures::FutureExt;
             let root = me.svc.state.join("submissions").join(crate::run_actor::run_id());
             // A panic handling this submission fails it, and only it.
-            let code = match std::panic::AssertUnwindSafe(me.handle(req, &root, &ltx, &stx)).catch_unwind().await {
+            let code = match std::panic::AssertUnwindSafe(me.handle(req, team, &root, &ltx, &stx)).catch_unwind().await {
                 Ok(code) => code,
                 Err(panic) => {
                     let what = steppe_language::load::panic_text(panic.as_ref());

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use steppe_language::LoadOptions;
+use steppe_runtime::store::{check_name, Scope};
 
 use crate::{dispatch, engine, registry};
 
@@ -104,14 +105,26 @@ pub async fn start_services_with(state: &Path, runs: Arc<dyn steppe_runtime::sto
 
 /// An engine for one loaded pipeline on the shared services (sharing their
 /// Ctrl-C switch).
-pub fn make_engine(svc: &Services, loaded: &steppe_language::Loaded, answers: Vec<(String, String)>, scripted: Option<(String, Option<String>)>) -> Arc<engine::Engine> {
-    Arc::new(make_engine_with(svc, loaded, answers, scripted, svc.cancel_tx.clone(), svc.cancel_rx.clone()))
+pub fn make_engine(svc: &Services, loaded: &steppe_language::Loaded, scope: Scope, answers: Vec<(String, String)>, scripted: Option<(String, Option<String>)>) -> Arc<engine::Engine> {
+    Arc::new(make_engine_with(svc, loaded, scope, answers, scripted, svc.cancel_tx.clone(), svc.cancel_rx.clone()))
+}
+
+/// The name a pipeline's history goes under: `--pipeline NAME`, else the
+/// file's stem (`ci.yml` → `ci`), checked to be a plain word.
+pub fn pipeline_name(given: Option<&str>, file: &Path) -> Result<String> {
+    let name = match given {
+        Some(n) => n.to_string(),
+        None => file.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
+    };
+    check_name("pipeline", &name).map_err(|e| anyhow::anyhow!("{e}; name it with --pipeline NAME"))?;
+    Ok(name)
 }
 
 /// As [`make_engine`], with an abort switch of its own (a submission).
 pub fn make_engine_with(
     svc: &Services,
     loaded: &steppe_language::Loaded,
+    scope: Scope,
     answers: Vec<(String, String)>,
     scripted: Option<(String, Option<String>)>,
     cancel_tx: Arc<tokio::sync::watch::Sender<bool>>,
@@ -134,6 +147,7 @@ pub fn make_engine_with(
         answers,
         submission: None,
         scratch: svc.scratch.clone(),
+        scope,
     }
 }
 

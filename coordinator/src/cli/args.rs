@@ -60,6 +60,11 @@ pub struct ExecArgs {
     /// With --coordinator: also send these files (see `steppe submit --help`).
     #[arg(long, value_name = "GLOB", requires = "coordinator")]
     pub include: Vec<String>,
+    /// The name its history goes under (default: the file's stem, `ci` for
+    /// ci.yml): runs, approvals, versions and `passed:` records of one
+    /// pipeline are never another's.
+    #[arg(long = "pipeline", value_name = "NAME")]
+    pub pipeline_name: Option<String>,
 }
 
 #[derive(Args, Debug, Default)]

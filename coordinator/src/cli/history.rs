@@ -62,14 +62,18 @@ pub struct RunsArgs {
     /// Show the run's events (steps started and ended, notes) in order.
     #[arg(long)]
     events: bool,
+    /// The pipeline whose runs to show (default: the file's own, named
+    /// after it; with --coordinator, every pipeline your token sees).
+    #[arg(long = "pipeline", value_name = "NAME")]
+    name: Option<String>,
     #[command(flatten)]
     remote: RemoteArgs,
 }
 
 impl RunsArgs {
     pub fn run(self) -> Result<ExitCode> {
-        let RunsArgs { pipeline, job, limit, steps, run, logs, full, step, cost, transcript, events, remote } = self;
-        let h = History::open(pipeline.as_deref(), &remote)?;
+        let RunsArgs { pipeline, job, limit, steps, run, logs, full, step, cost, transcript, events, name, remote } = self;
+        let h = History::open(pipeline.as_deref(), name.as_deref(), &remote)?;
         if events {
             runs_events(&h, job.as_deref(), run.as_deref())
         } else if cost {
@@ -87,13 +91,66 @@ pub struct ApprovalsArgs {
     /// The pipeline file (not needed with --coordinator).
     #[arg(required_unless_present = "coordinator")]
     pipeline: Option<PathBuf>,
+    /// Only this pipeline's (default: the file's own; with --coordinator, every one your token sees).
+    #[arg(long = "pipeline", value_name = "NAME")]
+    name: Option<String>,
     #[command(flatten)]
     remote: RemoteArgs,
 }
 
 impl ApprovalsArgs {
     pub fn run(self) -> Result<ExitCode> {
-        approvals(&History::open(self.pipeline.as_deref(), &self.remote)?)
+        approvals(&History::open(self.pipeline.as_deref(), self.name.as_deref(), &self.remote)?)
+    }
+}
+
+/// List the pipelines with recorded runs, each with its newest run.
+///
+/// A coordinator keeps the history of every pipeline submitted to it, each
+/// under its name (`--pipeline NAME`, or the file's stem); a submit token
+/// sees its own team's, an admin token every team's.
+///
+/// Examples:
+///   steppe pipelines --coordinator http://10.0.0.5:7070 --token-file token
+///   steppe pipelines ci.yml
+#[derive(Args, Debug)]
+#[command(verbatim_doc_comment)]
+pub struct PipelinesArgs {
+    /// The pipeline file whose store to read (not needed with --coordinator).
+    #[arg(required_unless_present = "coordinator")]
+    pipeline: Option<PathBuf>,
+    #[command(flatten)]
+    remote: RemoteArgs,
+}
+
+impl PipelinesArgs {
+    pub fn run(self) -> Result<ExitCode> {
+        let h = History::open(self.pipeline.as_deref(), None, &self.remote)?;
+        let list = match &h.store {
+            Some(store) => store.pipelines(None)?,
+            None => Vec::new(),
+        };
+        if list.is_empty() {
+            say!("no runs recorded for {}", h.label);
+            return Ok(ExitCode::SUCCESS);
+        }
+        let teams = list.iter().any(|p| !p.team.is_empty());
+        if teams {
+            say!("{:<16} {:<24} {:<26} {:<20} {:<21} OUTCOME", "TEAM", "PIPELINE", "LAST RUN", "JOB", "STARTED");
+        } else {
+            say!("{:<24} {:<26} {:<20} {:<21} OUTCOME", "PIPELINE", "LAST RUN", "JOB", "STARTED");
+        }
+        for p in list {
+            let r = &p.last;
+            let outcome = r.outcome.as_deref().unwrap_or("running");
+            let row = format!("{:<24} {:<26} {:<20} {:<21} {outcome}", shown(&p.pipeline), r.id, shown(&r.job), fmt_time(r.started_ms));
+            if teams {
+                say!("{:<16} {row}", shown(&p.team));
+            } else {
+                say!("{row}");
+            }
+        }
+        Ok(ExitCode::SUCCESS)
     }
 }
 
@@ -121,6 +178,8 @@ impl DecideArgs {
 /// own store (None when nothing has run yet) or a coordinator's.
 struct History {
     store: Option<Box<dyn steppe_runtime::store::Store>>,
+    /// The pipeline whose history to show (None: every one the store holds for us).
+    pipeline: Option<String>,
     /// Names the history in messages: the pipeline file or the coordinator.
     label: String,
     /// Where its artifacts are: the pipeline's `.steppe/artifacts`, or the coordinator.
@@ -139,19 +198,35 @@ struct LogsView {
 }
 
 impl History {
-    fn open(pipeline: Option<&Path>, remote: &RemoteArgs) -> Result<History> {
+    /// The history of pipeline `name` (or, with a file, the file's own
+    /// pipeline by default) in the file's store or a coordinator's.
+    fn open(file: Option<&Path>, name: Option<&str>, remote: &RemoteArgs) -> Result<History> {
+        if let Some(n) = name {
+            steppe_runtime::store::check_name("--pipeline", n).map_err(anyhow::Error::msg)?;
+        }
         if let Some(remote) = remote.remote()? {
             let store = history::RemoteStore::connect(&remote)?;
-            return Ok(History { store: Some(Box::new(store)), label: format!("the coordinator at {}", remote.url), artifacts: Artifacts::Remote(remote) });
+            let label = match name {
+                Some(n) => format!("pipeline {n} at the coordinator {}", remote.url),
+                None => format!("the coordinator at {}", remote.url),
+            };
+            return Ok(History { store: Some(Box::new(store)), pipeline: name.map(str::to_string), label, artifacts: Artifacts::Remote(remote) });
         }
-        let path = pipeline.context("name the pipeline file (or --coordinator URL)")?;
+        let path = file.context("name the pipeline file (or --coordinator URL)")?;
         let store = steppe_runtime::store::SqliteStore::open_existing(&steppe_runtime::store::db_path(path))?;
         let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let pipeline = crate::services::pipeline_name(name, path)?;
         Ok(History {
             store: store.map(|s| Box::new(s) as Box<dyn steppe_runtime::store::Store>),
-            label: path.display().to_string(),
+            label: if name.is_some() { format!("pipeline {pipeline} of {}", path.display()) } else { path.display().to_string() },
+            pipeline: Some(pipeline),
             artifacts: Artifacts::Local(dir.join(".steppe").join("artifacts")),
         })
+    }
+
+    /// Runs of this history's pipeline (and `job`), newest first.
+    fn runs(&self, store: &dyn steppe_runtime::store::Store, job: Option<&str>, limit: usize) -> Result<Vec<steppe_runtime::store::RunRecord>> {
+        Ok(store.runs(&steppe_runtime::store::RunFilter { team: None, pipeline: self.pipeline.as_deref(), job, limit })?)
     }
 
     /// The lines of a step's whole output, stored as artifact `digest`.
@@ -208,25 +283,28 @@ fn runs(h: &History, job: Option<&str>, limit: usize, steps: bool, run: Option<&
         return Ok(ExitCode::SUCCESS);
     };
     if !steps && logs.is_none() && run.is_none() {
-        let rows = store.runs(job, limit)?;
+        let rows = h.runs(store.as_ref(), job, limit)?;
         if rows.is_empty() {
             say!("no runs recorded for {}", h.label);
             return Ok(ExitCode::SUCCESS);
         }
-        say!("{:<26} {:<20} {:<21} {:>9}  OUTCOME", "RUN", "JOB", "STARTED", "DURATION");
+        // Runs of several pipelines name theirs.
+        let named = h.pipeline.is_none();
+        let lead = |p: &str| if named { format!("{:<20} ", shown(p)) } else { String::new() };
+        say!("{}{:<26} {:<20} {:<21} {:>9}  OUTCOME", lead("PIPELINE"), "RUN", "JOB", "STARTED", "DURATION");
         for r in rows {
             let dur = r.finished_ms.map(|f| fmt_ms(f - r.started_ms)).unwrap_or_else(|| "-".into());
             let outcome = r.outcome.clone().unwrap_or_else(|| "running".into());
             let msg = if r.message.is_empty() { String::new() } else { format!(": {}", r.message.lines().next().unwrap_or_default()) };
-            say!("{:<26} {:<20} {:<21} {:>9}  {outcome}{}", r.id, shown(&r.job), fmt_time(r.started_ms), dur, shown(&msg));
+            say!("{}{:<26} {:<20} {:<21} {:>9}  {outcome}{}", lead(&r.pipeline), r.id, shown(&r.job), fmt_time(r.started_ms), dur, shown(&msg));
         }
         return Ok(ExitCode::SUCCESS);
     }
     let record = match run {
         Some(id) => store.run(id)?.with_context(|| format!("no run {id} in the history of {}", h.label))?,
-        None => store.runs(job, 1)?.into_iter().next().with_context(|| format!("no runs recorded for {}", h.label))?,
+        None => h.runs(store.as_ref(), job, 1)?.into_iter().next().with_context(|| format!("no runs recorded for {}", h.label))?,
     };
-    say!("run {} of job {} ({})", record.id, shown(&record.job), record.outcome.as_deref().unwrap_or("running"));
+    say!("run {} of job {} ({}) in pipeline {}", record.id, shown(&record.job), record.outcome.as_deref().unwrap_or("running"), shown(&record.pipeline));
     if steps || logs.is_none() {
         say!("{:<40} {:<10} {:>9} {:>5} {:>9}", "STEP", "OUTCOME", "DURATION", "EXIT", "TOKENS");
         for s in store.steps(&record.id)? {
@@ -263,14 +341,14 @@ fn approvals(h: &History) -> Result<ExitCode> {
         say!("no approvals pending for {}", h.label);
         return Ok(ExitCode::SUCCESS);
     };
-    let pending = store.pending_approvals()?;
+    let pending = store.pending_approvals(None, h.pipeline.as_deref())?;
     if pending.is_empty() {
         say!("no approvals pending for {}", h.label);
         return Ok(ExitCode::SUCCESS);
     }
-    say!("{:<4} {:<20} {:<21} MESSAGE", "ID", "JOB", "REQUESTED");
+    say!("{:<4} {:<20} {:<20} {:<21} MESSAGE", "ID", "PIPELINE", "JOB", "REQUESTED");
     for a in pending {
-        say!("{:<4} {:<20} {:<21} {}", a.id, shown(&a.job), fmt_time(a.requested_ms), shown(&a.message));
+        say!("{:<4} {:<20} {:<20} {:<21} {}", a.id, shown(&a.pipeline), shown(&a.job), fmt_time(a.requested_ms), shown(&a.message));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -291,7 +369,7 @@ fn approval_target(target: &[String], remote: &RemoteArgs) -> Result<(Option<Pat
 
 fn decide(args: &DecideArgs, approve: bool) -> Result<ExitCode> {
     let (pipeline, id) = approval_target(&args.target, &args.remote)?;
-    let h = History::open(pipeline.as_deref(), &args.remote)?;
+    let h = History::open(pipeline.as_deref(), None, &args.remote)?;
     let reason = args.reason.as_str();
     let store = h.store.as_ref().with_context(|| format!("nothing has run yet for {}", h.label))?;
     let approver = ["STEPPE_APPROVER", "USER", "LOGNAME"].iter().find_map(|v| std::env::var(v).ok().filter(|s| !s.is_empty())).unwrap_or_else(|| "unknown".into());
@@ -316,7 +394,7 @@ fn runs_cost(h: &History, job: Option<&str>, limit: usize, run: Option<&str>) ->
     match run {
         None => {
             say!("{:<26} {:>12} {:>11} {:>6}", "RUN", "TOKENS", "COST", "STEPS");
-            for r in store.runs(job, limit)? {
+            for r in h.runs(store.as_ref(), job, limit)? {
                 let steps = store.steps(&r.id)?;
                 let agent: Vec<_> = steps.iter().filter(|s| s.tokens.is_some()).collect();
                 let tokens: i64 = agent.iter().filter_map(|s| s.tokens).sum();
@@ -341,7 +419,7 @@ fn runs_events(h: &History, job: Option<&str>, run: Option<&str>) -> Result<Exit
     };
     let id = match run {
         Some(id) => id.to_string(),
-        None => store.runs(job, 1)?.into_iter().next().map(|r| r.id).with_context(|| format!("no runs recorded for {}", h.label))?,
+        None => h.runs(store.as_ref(), job, 1)?.into_iter().next().map(|r| r.id).with_context(|| format!("no runs recorded for {}", h.label))?,
     };
     for (kind, step, message) in store.events(&id)? {
         say!("{kind:<8} {:<30} {}", shown(&step), shown(&message));

@@ -29,6 +29,7 @@ pub enum Command {
     Submit(submit::SubmitArgs),
     Runs(history::RunsArgs),
     Approvals(history::ApprovalsArgs),
+    Pipelines(history::PipelinesArgs),
     /// Approve a parked approval: the run continues.
     Approve(history::DecideArgs),
     /// Reject a parked approval: the approval step fails.
@@ -49,6 +50,7 @@ impl Command {
             Command::Submit(a) => a.run(),
             Command::Runs(a) => a.run(),
             Command::Approvals(a) => a.run(),
+            Command::Pipelines(a) => a.run(),
             Command::Approve(a) => a.run(true),
             Command::Reject(a) => a.run(false),
             Command::Cancel(a) => a.run(),

@@ -100,5 +100,6 @@ pub(super) async fn engine(loaded: &steppe_language::Loaded, exec: &ExecArgs, sc
     if let Some(addr) = exec.listen {
         crate::server::serve(&svc, addr, crate::server::ServeOptions::default())?;
     }
-    Ok(make_engine(&svc, loaded, parse_answers(&exec.answer)?, scripted))
+    let scope = steppe_runtime::store::Scope::new("", &crate::services::pipeline_name(exec.pipeline_name.as_deref(), &loaded.path)?);
+    Ok(make_engine(&svc, loaded, scope, parse_answers(&exec.answer)?, scripted))
 }

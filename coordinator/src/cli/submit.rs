@@ -59,16 +59,20 @@ pub struct SubmitArgs {
     /// Lines of a checked-in .steppe-include beside the pipeline add more.
     #[arg(long, value_name = "GLOB")]
     include: Vec<String>,
+    /// The name its history goes under (default: the file's stem). Two
+    /// pipelines never share history; two submissions of one name do.
+    #[arg(long = "pipeline", value_name = "NAME")]
+    name: Option<String>,
     #[command(flatten)]
     vars: VarArgs,
 }
 
 impl SubmitArgs {
     pub fn run(self) -> Result<ExitCode> {
-        let SubmitArgs { pipeline, job, test, detach, coordinator, token_file, tls_ca, pool, answer, include, vars } = self;
+        let SubmitArgs { pipeline, job, test, detach, coordinator, token_file, tls_ca, pool, answer, include, name, vars } = self;
         let remote = Remote::new(&coordinator, token_file.as_deref(), tls_ca.as_deref())?;
         let vars = vars.resolve()?.into_iter().collect();
-        let o = SubmitOptions { job, test, detach, pool, vars, answers: answer, include };
+        let o = SubmitOptions { job, test, detach, pool, vars, answers: answer, include, name };
         let code = runtime()?.block_on(submit(&remote, &pipeline, o))?;
         Ok(ExitCode::from(u8::try_from(code).unwrap_or(2)))
     }
@@ -79,47 +83,65 @@ impl ExecArgs {
     pub fn submit(&self, path: &Path, job: Option<&str>, test: bool, vars: &VarArgs) -> Result<Option<ExitCode>> {
         let Some(remote) = self.remote.remote()? else { return Ok(None) };
         let vars = vars.resolve()?.into_iter().collect();
-        let o = SubmitOptions { job: job.map(str::to_string), test, pool: self.pool.clone(), vars, answers: self.answer.clone(), include: self.include.clone(), ..Default::default() };
+        let o = SubmitOptions { job: job.map(str::to_string), test, pool: self.pool.clone(), vars, answers: self.answer.clone(), include: self.include.clone(), name: self.pipeline_name.clone(), ..Default::default() };
         let code = runtime()?.block_on(submit(&remote, path, o))?;
         Ok(Some(ExitCode::from(u8::try_from(code).unwrap_or(2))))
     }
 }
 
-/// Abort a run going on at a coordinator (one started with --detach, say);
-/// its hooks run with their grace, as after Ctrl-C.
+/// Abort a run going on at a coordinator (one started with --detach, say),
+/// or every run of one pipeline; hooks run with their grace, as after Ctrl-C.
 ///
-/// Example:
+/// Examples:
 ///   steppe cancel r-1a22a36de6b-26745 --coordinator http://10.0.0.5:7070 --token-file token
+///   steppe cancel --pipeline nightly --coordinator http://10.0.0.5:7070 --token-file token
 #[derive(Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct CancelArgs {
     /// The run's id (`steppe submit --detach` prints it; `steppe runs --coordinator URL` lists them).
-    run: String,
+    #[arg(required_unless_present = "name")]
+    run: Option<String>,
+    /// Every run of this pipeline going on (with a run id: only if it is this pipeline's).
+    #[arg(long = "pipeline", value_name = "NAME")]
+    name: Option<String>,
     #[command(flatten)]
     remote: RemoteArgs,
 }
 
 impl CancelArgs {
     pub fn run(self) -> Result<ExitCode> {
-        let CancelArgs { run, remote } = self;
+        let CancelArgs { run, name, remote } = self;
         let Some(remote) = remote.remote()? else {
             anyhow::bail!("steppe cancel stops a run at a coordinator: add --coordinator URL (an embedded run stops with Ctrl-C)");
         };
-        if runtime()?.block_on(cancel(&remote, &run))? {
-            say!("cancelled {run}");
-            Ok(ExitCode::SUCCESS)
-        } else {
-            warn!("steppe: error: no run {run} is going on at {}", remote.url);
-            Ok(ExitCode::from(1))
+        if let Some(n) = &name {
+            steppe_runtime::store::check_name("--pipeline", n).map_err(anyhow::Error::msg)?;
         }
+        let cancelled = runtime()?.block_on(cancel(&remote, run.as_deref().unwrap_or_default(), name.as_deref().unwrap_or_default()))?;
+        if cancelled.is_empty() {
+            let what = match (&run, &name) {
+                (Some(r), Some(p)) => format!("no run {r} of pipeline {p}"),
+                (Some(r), None) => format!("no run {r}"),
+                (None, Some(p)) => format!("no run of pipeline {p}"),
+                (None, None) => "no run".to_string(),
+            };
+            warn!("steppe: error: {what} is going on at {}", remote.url);
+            return Ok(ExitCode::from(1));
+        }
+        for id in cancelled {
+            say!("cancelled {id}");
+        }
+        Ok(ExitCode::SUCCESS)
     }
 }
 
-/// Asks the coordinator to abort a run; false if no such run is going on.
-pub async fn cancel(remote: &Remote, run_id: &str) -> anyhow::Result<bool> {
+/// Asks the coordinator to abort run `run_id` (or, without one, every run
+/// of `pipeline`); the runs it cancelled.
+pub async fn cancel(remote: &Remote, run_id: &str, pipeline: &str) -> anyhow::Result<Vec<String>> {
     let mut client = RunsClient::with_interceptor(remote.channel().await?, remote.bearer()?);
-    let reply = client.cancel(CancelRequest { run_id: run_id.to_string() }).await.map_err(|s| anyhow::anyhow!("the coordinator refused: {}{}", s.message(), remote.hint(&s)))?;
-    Ok(reply.into_inner().cancelled)
+    let req = CancelRequest { run_id: run_id.to_string(), pipeline: pipeline.to_string() };
+    let reply = client.cancel(req).await.map_err(|s| anyhow::anyhow!("the coordinator refused: {}{}", s.message(), remote.hint(&s)))?.into_inner();
+    Ok(reply.run_ids)
 }
 
 /// What a submission asks of the coordinator, besides the pipeline.
@@ -135,13 +157,17 @@ pub struct SubmitOptions {
     pub answers: Vec<String>,
     /// Extra files to send (globs relative to the pipeline's directory).
     pub include: Vec<String>,
+    /// The pipeline's name (`--pipeline`; default: the file's stem).
+    pub name: Option<String>,
 }
 
 /// `steppe submit`: loads the pipeline here (so problems show before anything
 /// is sent), sends it with every file it reads and what `--include` or
 /// `.steppe-include` add, prints what comes back.
 pub async fn submit(remote: &Remote, path: &Path, o: SubmitOptions) -> anyhow::Result<i32> {
-    let SubmitOptions { job, test, detach, pool, vars, answers, include } = o;
+    let SubmitOptions { job, test, detach, pool, vars, answers, include, name: pipeline_name } = o;
+    // Checked here too, so a bad name is said before anything is sent.
+    let pipeline_name = crate::services::pipeline_name(pipeline_name.as_deref(), path)?;
     let (job, pool) = (job.as_deref(), pool.as_deref());
     let opts = LoadOptions { submission: true, ..LoadOptions::from_env(vars.clone().into_iter().collect()) };
     let Ok(loaded) = load_reporting(path, &opts) else { return Ok(2) };
@@ -153,7 +179,7 @@ pub async fn submit(remote: &Remote, path: &Path, o: SubmitOptions) -> anyhow::R
     if let Some(p) = pool {
         steppe_runtime::queue::check_pool_name(p).map_err(|e| anyhow::anyhow!("--pool {e}"))?;
     }
-    let req = SubmitRequest { pipeline: name, files, job: job.unwrap_or_default().to_string(), vars, test, answers, detach, pool: pool.unwrap_or_default().to_string() };
+    let req = SubmitRequest { pipeline: name, files, job: job.unwrap_or_default().to_string(), vars, test, answers, detach, pool: pool.unwrap_or_default().to_string(), name: pipeline_name };
     let size = prost::Message::encoded_len(&req);
     if size > crate::bundle::SUBMISSION_MAX {
         anyhow::bail!(
@@ -180,7 +206,7 @@ pub async fn submit(remote: &Remote, path: &Path, o: SubmitOptions) -> anyhow::R
                 warn!("steppe: cancelling {} on the coordinator (Ctrl-C again to leave it to finish alone)", if started.is_empty() { "the submission".to_string() } else { started.join(", ") });
                 let mut c = client.clone();
                 for id in &started {
-                    let _ = c.cancel(CancelRequest { run_id: id.clone() }).await;
+                    let _ = c.cancel(CancelRequest { run_id: id.clone(), ..Default::default() }).await;
                 }
                 continue;
             }
@@ -201,7 +227,7 @@ pub async fn submit(remote: &Remote, path: &Path, o: SubmitOptions) -> anyhow::R
             }
             Some(run_event::Event::Started(id)) => {
                 if interrupted {
-                    let _ = client.clone().cancel(CancelRequest { run_id: id.clone() }).await;
+                    let _ = client.clone().cancel(CancelRequest { run_id: id.clone(), ..Default::default() }).await;
                 }
                 started.push(id);
             }

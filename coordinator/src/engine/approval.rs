@@ -22,7 +22,7 @@ impl JobRun {
             return Done::err(StepError::errored("approval: no store to park the approval in"), Vec::new());
         };
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
-        let id = match store.request_approval(&self.run_id, &self.job.name, &message, now, now + timeout.as_millis() as i64) {
+        let id = match store.request_approval(&self.engine.scope, &self.run_id, &self.job.name, &message, now, now + timeout.as_millis() as i64) {
             Ok(id) => id,
             Err(e) => return Done::err(StepError::errored(format!("approval: {e}")), Vec::new()),
         };

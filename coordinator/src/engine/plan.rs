@@ -18,7 +18,7 @@ impl JobRun {
         let now_ms = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
         let started_ms = now_ms();
         if let Some(s) = self.engine.out.store() {
-            if let Err(e) = s.start_run(&self.run_id, &self.job.name, started_ms) {
+            if let Err(e) = s.start_run(&self.record(started_ms)) {
                 self.engine.out.run_note(&self.run_id, &format!("steppe: recording the run: {e}"));
             }
         }
@@ -41,7 +41,7 @@ impl JobRun {
         self.engine.out.flush().await;
         if let (Some(s), true) = (self.engine.out.store(), r.build_ok) {
             for (res, v) in self.fetched.lock().map(|f| f.clone()).unwrap_or_default() {
-                if let Err(e) = s.record_green(&self.job.name, &res, &v) {
+                if let Err(e) = s.record_green(&self.engine.scope, &self.job.name, &res, &v) {
                     self.engine.out.run_note(&self.run_id, &format!("steppe: recording {res} as passed: {e}"));
                 }
             }
@@ -51,12 +51,27 @@ impl JobRun {
                 Ok(()) => ("succeeded", String::new()),
                 Err(e) => (Outcome::of(&r.result).word(), e.message.clone()),
             };
-            let rec = steppe_runtime::store::RunRecord { id: self.run_id.clone(), job: self.job.name.clone(), started_ms, finished_ms: Some(now_ms()), outcome: Some(word.to_string()), message: msg };
+            let rec = steppe_runtime::store::RunRecord { finished_ms: Some(now_ms()), outcome: Some(word.to_string()), message: msg, ..self.record(started_ms) };
             if let Err(e) = s.finish_run(&rec) {
                 self.engine.out.run_note(&self.run_id, &format!("steppe: recording the run: {e}"));
             }
         }
         r
+    }
+
+    /// This run's record as it starts.
+    fn record(&self, started_ms: i64) -> steppe_runtime::store::RunRecord {
+        let scope = &self.engine.scope;
+        steppe_runtime::store::RunRecord {
+            id: self.run_id.clone(),
+            team: scope.team.clone(),
+            pipeline: scope.pipeline.clone(),
+            job: self.job.name.clone(),
+            started_ms,
+            finished_ms: None,
+            outcome: None,
+            message: String::new(),
+        }
     }
 
     pub(super) async fn run_inner(self: &Arc<Self>) -> JobResult {

@@ -39,14 +39,14 @@ impl JobRun {
         let Some(store) = self.engine.out.store() else { return checked };
         match checked {
             Ok(v) => {
-                if let Err(e) = store.record_versions(name, &v) {
+                if let Err(e) = store.record_versions(&self.engine.scope, name, &v) {
                     self.engine.out.run_note(&self.run_id, &format!("steppe: recording versions of {name}: {e}"));
                     return Ok(v);
                 }
-                store.history(name).map_err(|e| StepError::errored(format!("history of {name}: {e}")))
+                store.history(&self.engine.scope, name).map_err(|e| StepError::errored(format!("history of {name}: {e}")))
             }
             Err(e) => {
-                let h = store.history(name).unwrap_or_default();
+                let h = store.history(&self.engine.scope, name).unwrap_or_default();
                 if h.is_empty() || e.class == steppe_runtime::outcome::Class::Aborted {
                     return Err(e);
                 }
@@ -148,7 +148,7 @@ impl JobRun {
                     let store = self.engine.out.store().cloned();
                     let mut greens = Vec::new();
                     for j in passed {
-                        greens.push(store.as_ref().map(|st| st.green(j, name).unwrap_or_default()).unwrap_or_default());
+                        greens.push(store.as_ref().map(|st| st.green(&self.engine.scope, j, name).unwrap_or_default()).unwrap_or_default());
                     }
                     versions.retain(|v| greens.iter().all(|g| g.contains(v)));
                     if versions.is_empty() {

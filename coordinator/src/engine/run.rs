@@ -57,6 +57,8 @@ pub struct Engine {
     pub submission: Option<Arc<Submission>>,
     /// Where the engine's temporaries go (the process's scratch directory).
     pub scratch: PathBuf,
+    /// Whose history its runs are: the team and the pipeline's name.
+    pub scope: steppe_runtime::store::Scope,
 }
 
 impl Engine {

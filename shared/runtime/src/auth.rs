@@ -32,10 +32,53 @@ impl tonic::service::Interceptor for WithToken {
     }
 }
 
+/// What a caller may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Submit runs and read, approve and cancel its team's.
+    Submit,
+    /// Serve assignments (a worker's session, its artifacts).
+    Worker,
+    /// Everything, every team.
+    Admin,
+}
+
+/// Who a call comes from, as its token says; put on every request the
+/// server lets through, for the services to ask.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub team: String,
+    pub role: Role,
+}
+
+impl Identity {
+    /// A coordinator without teams: one token (or none) opens everything.
+    pub fn admin() -> Self {
+        Identity { team: String::new(), role: Role::Admin }
+    }
+
+    /// The identity the server's check put on `req` (a request that went
+    /// round the check has none and may do nothing).
+    pub fn of<T>(req: &Request<T>) -> Option<&Identity> {
+        req.extensions().get::<Identity>()
+    }
+
+    /// The team whose history it may see: `None` for an admin (every team).
+    pub fn team_filter(&self) -> Option<&str> {
+        (self.role != Role::Admin).then_some(self.team.as_str())
+    }
+
+    /// Whether it may see and act on history of `team`.
+    pub fn sees(&self, team: &str) -> bool {
+        self.role == Role::Admin || self.team == team
+    }
+}
+
 /// Told of every refused call (the peer's address).
 pub type OnRefusal = Arc<dyn Fn(&str) + Send + Sync>;
 
-/// Checks the bearer token on every call when the server has one.
+/// Checks the bearer token on every call when the server has one, and puts
+/// the caller's [`Identity`] on the request.
 #[derive(Clone)]
 pub struct TokenCheck {
     token: Option<Arc<String>>,
@@ -49,11 +92,15 @@ impl TokenCheck {
 }
 
 impl tonic::service::Interceptor for TokenCheck {
-    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
-        let Some(want) = &self.token else { return Ok(req) };
+    fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
+        let Some(want) = &self.token else {
+            req.extensions_mut().insert(Identity::admin());
+            return Ok(req);
+        };
         let got = req.metadata().get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
         // In constant time: how much of a guess matched must not show in how long the refusal took.
         if got.is_some_and(|g| bool::from(subtle::ConstantTimeEq::ct_eq(g.as_bytes(), want.as_bytes()))) {
+            req.extensions_mut().insert(Identity::admin());
             return Ok(req);
         }
         let peer = req.remote_addr().map(|a| a.to_string()).unwrap_or_else(|| "unknown".into());

@@ -18,9 +18,18 @@ pub enum StoreError {
     Io { path: String, source: std::io::Error },
 }
 
+mod scope;
+
+pub use scope::{check_name, PipelineSummary, RunFilter, Scope};
+
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RunRecord {
     pub id: String,
+    /// The team it ran for ("" without `--auth`) and its pipeline's name.
+    #[serde(default)]
+    pub team: String,
+    #[serde(default)]
+    pub pipeline: String,
     pub job: String,
     pub started_ms: i64,
     pub finished_ms: Option<i64>,
@@ -48,6 +57,11 @@ pub struct StepRecord {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ApprovalRecord {
     pub id: i64,
+    /// The team and pipeline of the run it parks.
+    #[serde(default)]
+    pub team: String,
+    #[serde(default)]
+    pub pipeline: String,
     pub run_id: String,
     pub job: String,
     pub message: String,
@@ -104,16 +118,28 @@ impl LogLine {
     }
 }
 
-/// What the coordinator records and the `runs` views read.
+impl RunRecord {
+    pub fn scope(&self) -> Scope {
+        Scope { team: self.team.clone(), pipeline: self.pipeline.clone() }
+    }
+}
+
+/// What the coordinator records and the `runs` views read. History is kept
+/// per [`Scope`] (team and pipeline): runs, approvals, versions and `passed:`
+/// records of one scope are never seen from another. Records found by run id
+/// carry their scope, for the caller to check.
 pub trait Store: Send + Sync {
-    fn start_run(&self, id: &str, job: &str, started_ms: i64) -> Result<(), StoreError>;
+    /// Records a run as started (`rec` with no outcome yet).
+    fn start_run(&self, rec: &RunRecord) -> Result<(), StoreError>;
     /// Records a run as finished (`rec` whole, so a backend that lost its
     /// start, a Redis restarted empty, still gets the run).
     fn finish_run(&self, rec: &RunRecord) -> Result<(), StoreError>;
     fn record_step(&self, s: &StepRecord) -> Result<(), StoreError>;
     fn append_logs(&self, run_id: &str, lines: &[LogLine]) -> Result<(), StoreError>;
-    /// Newest first.
-    fn runs(&self, job: Option<&str>, limit: usize) -> Result<Vec<RunRecord>, StoreError>;
+    /// Runs the filter admits, newest first.
+    fn runs(&self, f: &RunFilter) -> Result<Vec<RunRecord>, StoreError>;
+    /// The pipelines with runs (of `team`, or every team's), each with its newest run.
+    fn pipelines(&self, team: Option<&str>) -> Result<Vec<PipelineSummary>, StoreError>;
     fn run(&self, id: &str) -> Result<Option<RunRecord>, StoreError>;
     fn steps(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError>;
     fn logs(&self, run_id: &str) -> Result<Vec<LogLine>, StoreError>;
@@ -121,20 +147,21 @@ pub trait Store: Send + Sync {
     fn record_event(&self, run_id: &str, kind: &str, step: &str, message: &str) -> Result<(), StoreError>;
     /// A run's events in order: (kind, step, message).
     fn events(&self, run_id: &str) -> Result<Vec<(String, String, String)>, StoreError>;
-    /// Parks an approval; returns its id.
-    fn request_approval(&self, run_id: &str, job: &str, message: &str, requested_ms: i64, deadline_ms: i64) -> Result<i64, StoreError>;
+    /// Parks an approval of a run of `scope`; returns its id.
+    fn request_approval(&self, scope: &Scope, run_id: &str, job: &str, message: &str, requested_ms: i64, deadline_ms: i64) -> Result<i64, StoreError>;
     fn approval(&self, id: i64) -> Result<Option<ApprovalRecord>, StoreError>;
-    fn pending_approvals(&self) -> Result<Vec<ApprovalRecord>, StoreError>;
+    /// Approvals waiting for a decision (of `team` / `pipeline` when given), oldest first.
+    fn pending_approvals(&self, team: Option<&str>, pipeline: Option<&str>) -> Result<Vec<ApprovalRecord>, StoreError>;
     /// Records a decision; false if the approval was already decided (or does not exist).
     fn decide_approval(&self, id: i64, approved: bool, reason: &str, approver: &str) -> Result<bool, StoreError>;
     /// Files versions a check reported into the resource's history (first-seen order kept).
-    fn record_versions(&self, resource: &str, versions: &[serde_json::Value]) -> Result<(), StoreError>;
+    fn record_versions(&self, scope: &Scope, resource: &str, versions: &[serde_json::Value]) -> Result<(), StoreError>;
     /// Every version ever reported, oldest first.
-    fn history(&self, resource: &str) -> Result<Vec<serde_json::Value>, StoreError>;
+    fn history(&self, scope: &Scope, resource: &str) -> Result<Vec<serde_json::Value>, StoreError>;
     /// A successful build of `job` fetched `version` of `resource`.
-    fn record_green(&self, job: &str, resource: &str, version: &serde_json::Value) -> Result<(), StoreError>;
+    fn record_green(&self, scope: &Scope, job: &str, resource: &str, version: &serde_json::Value) -> Result<(), StoreError>;
     /// Versions of `resource` that passed through a successful build of `job`.
-    fn green(&self, job: &str, resource: &str) -> Result<Vec<serde_json::Value>, StoreError>;
+    fn green(&self, scope: &Scope, job: &str, resource: &str) -> Result<Vec<serde_json::Value>, StoreError>;
 }
 
 /// The store file of a pipeline: `<dir>/.steppe/<file name>.db`, one per file.
@@ -173,20 +200,29 @@ pub(crate) mod tests {
     use super::*;
 
     /// What every Store backend must do alike.
+    fn run(id: &str, scope: &Scope, job: &str, started_ms: i64) -> RunRecord {
+        RunRecord { id: id.into(), team: scope.team.clone(), pipeline: scope.pipeline.clone(), job: job.into(), started_ms, finished_ms: None, outcome: None, message: String::new() }
+    }
+
+    fn all(limit: usize) -> RunFilter<'static> {
+        RunFilter { limit, ..Default::default() }
+    }
+
     pub(crate) fn conformance(s: &dyn Store) {
-        s.start_run("r1", "build", 10).unwrap();
-        s.start_run("r2", "test", 20).unwrap();
+        let ci = Scope::new("", "ci");
+        s.start_run(&run("r1", &ci, "build", 10)).unwrap();
+        s.start_run(&run("r2", &ci, "test", 20)).unwrap();
         s.record_step(&StepRecord { run_id: "r1".into(), seq: 0, name: "compile".into(), outcome: "succeeded".into(), message: String::new(), duration_ms: 5, exit_code: Some(0), tokens: None, detail: None }).unwrap();
         s.record_step(&StepRecord { run_id: "r1".into(), seq: 1, name: "agent".into(), outcome: "failed".into(), message: "no".into(), duration_ms: 7, exit_code: None, tokens: Some(12), detail: Some("{}".into()) }).unwrap();
         let omitted = Some(Omitted { full: "f".repeat(64), head: 1, lines: 10, bytes: 100, tail: 0 });
         s.append_logs("r1", &[LogLine::new("compile", false, "ok"), LogLine::new("compile", true, "warn"), LogLine { omitted: omitted.clone(), ..LogLine::new("compile", false, "…") }]).unwrap();
-        s.finish_run(&RunRecord { id: "r1".into(), job: "build".into(), started_ms: 10, finished_ms: Some(30), outcome: Some("succeeded".into()), message: String::new() }).unwrap();
-        let runs = s.runs(None, 10).unwrap();
+        s.finish_run(&RunRecord { finished_ms: Some(30), outcome: Some("succeeded".into()), ..run("r1", &ci, "build", 10) }).unwrap();
+        let runs = s.runs(&all(10)).unwrap();
         assert_eq!(runs.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["r2", "r1"], "newest first");
-        assert_eq!(s.runs(None, 1).unwrap().len(), 1);
-        assert_eq!(s.runs(Some("build"), 10).unwrap().len(), 1);
+        assert_eq!(s.runs(&all(1)).unwrap().len(), 1);
+        assert_eq!(s.runs(&RunFilter { job: Some("build"), ..all(10) }).unwrap().len(), 1);
         let r1 = s.run("r1").unwrap().unwrap();
-        assert_eq!((r1.outcome.as_deref(), r1.finished_ms, r1.job.as_str()), (Some("succeeded"), Some(30), "build"));
+        assert_eq!((r1.outcome.as_deref(), r1.finished_ms, r1.job.as_str(), r1.pipeline.as_str()), (Some("succeeded"), Some(30), "build", "ci"));
         assert_eq!(s.run("r2").unwrap().unwrap().outcome, None);
         assert!(s.run("nope").unwrap().is_none());
         let steps = s.steps("r1").unwrap();
@@ -198,28 +234,58 @@ pub(crate) mod tests {
         s.record_event("r1", "started", "compile", "").unwrap();
         s.record_event("r1", "ended", "compile", "succeeded").unwrap();
         assert_eq!(s.events("r1").unwrap().iter().map(|e| e.0.as_str()).collect::<Vec<_>>(), ["started", "ended"]);
-        let a = s.request_approval("r1", "build", "Ship it?", 40, 50).unwrap();
-        let b = s.request_approval("r2", "test", "Again?", 41, 51).unwrap();
+        let a = s.request_approval(&ci, "r1", "build", "Ship it?", 40, 50).unwrap();
+        let b = s.request_approval(&ci, "r2", "test", "Again?", 41, 51).unwrap();
         assert_ne!(a, b);
-        assert_eq!(s.pending_approvals().unwrap().iter().map(|p| p.id).collect::<Vec<_>>(), [a, b]);
+        assert_eq!(s.pending_approvals(None, None).unwrap().iter().map(|p| p.id).collect::<Vec<_>>(), [a, b]);
         assert!(s.decide_approval(a, false, "not today", "ana").unwrap());
         assert!(!s.decide_approval(a, true, "", "bo").unwrap(), "re-deciding is refused");
         assert!(!s.decide_approval(9999, true, "", "bo").unwrap(), "deciding nothing is refused");
         let rec = s.approval(a).unwrap().unwrap();
-        assert_eq!((rec.decision.as_deref(), rec.reason.as_str(), rec.approver.as_str(), rec.message.as_str()), (Some("rejected"), "not today", "ana", "Ship it?"));
-        assert_eq!(s.pending_approvals().unwrap().len(), 1);
+        assert_eq!((rec.decision.as_deref(), rec.reason.as_str(), rec.approver.as_str(), rec.message.as_str(), rec.pipeline.as_str()), (Some("rejected"), "not today", "ana", "Ship it?", "ci"));
+        assert_eq!(s.pending_approvals(None, None).unwrap().len(), 1);
         let v = |n: &str| serde_json::json!({"ref": n, "n": 1});
-        s.record_versions("repo", &[v("a"), v("b")]).unwrap();
-        s.record_versions("repo", &[serde_json::json!({"n": 1, "ref": "b"}), v("c")]).unwrap();
-        assert_eq!(s.history("repo").unwrap(), vec![v("a"), v("b"), v("c")], "first-seen order; key order does not matter");
-        s.record_green("build", "repo", &v("b")).unwrap();
-        s.record_green("build", "repo", &v("b")).unwrap();
-        assert_eq!(s.green("build", "repo").unwrap(), vec![v("b")]);
-        assert!(s.green("test", "repo").unwrap().is_empty());
+        s.record_versions(&ci, "repo", &[v("a"), v("b")]).unwrap();
+        s.record_versions(&ci, "repo", &[serde_json::json!({"n": 1, "ref": "b"}), v("c")]).unwrap();
+        assert_eq!(s.history(&ci, "repo").unwrap(), vec![v("a"), v("b"), v("c")], "first-seen order; key order does not matter");
+        s.record_green(&ci, "build", "repo", &v("b")).unwrap();
+        s.record_green(&ci, "build", "repo", &v("b")).unwrap();
+        assert_eq!(s.green(&ci, "build", "repo").unwrap(), vec![v("b")]);
+        assert!(s.green(&ci, "test", "repo").unwrap().is_empty());
         // A run whose start the backend lost is still recorded when it finishes.
-        s.finish_run(&RunRecord { id: "r0".into(), job: "lost".into(), started_ms: 5, finished_ms: Some(6), outcome: Some("failed".into()), message: "m".into() }).unwrap();
+        s.finish_run(&RunRecord { finished_ms: Some(6), outcome: Some("failed".into()), message: "m".into(), ..run("r0", &ci, "lost", 5) }).unwrap();
         assert_eq!(s.run("r0").unwrap().map(|r| (r.job, r.outcome)), Some(("lost".into(), Some("failed".into()))));
-        assert_eq!(s.runs(Some("lost"), 10).unwrap().len(), 1);
+        assert_eq!(s.runs(&RunFilter { job: Some("lost"), ..all(10) }).unwrap().len(), 1);
+        scopes_keep_apart(s);
+    }
+
+    /// Two pipelines (and two teams) with the same job and resource names
+    /// never see each other's history.
+    fn scopes_keep_apart(s: &dyn Store) {
+        let (web, web_b, other_team) = (Scope::new("", "web"), Scope::new("", "web-b"), Scope::new("blue", "web"));
+        for (i, sc) in [&web, &web_b, &other_team].into_iter().enumerate() {
+            let id = format!("w{i}");
+            s.start_run(&run(&id, sc, "build", 100 + i as i64)).unwrap();
+            s.record_versions(sc, "repo", &[serde_json::json!({"ref": format!("v{i}")})]).unwrap();
+            s.record_green(sc, "build", "repo", &serde_json::json!({"ref": format!("v{i}")})).unwrap();
+            s.request_approval(sc, &id, "build", "ok?", 100, 200).unwrap();
+        }
+        let only = |f: RunFilter| s.runs(&f).unwrap().into_iter().map(|r| r.id).collect::<Vec<_>>();
+        assert_eq!(only(RunFilter { team: Some(""), pipeline: Some("web"), ..all(10) }), ["w0"]);
+        assert_eq!(only(RunFilter { team: Some(""), pipeline: Some("web-b"), job: Some("build"), ..all(10) }), ["w1"]);
+        assert_eq!(only(RunFilter { team: Some("blue"), ..all(10) }), ["w2"]);
+        assert_eq!(only(RunFilter { pipeline: Some("web"), ..all(10) }), ["w2", "w0"], "an admin sees both teams' web");
+        for (i, sc) in [&web, &web_b, &other_team].into_iter().enumerate() {
+            let want = serde_json::json!({"ref": format!("v{i}")});
+            assert_eq!(s.history(sc, "repo").unwrap(), vec![want.clone()], "{sc:?}");
+            assert_eq!(s.green(sc, "build", "repo").unwrap(), vec![want], "{sc:?}");
+        }
+        let pending = |t: Option<&str>, p: Option<&str>| s.pending_approvals(t, p).unwrap().into_iter().map(|a| a.run_id).collect::<Vec<_>>();
+        assert_eq!(pending(Some("blue"), None), ["w2"]);
+        assert_eq!(pending(Some(""), Some("web")), ["w0"]);
+        let mut ps: Vec<(String, String, String)> = s.pipelines(None).unwrap().into_iter().map(|p| (p.team, p.pipeline, p.last.id)).collect();
+        ps.sort();
+        assert_eq!(ps, [("".into(), "ci".into(), "r2".into()), ("".into(), "web".into(), "w0".into()), ("".into(), "web-b".into(), "w1".into()), ("blue".into(), "web".into(), "w2".into())]);
+        assert_eq!(s.pipelines(Some("blue")).unwrap().len(), 1);
     }
 }
-

@@ -7,19 +7,19 @@
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
-use super::{ApprovalRecord, LogLine, RunRecord, StepRecord, Store, StoreError};
+use super::{ApprovalRecord, LogLine, PipelineSummary, RunFilter, RunRecord, Scope, StepRecord, Store, StoreError};
 
 /// The most kept while the backend is away (bytes, about); more is refused.
 const KEPT_MAX: usize = 64 << 20;
 
 enum Write {
-    StartRun(String, String, i64),
+    StartRun(RunRecord),
     FinishRun(RunRecord),
     Step(StepRecord),
     Logs(String, Vec<LogLine>),
     Event(String, String, String, String),
-    Versions(String, Vec<serde_json::Value>),
-    Green(String, String, serde_json::Value),
+    Versions(Scope, String, Vec<serde_json::Value>),
+    Green(Scope, String, String, serde_json::Value),
 }
 
 impl Write {
@@ -30,7 +30,7 @@ impl Write {
             Write::Step(s) => s.message.len() + s.detail.as_ref().map_or(0, String::len),
             Write::FinishRun(r) => r.message.len(),
             Write::Event(_, _, _, m) => m.len(),
-            Write::Versions(_, v) => v.iter().map(|x| x.to_string().len()).sum(),
+            Write::Versions(_, _, v) => v.iter().map(|x| x.to_string().len()).sum(),
             Write::StartRun(..) | Write::Green(..) => 0,
         }
     }
@@ -49,13 +49,13 @@ impl<S: Store> Outbox<S> {
 
     fn apply(&self, w: &Write) -> Result<(), StoreError> {
         match w {
-            Write::StartRun(id, job, t) => self.inner.start_run(id, job, *t),
+            Write::StartRun(r) => self.inner.start_run(r),
             Write::FinishRun(r) => self.inner.finish_run(r),
             Write::Step(s) => self.inner.record_step(s),
             Write::Logs(r, l) => self.inner.append_logs(r, l),
             Write::Event(r, k, s, m) => self.inner.record_event(r, k, s, m),
-            Write::Versions(r, v) => self.inner.record_versions(r, v),
-            Write::Green(j, r, v) => self.inner.record_green(j, r, v),
+            Write::Versions(sc, r, v) => self.inner.record_versions(sc, r, v),
+            Write::Green(sc, j, r, v) => self.inner.record_green(sc, j, r, v),
         }
     }
 
@@ -109,8 +109,8 @@ impl<S: Store> Outbox<S> {
 }
 
 impl<S: Store> Store for Outbox<S> {
-    fn start_run(&self, id: &str, job: &str, started_ms: i64) -> Result<(), StoreError> {
-        self.write(Write::StartRun(id.into(), job.into(), started_ms))
+    fn start_run(&self, rec: &RunRecord) -> Result<(), StoreError> {
+        self.write(Write::StartRun(rec.clone()))
     }
     fn finish_run(&self, rec: &RunRecord) -> Result<(), StoreError> {
         self.write(Write::FinishRun(rec.clone()))
@@ -124,15 +124,19 @@ impl<S: Store> Store for Outbox<S> {
     fn record_event(&self, run_id: &str, kind: &str, step: &str, message: &str) -> Result<(), StoreError> {
         self.write(Write::Event(run_id.into(), kind.into(), step.into(), message.into()))
     }
-    fn record_versions(&self, resource: &str, versions: &[serde_json::Value]) -> Result<(), StoreError> {
-        self.write(Write::Versions(resource.into(), versions.to_vec()))
+    fn record_versions(&self, scope: &Scope, resource: &str, versions: &[serde_json::Value]) -> Result<(), StoreError> {
+        self.write(Write::Versions(scope.clone(), resource.into(), versions.to_vec()))
     }
-    fn record_green(&self, job: &str, resource: &str, version: &serde_json::Value) -> Result<(), StoreError> {
-        self.write(Write::Green(job.into(), resource.into(), version.clone()))
+    fn record_green(&self, scope: &Scope, job: &str, resource: &str, version: &serde_json::Value) -> Result<(), StoreError> {
+        self.write(Write::Green(scope.clone(), job.into(), resource.into(), version.clone()))
     }
-    fn runs(&self, job: Option<&str>, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
+    fn runs(&self, f: &RunFilter) -> Result<Vec<RunRecord>, StoreError> {
         self.settle();
-        self.inner.runs(job, limit)
+        self.inner.runs(f)
+    }
+    fn pipelines(&self, team: Option<&str>) -> Result<Vec<PipelineSummary>, StoreError> {
+        self.settle();
+        self.inner.pipelines(team)
     }
     fn run(&self, id: &str) -> Result<Option<RunRecord>, StoreError> {
         self.settle();
@@ -150,26 +154,26 @@ impl<S: Store> Store for Outbox<S> {
         self.settle();
         self.inner.events(run_id)
     }
-    fn request_approval(&self, run_id: &str, job: &str, message: &str, requested_ms: i64, deadline_ms: i64) -> Result<i64, StoreError> {
+    fn request_approval(&self, scope: &Scope, run_id: &str, job: &str, message: &str, requested_ms: i64, deadline_ms: i64) -> Result<i64, StoreError> {
         self.settle();
-        self.inner.request_approval(run_id, job, message, requested_ms, deadline_ms)
+        self.inner.request_approval(scope, run_id, job, message, requested_ms, deadline_ms)
     }
     fn approval(&self, id: i64) -> Result<Option<ApprovalRecord>, StoreError> {
         self.inner.approval(id)
     }
-    fn pending_approvals(&self) -> Result<Vec<ApprovalRecord>, StoreError> {
-        self.inner.pending_approvals()
+    fn pending_approvals(&self, team: Option<&str>, pipeline: Option<&str>) -> Result<Vec<ApprovalRecord>, StoreError> {
+        self.inner.pending_approvals(team, pipeline)
     }
     fn decide_approval(&self, id: i64, approved: bool, reason: &str, approver: &str) -> Result<bool, StoreError> {
         self.inner.decide_approval(id, approved, reason, approver)
     }
-    fn history(&self, resource: &str) -> Result<Vec<serde_json::Value>, StoreError> {
+    fn history(&self, scope: &Scope, resource: &str) -> Result<Vec<serde_json::Value>, StoreError> {
         self.settle();
-        self.inner.history(resource)
+        self.inner.history(scope, resource)
     }
-    fn green(&self, job: &str, resource: &str) -> Result<Vec<serde_json::Value>, StoreError> {
+    fn green(&self, scope: &Scope, job: &str, resource: &str) -> Result<Vec<serde_json::Value>, StoreError> {
         self.settle();
-        self.inner.green(job, resource)
+        self.inner.green(scope, job, resource)
     }
 }
 
@@ -195,11 +199,12 @@ mod tests {
     }
 
     impl Store for Flaky {
-        fn start_run(&self, _: &str, _: &str, _: i64) -> Result<(), StoreError> { self.up() }
+        fn start_run(&self, _: &RunRecord) -> Result<(), StoreError> { self.up() }
         fn finish_run(&self, _: &RunRecord) -> Result<(), StoreError> { self.up() }
         fn record_step(&self, _: &StepRecord) -> Result<(), StoreError> { self.up() }
         fn append_logs(&self, _: &str, _: &[LogLine]) -> Result<(), StoreError> { self.up() }
-        fn runs(&self, _: Option<&str>, _: usize) -> Result<Vec<RunRecord>, StoreError> { Ok(vec![]) }
+        fn runs(&self, _: &RunFilter) -> Result<Vec<RunRecord>, StoreError> { Ok(vec![]) }
+        fn pipelines(&self, _: Option<&str>) -> Result<Vec<PipelineSummary>, StoreError> { Ok(vec![]) }
         fn run(&self, _: &str) -> Result<Option<RunRecord>, StoreError> { Ok(None) }
         fn steps(&self, _: &str) -> Result<Vec<StepRecord>, StoreError> { Ok(vec![]) }
         fn logs(&self, _: &str) -> Result<Vec<LogLine>, StoreError> { Ok(vec![]) }
@@ -211,14 +216,14 @@ mod tests {
         fn events(&self, _: &str) -> Result<Vec<(String, String, String)>, StoreError> {
             Ok(self.events.lock().unwrap().iter().map(|k| (k.clone(), String::new(), String::new())).collect())
         }
-        fn request_approval(&self, _: &str, _: &str, _: &str, _: i64, _: i64) -> Result<i64, StoreError> { self.up().map(|()| 1) }
+        fn request_approval(&self, _: &Scope, _: &str, _: &str, _: &str, _: i64, _: i64) -> Result<i64, StoreError> { self.up().map(|()| 1) }
         fn approval(&self, _: i64) -> Result<Option<ApprovalRecord>, StoreError> { Ok(None) }
-        fn pending_approvals(&self) -> Result<Vec<ApprovalRecord>, StoreError> { Ok(vec![]) }
+        fn pending_approvals(&self, _: Option<&str>, _: Option<&str>) -> Result<Vec<ApprovalRecord>, StoreError> { Ok(vec![]) }
         fn decide_approval(&self, _: i64, _: bool, _: &str, _: &str) -> Result<bool, StoreError> { self.up().map(|()| true) }
-        fn record_versions(&self, _: &str, _: &[serde_json::Value]) -> Result<(), StoreError> { self.up() }
-        fn history(&self, _: &str) -> Result<Vec<serde_json::Value>, StoreError> { Ok(vec![]) }
-        fn record_green(&self, _: &str, _: &str, _: &serde_json::Value) -> Result<(), StoreError> { self.up() }
-        fn green(&self, _: &str, _: &str) -> Result<Vec<serde_json::Value>, StoreError> { Ok(vec![]) }
+        fn record_versions(&self, _: &Scope, _: &str, _: &[serde_json::Value]) -> Result<(), StoreError> { self.up() }
+        fn history(&self, _: &Scope, _: &str) -> Result<Vec<serde_json::Value>, StoreError> { Ok(vec![]) }
+        fn record_green(&self, _: &Scope, _: &str, _: &str, _: &serde_json::Value) -> Result<(), StoreError> { self.up() }
+        fn green(&self, _: &Scope, _: &str, _: &str) -> Result<Vec<serde_json::Value>, StoreError> { Ok(vec![]) }
     }
 
     #[test]
@@ -228,7 +233,7 @@ mod tests {
         o.inner.down.store(true, Ordering::SeqCst);
         o.record_event("r", "b", "", "").unwrap();
         o.record_event("r", "c", "", "").unwrap();
-        assert!(o.request_approval("r", "j", "m", 0, 1).is_err(), "what must answer now is not kept");
+        assert!(o.request_approval(&Scope::default(), "r", "j", "m", 0, 1).is_err(), "what must answer now is not kept");
         o.inner.down.store(false, Ordering::SeqCst);
         o.record_event("r", "d", "", "").unwrap();
         let kinds: Vec<String> = o.events("r").unwrap().into_iter().map(|e| e.0).collect();

@@ -5,7 +5,7 @@ use std::sync::Mutex;
 
 use redis::Commands;
 
-use super::{canonical, ApprovalRecord, LogLine, RunRecord, StepRecord, Store, StoreError};
+use super::{canonical, ApprovalRecord, LogLine, PipelineSummary, RunFilter, RunRecord, Scope, StepRecord, Store, StoreError};
 
 pub struct RedisStore {
     /// The URL as messages show it (password masked).
@@ -75,8 +75,32 @@ impl RedisStore {
         }
     }
 
+    /// A key under this store's prefix. Parts are escaped, so a job or
+    /// resource name with a `:` cannot make another's key.
     fn k(&self, parts: &[&str]) -> String {
-        format!("{}:{}", self.prefix, parts.join(":"))
+        let escaped: Vec<String> = parts.iter().map(|p| p.replace('%', "%25").replace(':', "%3A")).collect();
+        format!("{}:{}", self.prefix, escaped.join(":"))
+    }
+
+    /// The run indexes a run is listed in, most specific last.
+    fn run_indexes(&self, r: &RunRecord) -> [String; 4] {
+        [self.k(&["runs"]), self.k(&["runs", "team", &r.team]), self.k(&["runs", "scope", &r.team, &r.pipeline]), self.k(&["runs", "scope", &r.team, &r.pipeline, "job", &r.job])]
+    }
+
+    fn index_run(&self, r: &RunRecord) -> Result<(), StoreError> {
+        let key = self.k(&["run", &r.id]);
+        let indexes = self.run_indexes(r);
+        let (pipelines, member) = (self.k(&["pipelines"]), format!("{}:{}", r.team, r.pipeline));
+        self.with(|c| {
+            let mut p = redis::pipe();
+            p.set(&key, Self::encode(r)).ignore();
+            for i in &indexes {
+                p.zadd(i, &r.id, r.started_ms).ignore();
+            }
+            // The pipeline's newest run: its start time and id.
+            p.zadd(&pipelines, &member, r.started_ms).ignore();
+            p.query::<()>(c)
+        })
     }
 
     /// Runs `f` on the connection; a broken connection (Redis restarted,
@@ -115,27 +139,12 @@ impl RedisStore {
 }
 
 impl Store for RedisStore {
-    fn start_run(&self, id: &str, job: &str, started_ms: i64) -> Result<(), StoreError> {
-        let rec = RunRecord { id: id.into(), job: job.into(), started_ms, finished_ms: None, outcome: None, message: String::new() };
-        let (run, runs, by_job) = (self.k(&["run", id]), self.k(&["runs"]), self.k(&["runs", "job", job]));
-        self.with(|c| {
-            redis::pipe()
-                .set(&run, Self::encode(&rec)).ignore()
-                .zadd(&runs, id, started_ms).ignore()
-                .zadd(&by_job, id, started_ms).ignore()
-                .query(c)
-        })
+    fn start_run(&self, rec: &RunRecord) -> Result<(), StoreError> {
+        self.index_run(rec)
     }
 
     fn finish_run(&self, rec: &RunRecord) -> Result<(), StoreError> {
-        let (run, runs, by_job) = (self.k(&["run", &rec.id]), self.k(&["runs"]), self.k(&["runs", "job", &rec.job]));
-        self.with(|c| {
-            redis::pipe()
-                .set(&run, Self::encode(rec)).ignore()
-                .zadd(&runs, &rec.id, rec.started_ms).ignore()
-                .zadd(&by_job, &rec.id, rec.started_ms).ignore()
-                .query(c)
-        })
+        self.index_run(rec)
     }
 
     fn record_step(&self, s: &StepRecord) -> Result<(), StoreError> {
@@ -152,18 +161,51 @@ impl Store for RedisStore {
         self.with(|c| c.rpush(&key, &encoded))
     }
 
-    fn runs(&self, job: Option<&str>, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
-        let index = match job {
-            Some(j) => self.k(&["runs", "job", j]),
-            None => self.k(&["runs"]),
+    fn runs(&self, f: &RunFilter) -> Result<Vec<RunRecord>, StoreError> {
+        // The most specific index the filter names; what it does not name is
+        // filtered from the records, a page at a time.
+        let index = match (f.team, f.pipeline, f.job) {
+            (Some(t), Some(p), Some(j)) => self.k(&["runs", "scope", t, p, "job", j]),
+            (Some(t), Some(p), None) => self.k(&["runs", "scope", t, p]),
+            (Some(t), None, _) => self.k(&["runs", "team", t]),
+            (None, _, _) => self.k(&["runs"]),
         };
-        let ids: Vec<String> = self.with(|c| c.zrevrange(&index, 0, limit.saturating_sub(1) as isize))?;
+        const PAGE: isize = 200;
         let mut out = Vec::new();
-        for id in ids {
-            if let Some(r) = self.run(&id)? {
-                out.push(r);
+        let mut start = 0;
+        while out.len() < f.limit {
+            let ids: Vec<String> = self.with(|c| c.zrevrange(&index, start, start + PAGE - 1))?;
+            if ids.is_empty() {
+                break;
+            }
+            start += PAGE;
+            for id in ids {
+                if let Some(r) = self.run(&id)?.filter(|r| f.admits(r)) {
+                    out.push(r);
+                    if out.len() == f.limit {
+                        break;
+                    }
+                }
             }
         }
+        Ok(out)
+    }
+
+    fn pipelines(&self, team: Option<&str>) -> Result<Vec<PipelineSummary>, StoreError> {
+        let key = self.k(&["pipelines"]);
+        let members: Vec<String> = self.with(|c| c.zrange(&key, 0, -1))?;
+        let mut out = Vec::new();
+        for m in members {
+            let Some((t, p)) = m.split_once(':') else { continue };
+            if team.is_some_and(|want| want != t) {
+                continue;
+            }
+            let newest = RunFilter { team: Some(t), pipeline: Some(p), job: None, limit: 1 };
+            if let Some(last) = self.runs(&newest)?.into_iter().next() {
+                out.push(PipelineSummary { team: t.to_string(), pipeline: p.to_string(), last });
+            }
+        }
+        out.sort_by(|a, b| (&a.team, &a.pipeline).cmp(&(&b.team, &b.pipeline)));
         Ok(out)
     }
 
@@ -198,10 +240,22 @@ impl Store for RedisStore {
         raw.iter().map(|r| self.decode(r)).collect()
     }
 
-    fn request_approval(&self, run_id: &str, job: &str, message: &str, requested_ms: i64, deadline_ms: i64) -> Result<i64, StoreError> {
+    fn request_approval(&self, scope: &Scope, run_id: &str, job: &str, message: &str, requested_ms: i64, deadline_ms: i64) -> Result<i64, StoreError> {
         let seq = self.k(&["approvals", "seq"]);
         let id: i64 = self.with(|c| c.incr(&seq, 1))?;
-        let rec = ApprovalRecord { id, run_id: run_id.into(), job: job.into(), message: message.into(), requested_ms, deadline_ms, decision: None, reason: String::new(), approver: String::new() };
+        let rec = ApprovalRecord {
+            id,
+            team: scope.team.clone(),
+            pipeline: scope.pipeline.clone(),
+            run_id: run_id.into(),
+            job: job.into(),
+            message: message.into(),
+            requested_ms,
+            deadline_ms,
+            decision: None,
+            reason: String::new(),
+            approver: String::new(),
+        };
         let (key, pending) = (self.k(&["approval", &id.to_string()]), self.k(&["approvals", "pending"]));
         self.with(|c| redis::pipe().set(&key, Self::encode(&rec)).ignore().zadd(&pending, id, id).ignore().query::<()>(c))?;
         Ok(id)
@@ -213,12 +267,12 @@ impl Store for RedisStore {
         raw.map(|r| self.decode(&r)).transpose()
     }
 
-    fn pending_approvals(&self) -> Result<Vec<ApprovalRecord>, StoreError> {
+    fn pending_approvals(&self, team: Option<&str>, pipeline: Option<&str>) -> Result<Vec<ApprovalRecord>, StoreError> {
         let pending = self.k(&["approvals", "pending"]);
         let ids: Vec<i64> = self.with(|c| c.zrange(&pending, 0, -1))?;
         let mut out = Vec::new();
         for id in ids {
-            if let Some(a) = self.approval(id)? {
+            if let Some(a) = self.approval(id)?.filter(|a| team.is_none_or(|t| t == a.team) && pipeline.is_none_or(|p| p == a.pipeline)) {
                 out.push(a);
             }
         }
@@ -241,8 +295,8 @@ impl Store for RedisStore {
         Ok(true)
     }
 
-    fn record_versions(&self, resource: &str, versions: &[serde_json::Value]) -> Result<(), StoreError> {
-        let key = self.k(&["versions", resource]);
+    fn record_versions(&self, scope: &Scope, resource: &str, versions: &[serde_json::Value]) -> Result<(), StoreError> {
+        let key = self.k(&["versions", &scope.team, &scope.pipeline, resource]);
         // First-seen order: a new version's score is one more than the highest.
         let script = redis::Script::new(
             "for i, v in ipairs(ARGV) do
@@ -265,19 +319,19 @@ impl Store for RedisStore {
         })
     }
 
-    fn history(&self, resource: &str) -> Result<Vec<serde_json::Value>, StoreError> {
-        let key = self.k(&["versions", resource]);
+    fn history(&self, scope: &Scope, resource: &str) -> Result<Vec<serde_json::Value>, StoreError> {
+        let key = self.k(&["versions", &scope.team, &scope.pipeline, resource]);
         let raw: Vec<String> = self.with(|c| c.zrange(&key, 0, -1))?;
         raw.iter().map(|r| self.decode(r)).collect()
     }
 
-    fn record_green(&self, job: &str, resource: &str, version: &serde_json::Value) -> Result<(), StoreError> {
-        let key = self.k(&["green", job, resource]);
+    fn record_green(&self, scope: &Scope, job: &str, resource: &str, version: &serde_json::Value) -> Result<(), StoreError> {
+        let key = self.k(&["green", &scope.team, &scope.pipeline, job, resource]);
         self.with(|c| c.sadd(&key, canonical(version)))
     }
 
-    fn green(&self, job: &str, resource: &str) -> Result<Vec<serde_json::Value>, StoreError> {
-        let key = self.k(&["green", job, resource]);
+    fn green(&self, scope: &Scope, job: &str, resource: &str) -> Result<Vec<serde_json::Value>, StoreError> {
+        let key = self.k(&["green", &scope.team, &scope.pipeline, job, resource]);
         let raw: Vec<String> = self.with(|c| c.smembers(&key))?;
         raw.iter().map(|r| self.decode(r)).collect()
     }
@@ -296,6 +350,6 @@ mod tests {
         drop(s);
         // A new connection (a restarted coordinator) sees the same history.
         let s = RedisStore::connect(&url, "steppe-test").expect("connect");
-        assert_eq!(s.runs(None, 10).unwrap().len(), 3);
+        assert_eq!(s.runs(&RunFilter { limit: 10, ..Default::default() }).unwrap().len(), 6);
     }
 }

@@ -5,7 +5,7 @@ use std::sync::Mutex;
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::{canonical, ApprovalRecord, LogLine, RunRecord, StepRecord, Store, StoreError};
+use super::{canonical, ApprovalRecord, LogLine, PipelineSummary, RunFilter, RunRecord, Scope, StepRecord, Store, StoreError};
 
 pub struct SqliteStore {
     path: String,
@@ -15,7 +15,8 @@ pub struct SqliteStore {
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS runs (
   id TEXT PRIMARY KEY, job TEXT NOT NULL, started_ms INTEGER NOT NULL,
-  finished_ms INTEGER, outcome TEXT, message TEXT NOT NULL DEFAULT '');
+  finished_ms INTEGER, outcome TEXT, message TEXT NOT NULL DEFAULT '',
+  team TEXT NOT NULL DEFAULT '', pipeline TEXT NOT NULL DEFAULT '');
 CREATE TABLE IF NOT EXISTS steps (
   run_id TEXT NOT NULL, seq INTEGER NOT NULL, name TEXT NOT NULL, outcome TEXT NOT NULL,
   message TEXT NOT NULL, duration_ms INTEGER NOT NULL, exit_code INTEGER,
@@ -29,17 +30,28 @@ CREATE TABLE IF NOT EXISTS events (
   run_id TEXT NOT NULL, seq INTEGER PRIMARY KEY AUTOINCREMENT, at_ms INTEGER NOT NULL,
   kind TEXT NOT NULL, step TEXT NOT NULL, message TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS events_run ON events (run_id, seq);
-CREATE TABLE IF NOT EXISTS versions (
-  resource TEXT NOT NULL, seq INTEGER NOT NULL, version TEXT NOT NULL,
-  PRIMARY KEY (resource, version));
-CREATE TABLE IF NOT EXISTS green (
-  job TEXT NOT NULL, resource TEXT NOT NULL, version TEXT NOT NULL,
-  PRIMARY KEY (job, resource, version));
+CREATE TABLE IF NOT EXISTS resource_versions (
+  team TEXT NOT NULL, pipeline TEXT NOT NULL, resource TEXT NOT NULL, seq INTEGER NOT NULL, version TEXT NOT NULL,
+  PRIMARY KEY (team, pipeline, resource, version));
+CREATE TABLE IF NOT EXISTS passed (
+  team TEXT NOT NULL, pipeline TEXT NOT NULL, job TEXT NOT NULL, resource TEXT NOT NULL, version TEXT NOT NULL,
+  PRIMARY KEY (team, pipeline, job, resource, version));
 CREATE TABLE IF NOT EXISTS approvals (
   id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, job TEXT NOT NULL,
   message TEXT NOT NULL, requested_ms INTEGER NOT NULL, deadline_ms INTEGER NOT NULL,
-  decision TEXT, reason TEXT NOT NULL DEFAULT '', approver TEXT NOT NULL DEFAULT '');
+  decision TEXT, reason TEXT NOT NULL DEFAULT '', approver TEXT NOT NULL DEFAULT '',
+  team TEXT NOT NULL DEFAULT '', pipeline TEXT NOT NULL DEFAULT '');
 ";
+
+/// Brings a store made before history was kept per pipeline up to date:
+/// its runs, approvals, versions and `passed:` records become the history
+/// of `pipeline` (the file's own, by default), so nothing is lost.
+const MIGRATE: &[&str] = &[
+    "ALTER TABLE runs ADD COLUMN team TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE runs ADD COLUMN pipeline TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE approvals ADD COLUMN team TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE approvals ADD COLUMN pipeline TEXT NOT NULL DEFAULT ''",
+];
 
 fn approval_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ApprovalRecord> {
     Ok(ApprovalRecord {
@@ -52,10 +64,13 @@ fn approval_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ApprovalRecord> {
         decision: r.get(6)?,
         reason: r.get(7)?,
         approver: r.get(8)?,
+        team: r.get(9)?,
+        pipeline: r.get(10)?,
     })
 }
 
-const APPROVAL_COLS: &str = "id, run_id, job, message, requested_ms, deadline_ms, decision, reason, approver";
+const APPROVAL_COLS: &str = "id, run_id, job, message, requested_ms, deadline_ms, decision, reason, approver, team, pipeline";
+const RUN_COLS: &str = "id, job, started_ms, finished_ms, outcome, message, team, pipeline";
 
 impl SqliteStore {
     /// Opens (creating if needed) the store at `path`.
@@ -73,7 +88,34 @@ impl SqliteStore {
             let _ = conn.execute_batch(&format!("ALTER TABLE steps ADD COLUMN {col}"));
         }
         let _ = conn.execute_batch("ALTER TABLE logs ADD COLUMN omitted TEXT");
+        Self::migrate(&conn, &legacy_pipeline(path)).map_err(|source| StoreError::Sqlite { path: p.clone(), source })?;
         Ok(SqliteStore { path: p, conn: Mutex::new(conn) })
+    }
+
+    fn migrate(conn: &Connection, pipeline: &str) -> rusqlite::Result<()> {
+        for m in MIGRATE {
+            // Fails only when the column is already there.
+            let _ = conn.execute_batch(m);
+        }
+        let old: i64 = conn.query_row("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name IN ('versions', 'green')", [], |r| r.get(0))?;
+        if old > 0 {
+            conn.execute_batch("BEGIN")?;
+            let moved = (|| {
+                if conn.query_row("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'versions'", [], |r| r.get::<_, i64>(0))? > 0 {
+                    conn.execute("INSERT OR IGNORE INTO resource_versions (team, pipeline, resource, seq, version) SELECT '', ?1, resource, seq, version FROM versions", params![pipeline])?;
+                    conn.execute_batch("DROP TABLE versions")?;
+                }
+                if conn.query_row("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'green'", [], |r| r.get::<_, i64>(0))? > 0 {
+                    conn.execute("INSERT OR IGNORE INTO passed (team, pipeline, job, resource, version) SELECT '', ?1, job, resource, version FROM green", params![pipeline])?;
+                    conn.execute_batch("DROP TABLE green")?;
+                }
+                conn.execute("UPDATE runs SET pipeline = ?1 WHERE pipeline = ''", params![pipeline])?;
+                conn.execute("UPDATE approvals SET pipeline = ?1 WHERE pipeline = ''", params![pipeline])
+            })();
+            conn.execute_batch(if moved.is_ok() { "COMMIT" } else { "ROLLBACK" })?;
+            moved?;
+        }
+        conn.execute_batch("CREATE INDEX IF NOT EXISTS runs_scope ON runs (team, pipeline, started_ms)")
     }
 
     /// Opens an existing store read-only views use; `None` if it was never created.
@@ -91,6 +133,16 @@ impl SqliteStore {
 }
 
 
+/// The pipeline an older store's history belongs to: the stem of the file
+/// it records (`.steppe/ci.yml.db` → `ci`), as `steppe run` names it now.
+fn legacy_pipeline(db: &Path) -> String {
+    let name = db.file_stem().map(|n| Path::new(n).to_path_buf()).unwrap_or_default();
+    match name.extension() {
+        Some(_) => name.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
+        None => String::new(),
+    }
+}
+
 fn run_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRecord> {
     Ok(RunRecord {
         id: r.get(0)?,
@@ -99,20 +151,24 @@ fn run_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRecord> {
         finished_ms: r.get(3)?,
         outcome: r.get(4)?,
         message: r.get(5)?,
+        team: r.get(6)?,
+        pipeline: r.get(7)?,
     })
 }
 
 impl Store for SqliteStore {
-    fn start_run(&self, id: &str, job: &str, started_ms: i64) -> Result<(), StoreError> {
-        self.with(|c| c.execute("INSERT INTO runs (id, job, started_ms) VALUES (?1, ?2, ?3)", params![id, job, started_ms]).map(|_| ()))
+    fn start_run(&self, rec: &RunRecord) -> Result<(), StoreError> {
+        self.with(|c| {
+            c.execute("INSERT INTO runs (id, job, started_ms, team, pipeline) VALUES (?1, ?2, ?3, ?4, ?5)", params![rec.id, rec.job, rec.started_ms, rec.team, rec.pipeline]).map(|_| ())
+        })
     }
 
     fn finish_run(&self, rec: &RunRecord) -> Result<(), StoreError> {
         self.with(|c| {
             c.execute(
-                "INSERT INTO runs (id, job, started_ms, finished_ms, outcome, message) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                "INSERT INTO runs (id, job, started_ms, finished_ms, outcome, message, team, pipeline) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
                  ON CONFLICT(id) DO UPDATE SET finished_ms = ?4, outcome = ?5, message = ?6",
-                params![rec.id, rec.job, rec.started_ms, rec.finished_ms, rec.outcome, rec.message],
+                params![rec.id, rec.job, rec.started_ms, rec.finished_ms, rec.outcome, rec.message, rec.team, rec.pipeline],
             )
             .map(|_| ())
         })
@@ -142,22 +198,35 @@ impl Store for SqliteStore {
         })
     }
 
-    fn runs(&self, job: Option<&str>, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
+    fn runs(&self, f: &RunFilter) -> Result<Vec<RunRecord>, StoreError> {
         self.with(|c| {
-            let mut st = c.prepare(
-                "SELECT id, job, started_ms, finished_ms, outcome, message FROM runs
-                 WHERE (?1 IS NULL OR job = ?1) ORDER BY started_ms DESC, rowid DESC LIMIT ?2",
-            )?;
-            let rows = st.query_map(params![job, limit as i64], run_row)?;
+            let mut st = c.prepare(&format!(
+                "SELECT {RUN_COLS} FROM runs
+                 WHERE (?1 IS NULL OR team = ?1) AND (?2 IS NULL OR pipeline = ?2) AND (?3 IS NULL OR job = ?3)
+                 ORDER BY started_ms DESC, rowid DESC LIMIT ?4"
+            ))?;
+            let rows = st.query_map(params![f.team, f.pipeline, f.job, f.limit as i64], run_row)?;
             rows.collect()
         })
     }
 
-    fn run(&self, id: &str) -> Result<Option<RunRecord>, StoreError> {
+    fn pipelines(&self, team: Option<&str>) -> Result<Vec<PipelineSummary>, StoreError> {
         self.with(|c| {
-            c.query_row("SELECT id, job, started_ms, finished_ms, outcome, message FROM runs WHERE id = ?1", params![id], run_row)
-                .optional()
+            // The newest run of each (team, pipeline).
+            let mut st = c.prepare(&format!(
+                "SELECT {RUN_COLS} FROM runs r
+                 WHERE (?1 IS NULL OR team = ?1) AND rowid = (
+                   SELECT rowid FROM runs x WHERE x.team = r.team AND x.pipeline = r.pipeline
+                   ORDER BY started_ms DESC, rowid DESC LIMIT 1)
+                 ORDER BY team, pipeline"
+            ))?;
+            let rows = st.query_map(params![team], run_row)?;
+            rows.map(|r| r.map(|last| PipelineSummary { team: last.team.clone(), pipeline: last.pipeline.clone(), last })).collect()
         })
+    }
+
+    fn run(&self, id: &str) -> Result<Option<RunRecord>, StoreError> {
+        self.with(|c| c.query_row(&format!("SELECT {RUN_COLS} FROM runs WHERE id = ?1"), params![id], run_row).optional())
     }
 
     fn steps(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError> {
@@ -182,11 +251,11 @@ impl Store for SqliteStore {
         })
     }
 
-    fn request_approval(&self, run_id: &str, job: &str, message: &str, requested_ms: i64, deadline_ms: i64) -> Result<i64, StoreError> {
+    fn request_approval(&self, scope: &Scope, run_id: &str, job: &str, message: &str, requested_ms: i64, deadline_ms: i64) -> Result<i64, StoreError> {
         self.with(|c| {
             c.execute(
-                "INSERT INTO approvals (run_id, job, message, requested_ms, deadline_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![run_id, job, message, requested_ms, deadline_ms],
+                "INSERT INTO approvals (run_id, job, message, requested_ms, deadline_ms, team, pipeline) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![run_id, job, message, requested_ms, deadline_ms, scope.team, scope.pipeline],
             )?;
             Ok(c.last_insert_rowid())
         })
@@ -196,10 +265,12 @@ impl Store for SqliteStore {
         self.with(|c| c.query_row(&format!("SELECT {APPROVAL_COLS} FROM approvals WHERE id = ?1"), params![id], approval_row).optional())
     }
 
-    fn pending_approvals(&self) -> Result<Vec<ApprovalRecord>, StoreError> {
+    fn pending_approvals(&self, team: Option<&str>, pipeline: Option<&str>) -> Result<Vec<ApprovalRecord>, StoreError> {
         self.with(|c| {
-            let mut st = c.prepare(&format!("SELECT {APPROVAL_COLS} FROM approvals WHERE decision IS NULL ORDER BY id"))?;
-            let rows = st.query_map([], approval_row)?;
+            let mut st = c.prepare(&format!(
+                "SELECT {APPROVAL_COLS} FROM approvals WHERE decision IS NULL AND (?1 IS NULL OR team = ?1) AND (?2 IS NULL OR pipeline = ?2) ORDER BY id"
+            ))?;
+            let rows = st.query_map(params![team, pipeline], approval_row)?;
             rows.collect()
         })
     }
@@ -230,38 +301,46 @@ impl Store for SqliteStore {
         })
     }
 
-    fn record_versions(&self, resource: &str, versions: &[serde_json::Value]) -> Result<(), StoreError> {
+    fn record_versions(&self, scope: &Scope, resource: &str, versions: &[serde_json::Value]) -> Result<(), StoreError> {
         self.with(|c| {
             let tx = c.transaction()?;
             {
-                let next: i64 = tx.query_row("SELECT COALESCE(MAX(seq), -1) + 1 FROM versions WHERE resource = ?1", params![resource], |r| r.get(0))?;
-                let mut st = tx.prepare_cached("INSERT OR IGNORE INTO versions (resource, seq, version) VALUES (?1, ?2, ?3)")?;
+                let next: i64 = tx.query_row(
+                    "SELECT COALESCE(MAX(seq), -1) + 1 FROM resource_versions WHERE team = ?1 AND pipeline = ?2 AND resource = ?3",
+                    params![scope.team, scope.pipeline, resource],
+                    |r| r.get(0),
+                )?;
+                let mut st = tx.prepare_cached("INSERT OR IGNORE INTO resource_versions (team, pipeline, resource, seq, version) VALUES (?1, ?2, ?3, ?4, ?5)")?;
                 for (i, v) in versions.iter().enumerate() {
-                    st.execute(params![resource, next + i as i64, canonical(v)])?;
+                    st.execute(params![scope.team, scope.pipeline, resource, next + i as i64, canonical(v)])?;
                 }
             }
             tx.commit()
         })
     }
 
-    fn history(&self, resource: &str) -> Result<Vec<serde_json::Value>, StoreError> {
+    fn history(&self, scope: &Scope, resource: &str) -> Result<Vec<serde_json::Value>, StoreError> {
         self.with(|c| {
-            let mut st = c.prepare("SELECT version FROM versions WHERE resource = ?1 ORDER BY seq")?;
-            let rows = st.query_map(params![resource], |r| r.get::<_, String>(0))?;
+            let mut st = c.prepare("SELECT version FROM resource_versions WHERE team = ?1 AND pipeline = ?2 AND resource = ?3 ORDER BY seq")?;
+            let rows = st.query_map(params![scope.team, scope.pipeline, resource], |r| r.get::<_, String>(0))?;
             rows.map(|r| r.map(|t| serde_json::from_str(&t).unwrap_or(serde_json::Value::Null))).collect()
         })
     }
 
-    fn record_green(&self, job: &str, resource: &str, version: &serde_json::Value) -> Result<(), StoreError> {
+    fn record_green(&self, scope: &Scope, job: &str, resource: &str, version: &serde_json::Value) -> Result<(), StoreError> {
         self.with(|c| {
-            c.execute("INSERT OR IGNORE INTO green (job, resource, version) VALUES (?1, ?2, ?3)", params![job, resource, canonical(version)]).map(|_| ())
+            c.execute(
+                "INSERT OR IGNORE INTO passed (team, pipeline, job, resource, version) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![scope.team, scope.pipeline, job, resource, canonical(version)],
+            )
+            .map(|_| ())
         })
     }
 
-    fn green(&self, job: &str, resource: &str) -> Result<Vec<serde_json::Value>, StoreError> {
+    fn green(&self, scope: &Scope, job: &str, resource: &str) -> Result<Vec<serde_json::Value>, StoreError> {
         self.with(|c| {
-            let mut st = c.prepare("SELECT version FROM green WHERE job = ?1 AND resource = ?2")?;
-            let rows = st.query_map(params![job, resource], |r| r.get::<_, String>(0))?;
+            let mut st = c.prepare("SELECT version FROM passed WHERE team = ?1 AND pipeline = ?2 AND job = ?3 AND resource = ?4")?;
+            let rows = st.query_map(params![scope.team, scope.pipeline, job, resource], |r| r.get::<_, String>(0))?;
             rows.map(|r| r.map(|t| serde_json::from_str(&t).unwrap_or(serde_json::Value::Null))).collect()
         })
     }
@@ -296,6 +375,38 @@ mod tests {
         drop(s);
         // History survives reopening.
         let s = SqliteStore::open_existing(&path).unwrap().unwrap();
-        assert_eq!(s.runs(None, 10).unwrap().len(), 3);
+        assert_eq!(s.runs(&crate::store::RunFilter { limit: 10, ..Default::default() }).unwrap().len(), 6);
+    }
+
+    #[test]
+    fn a_store_from_before_pipelines_keeps_its_history_as_the_files() {
+        let dir = std::env::temp_dir().join(format!("steppe-store-legacy-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let path = db_path(&dir.join("deploy.yaml"));
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let c = Connection::open(&path).unwrap();
+        c.execute_batch(
+            "CREATE TABLE runs (id TEXT PRIMARY KEY, job TEXT NOT NULL, started_ms INTEGER NOT NULL, finished_ms INTEGER, outcome TEXT, message TEXT NOT NULL DEFAULT '');
+             CREATE TABLE versions (resource TEXT NOT NULL, seq INTEGER NOT NULL, version TEXT NOT NULL, PRIMARY KEY (resource, version));
+             CREATE TABLE green (job TEXT NOT NULL, resource TEXT NOT NULL, version TEXT NOT NULL, PRIMARY KEY (job, resource, version));
+             CREATE TABLE approvals (id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, job TEXT NOT NULL, message TEXT NOT NULL, requested_ms INTEGER NOT NULL, deadline_ms INTEGER NOT NULL, decision TEXT, reason TEXT NOT NULL DEFAULT '', approver TEXT NOT NULL DEFAULT '');
+             INSERT INTO runs (id, job, started_ms) VALUES ('old', 'ship', 1);
+             INSERT INTO versions VALUES ('repo', 0, '{\"ref\":\"a\"}');
+             INSERT INTO green VALUES ('ship', 'repo', '{\"ref\":\"a\"}');
+             INSERT INTO approvals (run_id, job, message, requested_ms, deadline_ms) VALUES ('old', 'ship', 'go?', 1, 2);",
+        )
+        .unwrap();
+        drop(c);
+        let s = SqliteStore::open(&path).unwrap();
+        let deploy = Scope::new("", "deploy");
+        assert_eq!(s.run("old").unwrap().unwrap().pipeline, "deploy");
+        assert_eq!(s.history(&deploy, "repo").unwrap(), vec![serde_json::json!({"ref": "a"})]);
+        assert_eq!(s.green(&deploy, "ship", "repo").unwrap().len(), 1);
+        assert_eq!(s.pending_approvals(None, Some("deploy")).unwrap().len(), 1);
+        drop(s);
+        // Opening again changes nothing.
+        let s = SqliteStore::open(&path).unwrap();
+        assert_eq!(s.history(&deploy, "repo").unwrap().len(), 1);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -2,16 +2,25 @@
 
 use steppe_proto::v1;
 
-use crate::store::{ApprovalRecord, LogLine, Omitted, RunRecord, StepRecord};
+use crate::store::{ApprovalRecord, LogLine, Omitted, PipelineSummary, RunRecord, StepRecord};
 
 pub fn run_to_wire(r: RunRecord) -> v1::RunRecord {
-    let RunRecord { id, job, started_ms, finished_ms, outcome, message } = r;
-    v1::RunRecord { id, job, started_ms, finished_ms, outcome, message }
+    let RunRecord { id, team, pipeline, job, started_ms, finished_ms, outcome, message } = r;
+    v1::RunRecord { id, team, pipeline, job, started_ms, finished_ms, outcome, message }
 }
 
 pub fn run_from_wire(r: v1::RunRecord) -> RunRecord {
-    let v1::RunRecord { id, job, started_ms, finished_ms, outcome, message } = r;
-    RunRecord { id, job, started_ms, finished_ms, outcome, message }
+    let v1::RunRecord { id, team, pipeline, job, started_ms, finished_ms, outcome, message } = r;
+    RunRecord { id, team, pipeline, job, started_ms, finished_ms, outcome, message }
+}
+
+pub fn pipeline_to_wire(p: PipelineSummary) -> v1::PipelineSummary {
+    v1::PipelineSummary { team: p.team, pipeline: p.pipeline, last: Some(run_to_wire(p.last)) }
+}
+
+/// A summary without its run is none (it only exists for its run).
+pub fn pipeline_from_wire(p: v1::PipelineSummary) -> Option<PipelineSummary> {
+    Some(PipelineSummary { team: p.team, pipeline: p.pipeline, last: run_from_wire(p.last?) })
 }
 
 pub fn step_to_wire(s: StepRecord) -> v1::StepRecord {
@@ -54,13 +63,13 @@ pub fn event_from_wire(e: v1::RunEventRecord) -> (String, String, String) {
 }
 
 pub fn approval_to_wire(a: ApprovalRecord) -> v1::ApprovalRecord {
-    let ApprovalRecord { id, run_id, job, message, requested_ms, deadline_ms, decision, reason, approver } = a;
-    v1::ApprovalRecord { id, run_id, job, message, requested_ms, deadline_ms, decision, reason, approver }
+    let ApprovalRecord { id, team, pipeline, run_id, job, message, requested_ms, deadline_ms, decision, reason, approver } = a;
+    v1::ApprovalRecord { id, team, pipeline, run_id, job, message, requested_ms, deadline_ms, decision, reason, approver }
 }
 
 pub fn approval_from_wire(a: v1::ApprovalRecord) -> ApprovalRecord {
-    let v1::ApprovalRecord { id, run_id, job, message, requested_ms, deadline_ms, decision, reason, approver } = a;
-    ApprovalRecord { id, run_id, job, message, requested_ms, deadline_ms, decision, reason, approver }
+    let v1::ApprovalRecord { id, team, pipeline, run_id, job, message, requested_ms, deadline_ms, decision, reason, approver } = a;
+    ApprovalRecord { id, team, pipeline, run_id, job, message, requested_ms, deadline_ms, decision, reason, approver }
 }
 
 /// What a reply holds, for a message saying it was not what was asked for.
@@ -74,6 +83,7 @@ pub fn reply_kind(r: &v1::history_reply::Reply) -> &'static str {
         Reply::Events(_) => "events",
         Reply::Approval(_) => "an approval",
         Reply::Approvals(_) => "approvals",
+        Reply::Pipelines(_) => "pipelines",
     }
 }
 
@@ -85,8 +95,8 @@ mod tests {
     #[test]
     fn records_round_trip() {
         for r in [
-            RunRecord { id: "r1".into(), job: "build".into(), started_ms: 10, finished_ms: Some(30), outcome: Some("failed".into()), message: "m".into() },
-            RunRecord { id: "r2".into(), job: "j".into(), started_ms: -1, finished_ms: None, outcome: None, message: String::new() },
+            RunRecord { id: "r1".into(), team: "blue".into(), pipeline: "web".into(), job: "build".into(), started_ms: 10, finished_ms: Some(30), outcome: Some("failed".into()), message: "m".into() },
+            RunRecord { id: "r2".into(), team: String::new(), pipeline: String::new(), job: "j".into(), started_ms: -1, finished_ms: None, outcome: None, message: String::new() },
         ] {
             assert_eq!(run_from_wire(through_bytes(run_to_wire(r.clone()))), r);
         }
@@ -107,11 +117,15 @@ mod tests {
         let e = ("ended".to_string(), "compile".to_string(), "succeeded".to_string());
         assert_eq!(event_from_wire(through_bytes(event_to_wire(e.clone()))), e);
         for a in [
-            ApprovalRecord { id: 4, run_id: "r".into(), job: "j".into(), message: "Ship?".into(), requested_ms: 40, deadline_ms: 50, decision: Some("rejected".into()), reason: "no".into(), approver: "ana".into() },
-            ApprovalRecord { id: 5, run_id: "r".into(), job: "j".into(), message: String::new(), requested_ms: 0, deadline_ms: 0, decision: None, reason: String::new(), approver: String::new() },
+            ApprovalRecord { id: 4, team: "blue".into(), pipeline: "web".into(), run_id: "r".into(), job: "j".into(), message: "Ship?".into(), requested_ms: 40, deadline_ms: 50, decision: Some("rejected".into()), reason: "no".into(), approver: "ana".into() },
+            ApprovalRecord { id: 5, team: String::new(), pipeline: String::new(), run_id: "r".into(), job: "j".into(), message: String::new(), requested_ms: 0, deadline_ms: 0, decision: None, reason: String::new(), approver: String::new() },
         ] {
             assert_eq!(approval_from_wire(through_bytes(approval_to_wire(a.clone()))), a);
         }
+        let last = RunRecord { id: "r9".into(), team: "blue".into(), pipeline: "web".into(), job: "j".into(), started_ms: 1, finished_ms: None, outcome: None, message: String::new() };
+        let p = PipelineSummary { team: "blue".into(), pipeline: "web".into(), last };
+        assert_eq!(pipeline_from_wire(through_bytes(pipeline_to_wire(p.clone()))), Some(p));
+        assert_eq!(pipeline_from_wire(v1::PipelineSummary::default()), None);
     }
 
     #[test]
