@@ -39,6 +39,9 @@ impl Artifacts for ArtifactService {
     }
 
     async fn put(&self, req: Request<Streaming<ArtifactChunk>>) -> Result<Response<ArtifactRef>, Status> {
+        use steppe_runtime::auth::{require, Identity, Role};
+        // Workers store outputs; a submit token only reads what its runs stored.
+        require(Identity::of(&req), &[Role::Worker, Role::Admin], "store artifacts")?;
         let (tx, rx) = mpsc::channel(4);
         tokio::spawn(forward_chunks(req.into_inner(), tx));
         let store = self.store.clone();

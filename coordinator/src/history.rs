@@ -30,11 +30,7 @@ pub struct HistoryService {
 
 /// Who may read history: anyone but a worker, each its own team's (an admin every team's).
 fn reader(req_identity: Option<&Identity>) -> Result<Identity, Status> {
-    match req_identity {
-        Some(id) if id.role == Role::Worker => Err(Status::permission_denied("a worker token serves assignments; reading history takes a submit or admin token")),
-        Some(id) => Ok(id.clone()),
-        None => Err(Status::unauthenticated("a valid token is required")),
-    }
+    steppe_runtime::auth::require(req_identity, &[Role::Submit, Role::Admin], "read or decide history")
 }
 
 #[tonic::async_trait]

@@ -21,6 +21,8 @@ use crate::text::shown;
 
 pub struct RunService {
     pub svc: Arc<Services>,
+    /// Which pools belong to which team.
+    pub callers: steppe_runtime::auth::Callers,
     /// The runs going on, by id, for `Cancel`.
     pub active: Arc<std::sync::Mutex<HashMap<String, Arc<crate::engine::Engine>>>>,
 }
@@ -29,7 +31,8 @@ type Lines = mpsc::UnboundedSender<String>;
 
 impl RunService {
     /// Runs one submission of `team` whose files go under `root`.
-    async fn handle(&self, mut req: SubmitRequest, team: String, root: &Path, lines: &Lines, started: &Lines) -> i32 {
+    async fn handle(&self, mut req: SubmitRequest, who: Identity, root: &Path, lines: &Lines, started: &Lines) -> i32 {
+        let team = who.team.clone();
         let given = Some(req.name.as_str()).filter(|n| !n.is_empty());
         let scope = match crate::services::pipeline_name(given, Path::new(&req.pipeline)) {
             Ok(pipeline) => Scope { team, pipeline },
@@ -83,6 +86,10 @@ impl RunService {
         engine.submission = Some(Arc::new(crate::engine::Submission::new(root.to_path_buf(), sub_dir, self.svc.store.clone())));
         if !req.pool.is_empty() {
             if let Err(e) = steppe_runtime::queue::check_pool_name(&req.pool) {
+                let _ = lines.send(format!("steppe: error: {e}"));
+                return 2;
+            }
+            if let Err(e) = who.may_submit_to(&req.pool, steppe_runtime::auth::pool_owner(&self.callers, &req.pool).as_deref()) {
                 let _ = lines.send(format!("steppe: error: {e}"));
                 return 2;
             }
@@ -185,11 +192,7 @@ impl RunService {
 
 /// Who may submit and cancel: a submit or admin token.
 fn submitter(who: Option<&Identity>) -> Result<Identity, Status> {
-    match who {
-        Some(id) if id.role == Role::Worker => Err(Status::permission_denied("a worker token serves assignments; submitting and cancelling take a submit or admin token")),
-        Some(id) => Ok(id.clone()),
-        None => Err(Status::unauthenticated("a valid token is required")),
-    }
+    steppe_runtime::auth::require(who, &[Role::Submit, Role::Admin], "submit or cancel runs")
 }
 
 #[tonic::async_trait]
@@ -217,7 +220,7 @@ impl Runs for RunService {
     }
 
     async fn submit(&self, req: Request<SubmitRequest>) -> Result<Response<Self::SubmitStream>, Status> {
-        let team = submitter(Identity::of(&req))?.team;
+        let who = submitter(Identity::of(&req))?;
         let req = req.into_inner();
         let (tx, rx) = mpsc::channel(1024);
         let (ltx, mut lrx) = mpsc::unbounded_channel::<String>();
@@ -246,12 +249,12 @@ impl Runs for RunService {
                 }
             }
         });
-        let me = RunService { svc: self.svc.clone(), active: self.active.clone() };
+        let me = RunService { svc: self.svc.clone(), active: self.active.clone(), callers: self.callers.clone() };
         tokio::spawn(async move {
             use futures::FutureExt;
             let root = me.svc.state.join("submissions").join(crate::run_actor::run_id());
             // A panic handling this submission fails it, and only it.
-            let code = match std::panic::AssertUnwindSafe(me.handle(req, team, &root, &ltx, &stx)).catch_unwind().await {
+            let code = match std::panic::AssertUnwindSafe(me.handle(req, who, &root, &ltx, &stx)).catch_unwind().await {
                 Ok(code) => code,
                 Err(panic) => {
                     let what = steppe_language::load::panic_text(panic.as_ref());

@@ -6,16 +6,40 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 
+use steppe_runtime::auth::{AuthFile, Callers, TokenCheck};
+
+use crate::event_hub::EventHub;
 use crate::services::{Services, QUEUE_KEY};
 use crate::{artifacts, history, runs_service, service};
 
 /// How long a remote worker may stay silent before it is fenced (three heartbeats).
 pub const DEFAULT_WORKER_LEASE: std::time::Duration = std::time::Duration::from_secs(15);
 
+/// Who may call: the entries of an `--auth` file (teams and roles), and
+/// the one admin token of `--token-file`; neither lets every call in.
+#[derive(Debug, Clone, Default)]
+pub struct Auth {
+    pub file: Option<std::path::PathBuf>,
+    pub admin_token: Option<String>,
+}
+
+impl Auth {
+    /// The callers as the files say now.
+    pub fn load(&self) -> Result<Option<AuthFile>> {
+        let mut callers = match &self.file {
+            Some(f) => Some(AuthFile::read(f).map_err(anyhow::Error::msg)?),
+            None => None,
+        };
+        if let Some(t) = &self.admin_token {
+            callers = Some(callers.unwrap_or_default().with_admin_token(t));
+        }
+        Ok(callers)
+    }
+}
+
 /// How the server is reached and what it asks of its clients.
 pub struct ServeOptions {
-    /// Every call must carry this bearer token.
-    pub token: Option<String>,
+    pub auth: Auth,
     /// Serve TLS with this certificate and key.
     pub tls: Option<tonic::transport::Identity>,
     pub worker_lease: std::time::Duration,
@@ -26,13 +50,17 @@ pub struct ServeOptions {
 
 impl Default for ServeOptions {
     fn default() -> Self {
-        ServeOptions { token: None, tls: None, worker_lease: DEFAULT_WORKER_LEASE, long_lived: false }
+        ServeOptions { auth: Auth::default(), tls: None, worker_lease: DEFAULT_WORKER_LEASE, long_lived: false }
     }
 }
 
 /// Binds `addr` and serves the services there until the process ends.
 pub fn serve(svc: &Arc<Services>, addr: std::net::SocketAddr, opts: ServeOptions) -> Result<()> {
-    let ServeOptions { token, tls, worker_lease, long_lived } = opts;
+    let ServeOptions { auth, tls, worker_lease, long_lived } = opts;
+    let callers: Callers = Arc::new(std::sync::RwLock::new(auth.load()?));
+    if auth.file.is_some() {
+        reload_on_sighup(auth, callers.clone(), svc.out.clone());
+    }
     let slots = svc.slots;
     let local_store = svc.local_store.clone();
     let artifact_dir = svc.artifact_dir.clone();
@@ -65,12 +93,13 @@ pub fn serve(svc: &Arc<Services>, addr: std::net::SocketAddr, opts: ServeOptions
         pull_queue,
         ephemeral: !long_lived,
         scratch: svc.scratch.clone(),
+        callers: callers.clone(),
     };
     let artifacts = artifacts::ArtifactService { store: local_store };
-    let runs = runs_service::RunService { svc: svc.clone(), active: Default::default() };
+    let runs = runs_service::RunService { svc: svc.clone(), active: Default::default(), callers: callers.clone() };
     let history = history::HistoryService { store: history_store };
     let out = svc.out.clone();
-    let auth = steppe_runtime::auth::TokenCheck::new(token, std::sync::Arc::new(move |peer: &str| out.note(&format!("refused an unauthenticated call from {peer}"))));
+    let auth = TokenCheck::with_callers(callers, Arc::new(move |peer: &str, why: &str| out.note(&format!("refused a call from {peer}: {why}"))));
     // The listener is ours (bound before serving, to say the address), so the
     // accepted sockets get TCP_NODELAY here: a short reply must not wait for
     // the peer's delayed ACK (40 ms a cancel or a Taken once took).
@@ -92,4 +121,25 @@ pub fn serve(svc: &Arc<Services>, addr: std::net::SocketAddr, opts: ServeOptions
         }
     });
     Ok(())
+}
+
+/// SIGHUP: the `--auth` file is read again and takes effect for the next
+/// call (a removed entry's token is refused from then on). A file that does
+/// not read leaves the callers as they were, and says why.
+fn reload_on_sighup(auth: Auth, callers: Callers, out: Arc<EventHub>) {
+    tokio::spawn(async move {
+        let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else { return };
+        while hup.recv().await.is_some() {
+            let a = auth.clone();
+            match tokio::task::spawn_blocking(move || a.load()).await {
+                Ok(Ok(now)) => {
+                    let n = now.as_ref().map_or(0, AuthFile::len);
+                    *callers.write().unwrap_or_else(|p| p.into_inner()) = now;
+                    out.note(&format!("reloaded --auth: {n} caller(s)"));
+                }
+                Ok(Err(e)) => out.note(&format!("--auth not reloaded (the callers stay as they were): {e:#}")),
+                Err(e) => out.note(&format!("--auth not reloaded: {e}")),
+            }
+        }
+    });
 }

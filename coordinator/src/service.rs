@@ -21,6 +21,8 @@ use crate::dispatch::Dispatcher;
 use crate::registry::WorkerRegistry;
 
 pub struct WorkerService {
+    /// Who may serve which pools (worker and admin tokens).
+    pub callers: steppe_runtime::auth::Callers,
     pub dispatcher: Arc<Dispatcher>,
     pub sink: Arc<crate::event_hub::EventHub>,
     pub artifact_dir: PathBuf,
@@ -70,15 +72,20 @@ impl Coordinator for WorkerService {
 
     async fn session(&self, req: Request<Streaming<WorkerMessage>>) -> Result<Response<Self::SessionStream>, Status> {
         let peer = req.remote_addr().map(|a| a.to_string()).unwrap_or_else(|| "unknown".into());
+        let who = steppe_runtime::auth::require(steppe_runtime::auth::Identity::of(&req), &[steppe_runtime::auth::Role::Worker, steppe_runtime::auth::Role::Admin], "serve assignments")?;
         let mut inbound = req.into_inner();
         let hello = match inbound.message().await? {
             Some(WorkerMessage { msg: Some(worker_message::Msg::Hello(h)) }) => h,
             _ => return Err(Status::invalid_argument("a session starts with Hello")),
         };
         let slots = hello.slots.clamp(1, 1024) as usize;
-        let name = if hello.worker.is_empty() { peer } else { hello.worker };
+        let name = if hello.worker.is_empty() { peer.clone() } else { hello.worker };
         let pool = if hello.pool.is_empty() { DEFAULT_POOL.to_string() } else { hello.pool };
         check_pool_name(&pool).map_err(Status::invalid_argument)?;
+        if let Err(e) = who.may_serve(&pool, steppe_runtime::auth::pool_owner(&self.callers, &pool).as_deref()) {
+            self.sink.note(&format!("refused worker {name} from {peer}: {e}"));
+            return Err(Status::permission_denied(e));
+        }
         let queue = self.dispatcher.pools.get(&pool).await.map_err(|e| Status::unavailable(e.to_string()))?;
         let (queue_key, queue_lease_ms) = match (&self.pull_queue, hello.pulls) {
             (Some((base, lease)), true) => (pool_key(base, &pool), u64::try_from(lease.as_millis()).unwrap_or(60_000)),

@@ -11,7 +11,7 @@ use super::args::{parse_lease, parse_wait};
 use super::{cores, runtime, scratch};
 use crate::remote::read_token;
 use crate::run_actor::terminated;
-use crate::server::{serve, ServeOptions};
+use crate::server::{serve, Auth, ServeOptions};
 use crate::services::{start_services_with, ClusterOptions, QUEUE_KEY};
 
 /// Serve runs for `steppe submit` and assignments for `steppe worker`s.
@@ -38,9 +38,18 @@ pub struct CoordinatorArgs {
     /// Where the coordinator keeps history, artifacts and submissions.
     #[arg(long, value_name = "DIR", default_value = ".steppe-coordinator")]
     state: PathBuf,
-    /// A file holding the token every client and worker must present.
+    /// A file holding the token every client and worker must present (an
+    /// admin token: it opens everything, every team's history included).
     #[arg(long, value_name = "FILE", env = "STEPPE_TOKEN_FILE")]
     token_file: Option<PathBuf>,
+    /// Teams and roles: a YAML list of entries `{team, role, sha256[, pools,
+    /// name]}`, role one of submit, worker, admin, sha256 the SHA-256 of a
+    /// token (`steppe token new` makes one and prints its entry). A submit
+    /// token sees and acts on its own team's pipelines only; a worker token
+    /// only serves assignments (of its `pools`, if listed); an admin token
+    /// sees every team. Read again on SIGHUP.
+    #[arg(long, value_name = "FILE", env = "STEPPE_AUTH_FILE")]
+    auth: Option<PathBuf>,
     /// The queue assignments wait on: redis://HOST:PORT/ (Redis Streams,
     /// leased) instead of this process's memory. Keep a password out of
     /// the command line: --redis-password-file, or the URL in $STEPPE_QUEUE.
@@ -81,9 +90,11 @@ pub struct CoordinatorArgs {
 
 impl CoordinatorArgs {
     pub fn run(self) -> Result<ExitCode> {
-        let CoordinatorArgs { listen, workers, state, token_file, queue, queue_lease, store, redis_password_file, worker_lease, artifacts, tls_cert, tls_key } = self;
+        let CoordinatorArgs { listen, workers, state, token_file, auth, queue, queue_lease, store, redis_password_file, worker_lease, artifacts, tls_cert, tls_key } = self;
         let (queue, store) = with_redis_password(queue, store, redis_password_file.as_deref())?;
-        let token = read_token(token_file.as_deref())?;
+        let auth = Auth { file: auth, admin_token: read_token(token_file.as_deref())? };
+        // Read now, so a mistake in it stops the coordinator before it serves.
+        auth.load()?;
         let tls = match tls_cert.zip(tls_key) {
             Some((cert, key)) => {
                 let read = |p: &Path| std::fs::read(p).with_context(|| format!("reading {}", p.display()));
@@ -112,7 +123,7 @@ impl CoordinatorArgs {
                 None => Arc::new(steppe_runtime::store::SqliteStore::open(&state.join("steppe.db"))?),
             };
             let svc = start_services_with(&state, runs, scratch.path(), workers, false, true, ClusterOptions { pools, artifacts }).await?;
-            serve(&svc, listen, ServeOptions { token, tls, worker_lease, long_lived: true })?;
+            serve(&svc, listen, ServeOptions { auth, tls, worker_lease, long_lived: true })?;
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => {}
                 _ = terminated() => {}

@@ -15,6 +15,7 @@ pub mod run;
 pub mod scripted_model;
 pub mod submit;
 pub mod test;
+pub mod token;
 pub mod validate;
 
 #[derive(Subcommand, Debug)]
@@ -36,6 +37,7 @@ pub enum Command {
     Reject(history::DecideArgs),
     Cancel(submit::CancelArgs),
     Schema(validate::SchemaArgs),
+    Token(token::TokenArgs),
 }
 
 impl Command {
@@ -55,6 +57,7 @@ impl Command {
             Command::Reject(a) => a.run(false),
             Command::Cancel(a) => a.run(),
             Command::Schema(a) => a.run(),
+            Command::Token(a) => a.run(),
         }
     }
 }

@@ -116,6 +116,13 @@ impl Node {
         }
     }
 
+    pub fn items(&self) -> Option<&[Node]> {
+        match &self.kind {
+            NodeKind::Seq(v) => Some(v),
+            _ => None,
+        }
+    }
+
     pub fn get(&self, key: &str) -> Option<&Node> {
         self.entries()?
             .iter()
