@@ -1,6 +1,6 @@
 //! A cluster under faults: workers drained, killed with SIGKILL, silent past
 //! their lease; submitters that vanish; steps longer than the queue lease;
-//! queue entries a dead coordinator left behind.
+//! queue entries and runs a dead coordinator left behind.
 
 mod common;
 
@@ -289,4 +289,56 @@ fn a_dead_coordinators_queue_entries_are_not_run() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert!(!ran.exists());
     stop(workers.iter_mut().chain([&mut second, &mut redis]));
+}
+
+/// A coordinator killed with -9 leaves no ghosts: its attached submitter is
+/// told at once what happened and where to look, and the runs it was driving
+/// are marked aborted, with the reason, by the next coordinator on the store.
+#[test]
+fn a_dead_coordinators_runs_are_marked_aborted_by_the_next() {
+    let work = scratch("ghosts");
+    let started = work.join("started");
+    std::fs::write(work.join("p.yml"), format!("jobs:\n- name: j\n  plan:\n  - task: long\n    run: echo $$ >> {}; sleep 60\n", started.display())).expect("write");
+    let (mut redis, redis_url) = redis_server();
+    let cluster = ["coordinator", "--listen", "127.0.0.1:0", "--workers", "2", "--state", "state", "--queue", &redis_url, "--store", &redis_url];
+    let (mut first, url, mut lines) = serving(&cluster, &work);
+    std::thread::spawn(move || for _ in lines.by_ref() {});
+    let detached = steppe(&["submit", "p.yml", "--detach", "--coordinator", &url], &work);
+    assert_eq!(detached.status.code(), Some(0), "{}", text(&detached));
+    let detached_id = String::from_utf8_lossy(&detached.stdout).trim().to_string();
+    let attached = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
+        .args(["submit", "p.yml", "--coordinator", &url])
+        .current_dir(&work)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("submit");
+    wait_for("both steps to start", Duration::from_secs(20), || std::fs::read_to_string(&started).map(|t| t.lines().count() >= 2).unwrap_or(false));
+    first.kill().expect("kill -9 the coordinator");
+    let _ = first.wait();
+    let out = attached.wait_with_output().expect("the submitter ends");
+    let said = text(&out);
+    assert_ne!(out.status.code(), Some(0), "{said}");
+    assert!(said.contains(&format!("the coordinator at {url} went away while")) && said.contains("marks it aborted"), "{said}");
+
+    let (mut second, url, lines) = serving(&cluster, &work);
+    let (seen_tx, seen) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for l in lines.map_while(Result::ok) {
+            let _ = seen_tx.send(l);
+        }
+    });
+    let mut marked = Vec::new();
+    while marked.len() < 2 {
+        let l = seen.recv_timeout(Duration::from_secs(40)).expect("the second coordinator marks both runs");
+        if l.contains("was left running by") && l.contains("marked aborted") {
+            marked.push(l);
+        }
+    }
+    assert!(marked.iter().any(|l| l.contains(&detached_id)), "{marked:?}");
+    let run = text(&steppe(&["runs", "--run", &detached_id, "--coordinator", &url], &work));
+    assert!(run.contains("aborted") && run.contains("stopped before it finished"), "{run}");
+    let listed = text(&steppe(&["runs", "--coordinator", &url], &work));
+    assert!(!listed.contains("running"), "{listed}");
+    stop([&mut second, &mut redis]);
 }

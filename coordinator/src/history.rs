@@ -197,6 +197,12 @@ impl Store for RemoteStore {
     fn record_event(&self, _: &str, _: &str, _: &str, _: &str) -> Result<(), StoreError> {
         Err(self.read_only())
     }
+    fn heartbeat(&self, _: &str, _: i64, _: i64) -> Result<(), StoreError> {
+        Err(self.read_only())
+    }
+    fn orphaned_runs(&self, _: i64) -> Result<Vec<RunRecord>, StoreError> {
+        Err(self.read_only())
+    }
     fn events(&self, run_id: &str) -> Result<Vec<(String, String, String)>, StoreError> {
         match self.ask(What::Events(run_id.to_string()))? {
             Reply::Events(l) => Ok(l.events.into_iter().map(event_from_wire).collect()),

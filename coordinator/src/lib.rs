@@ -12,6 +12,7 @@ pub mod dispatch;
 pub mod engine;
 pub mod event_hub;
 pub mod history;
+pub mod liveness;
 pub mod registry;
 pub mod remote;
 pub mod run_actor;

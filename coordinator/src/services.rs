@@ -66,7 +66,8 @@ pub async fn start_services_with(state: &Path, runs: Arc<dyn steppe_runtime::sto
     if slots == 0 && !serving {
         anyhow::bail!("--workers 0 leaves nobody to run steps; add --listen ADDR and start `steppe worker`s");
     }
-    let out = Arc::new(crate::event_hub::EventHub::start(quiet, Some(runs)).await.context("starting the event hub")?);
+    let out = Arc::new(crate::event_hub::EventHub::start(quiet, Some(runs.clone())).await.context("starting the event hub")?);
+    crate::liveness::start(runs, out.clone());
     let (cancel_tx, cancel_rx) = tokio::sync::watch::channel(false);
     let pools = Arc::new(pools.unwrap_or_else(|| steppe_runtime::queue::Pools::in_process(Arc::new(InProcessQueue::new()))));
     if let Some(lease) = pools.default_pool().lease() {

@@ -85,7 +85,13 @@ impl LineSink for Lines {
 /// against `tls_ca` (a PEM file) when given, and the system's roots otherwise.
 pub async fn connect(url: &str, tls_ca: Option<&std::path::Path>) -> Result<tonic::transport::Channel, WorkerError> {
     let connect_err = |source| WorkerError::Connect { url: url.to_string(), source };
-    let mut endpoint = tonic::transport::Endpoint::from_shared(url.to_string()).map_err(connect_err)?.tcp_nodelay(true);
+    let mut endpoint = tonic::transport::Endpoint::from_shared(url.to_string()).map_err(connect_err)?
+        .tcp_nodelay(true)
+        // A coordinator that vanished without closing the connection (its
+        // machine lost, a partition) is noticed within half a minute.
+        .http2_keep_alive_interval(std::time::Duration::from_secs(10))
+        .keep_alive_timeout(std::time::Duration::from_secs(20))
+        .keep_alive_while_idle(true);
     if url.starts_with("https://") {
         let mut tls = tonic::transport::ClientTlsConfig::new().with_native_roots();
         if let Some(ca) = tls_ca {

@@ -305,6 +305,9 @@ fn runs(h: &History, job: Option<&str>, limit: usize, steps: bool, run: Option<&
         None => h.runs(store.as_ref(), job, 1)?.into_iter().next().with_context(|| format!("no runs recorded for {}", h.label))?,
     };
     say!("run {} of job {} ({}) in pipeline {}", record.id, shown(&record.job), record.outcome.as_deref().unwrap_or("running"), shown(&record.pipeline));
+    if !record.message.is_empty() {
+        say!("  {}", shown(&record.message));
+    }
     if steps || logs.is_none() {
         say!("{:<40} {:<10} {:>9} {:>5} {:>9}", "STEP", "OUTCOME", "DURATION", "EXIT", "TOKENS");
         for s in store.steps(&record.id)? {

@@ -211,7 +211,7 @@ pub async fn submit(remote: &Remote, path: &Path, o: SubmitOptions) -> anyhow::R
                 continue;
             }
         };
-        let Some(ev) = ev.map_err(|s| anyhow::anyhow!("the coordinator went away: {}", s.message()))? else { break };
+        let Some(ev) = ev.map_err(|s| went_away(&remote.url, &started, &s))? else { break };
         match ev.event {
             Some(run_event::Event::Line(l)) => {
                 if l.starts_with("steppe: error:") || l.starts_with("  ") && l.contains(": ") && !l.starts_with("  [") {
@@ -234,5 +234,16 @@ pub async fn submit(remote: &Remote, path: &Path, o: SubmitOptions) -> anyhow::R
             None => {}
         }
     }
-    anyhow::bail!("the coordinator ended the run's stream without saying how it finished")
+    Err(went_away(&remote.url, &started, &tonic::Status::unavailable("the stream ended without saying how the run finished")))
+}
+
+/// The coordinator stopped answering while its runs went on: what became of
+/// them, and where to look once it is back.
+fn went_away(url: &str, started: &[String], s: &tonic::Status) -> anyhow::Error {
+    let what = if started.is_empty() { "before the run began".to_string() } else { format!("while {} ran", started.join(", ")) };
+    let look = match started.first() {
+        Some(id) => format!("; a coordinator that starts again marks it aborted — see `steppe runs --run {id} --coordinator {url}`"),
+        None => String::new(),
+    };
+    anyhow::anyhow!("the coordinator at {url} went away {what} ({}){look}", s.message())
 }

@@ -71,6 +71,7 @@ impl JobRun {
             finished_ms: None,
             outcome: None,
             message: String::new(),
+            owner: steppe_runtime::store::this_owner().to_string(),
         }
     }
 

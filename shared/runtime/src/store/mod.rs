@@ -22,7 +22,18 @@ mod scope;
 
 pub use scope::{check_name, PipelineSummary, RunFilter, Scope};
 
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+/// This process as a run's owner: host, pid and start time, unique across
+/// restarts and machines sharing a store.
+pub fn this_owner() -> &'static str {
+    static OWNER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    OWNER.get_or_init(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "host".into());
+        let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0);
+        format!("{host}:{}:{started}", std::process::id())
+    })
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RunRecord {
     pub id: String,
     /// The team it ran for ("" without `--auth`) and its pipeline's name.
@@ -36,6 +47,11 @@ pub struct RunRecord {
     /// succeeded / failed / errored / aborted; None while running.
     pub outcome: Option<String>,
     pub message: String,
+    /// The process running it (a coordinator, an embedded `steppe run`):
+    /// while it says it is alive (`Store::heartbeat`), an unfinished run is
+    /// going on; once it stops, the run is an orphan, marked aborted.
+    #[serde(default)]
+    pub owner: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -152,6 +168,10 @@ pub trait Store: Send + Sync {
     fn approval(&self, id: i64) -> Result<Option<ApprovalRecord>, StoreError>;
     /// Approvals waiting for a decision (of `team` / `pipeline` when given), oldest first.
     fn pending_approvals(&self, team: Option<&str>, pipeline: Option<&str>) -> Result<Vec<ApprovalRecord>, StoreError>;
+    /// Says `owner` is alive until `now_ms + ttl_ms`.
+    fn heartbeat(&self, owner: &str, now_ms: i64, ttl_ms: i64) -> Result<(), StoreError>;
+    /// Unfinished runs whose owner has stopped saying it is alive (as of `now_ms`).
+    fn orphaned_runs(&self, now_ms: i64) -> Result<Vec<RunRecord>, StoreError>;
     /// Records a decision; false if the approval was already decided (or does not exist).
     fn decide_approval(&self, id: i64, approved: bool, reason: &str, approver: &str) -> Result<bool, StoreError>;
     /// Files versions a check reported into the resource's history (first-seen order kept).
@@ -201,7 +221,7 @@ pub(crate) mod tests {
 
     /// What every Store backend must do alike.
     fn run(id: &str, scope: &Scope, job: &str, started_ms: i64) -> RunRecord {
-        RunRecord { id: id.into(), team: scope.team.clone(), pipeline: scope.pipeline.clone(), job: job.into(), started_ms, finished_ms: None, outcome: None, message: String::new() }
+        RunRecord { id: id.into(), team: scope.team.clone(), pipeline: scope.pipeline.clone(), job: job.into(), started_ms, owner: "p1".into(), ..Default::default() }
     }
 
     fn all(limit: usize) -> RunFilter<'static> {
@@ -257,6 +277,27 @@ pub(crate) mod tests {
         assert_eq!(s.run("r0").unwrap().map(|r| (r.job, r.outcome)), Some(("lost".into(), Some("failed".into()))));
         assert_eq!(s.runs(&RunFilter { job: Some("lost"), ..all(10) }).unwrap().len(), 1);
         scopes_keep_apart(s);
+        orphans_are_found(s);
+    }
+
+    /// A run whose owner stopped its heartbeat is an orphan; one whose owner
+    /// lives, or that finished, is not.
+    fn orphans_are_found(s: &dyn Store) {
+        let sc = Scope::new("", "ghosts");
+        s.heartbeat("alive", 1_000, 10_000).unwrap();
+        s.heartbeat("dead", 1_000, 10_000).unwrap();
+        s.start_run(&RunRecord { owner: "alive".into(), ..run("g1", &sc, "j", 500) }).unwrap();
+        s.start_run(&RunRecord { owner: "dead".into(), ..run("g2", &sc, "j", 600) }).unwrap();
+        s.start_run(&RunRecord { owner: "dead".into(), ..run("g3", &sc, "j", 700) }).unwrap();
+        s.finish_run(&RunRecord { owner: "dead".into(), finished_ms: Some(800), outcome: Some("succeeded".into()), ..run("g3", &sc, "j", 700) }).unwrap();
+        // Both alive until 11,000; then only `alive` says so again.
+        assert!(s.orphaned_runs(5_000).unwrap().iter().all(|r| r.pipeline != "ghosts"));
+        s.heartbeat("alive", 11_000, 10_000).unwrap();
+        let orphans: Vec<String> = s.orphaned_runs(12_000).unwrap().into_iter().filter(|r| r.pipeline == "ghosts").map(|r| r.id).collect();
+        assert_eq!(orphans, ["g2"]);
+        // A run started by an owner that never said anything is an orphan too.
+        s.start_run(&RunRecord { owner: "silent".into(), ..run("g4", &sc, "j", 900) }).unwrap();
+        assert!(s.orphaned_runs(12_000).unwrap().iter().any(|r| r.id == "g4"));
     }
 
     /// Two pipelines (and two teams) with the same job and resource names

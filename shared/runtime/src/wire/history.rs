@@ -5,13 +5,14 @@ use steppe_proto::v1;
 use crate::store::{ApprovalRecord, LogLine, Omitted, PipelineSummary, RunRecord, StepRecord};
 
 pub fn run_to_wire(r: RunRecord) -> v1::RunRecord {
-    let RunRecord { id, team, pipeline, job, started_ms, finished_ms, outcome, message } = r;
+    // Which process runs it stays with the store.
+    let RunRecord { id, team, pipeline, job, started_ms, finished_ms, outcome, message, owner: _ } = r;
     v1::RunRecord { id, team, pipeline, job, started_ms, finished_ms, outcome, message }
 }
 
 pub fn run_from_wire(r: v1::RunRecord) -> RunRecord {
     let v1::RunRecord { id, team, pipeline, job, started_ms, finished_ms, outcome, message } = r;
-    RunRecord { id, team, pipeline, job, started_ms, finished_ms, outcome, message }
+    RunRecord { id, team, pipeline, job, started_ms, finished_ms, outcome, message, owner: String::new() }
 }
 
 pub fn pipeline_to_wire(p: PipelineSummary) -> v1::PipelineSummary {
@@ -95,8 +96,8 @@ mod tests {
     #[test]
     fn records_round_trip() {
         for r in [
-            RunRecord { id: "r1".into(), team: "blue".into(), pipeline: "web".into(), job: "build".into(), started_ms: 10, finished_ms: Some(30), outcome: Some("failed".into()), message: "m".into() },
-            RunRecord { id: "r2".into(), team: String::new(), pipeline: String::new(), job: "j".into(), started_ms: -1, finished_ms: None, outcome: None, message: String::new() },
+            RunRecord { id: "r1".into(), team: "blue".into(), pipeline: "web".into(), job: "build".into(), started_ms: 10, finished_ms: Some(30), outcome: Some("failed".into()), message: "m".into(), owner: String::new() },
+            RunRecord { id: "r2".into(), team: String::new(), pipeline: String::new(), job: "j".into(), started_ms: -1, finished_ms: None, outcome: None, message: String::new(), owner: String::new() },
         ] {
             assert_eq!(run_from_wire(through_bytes(run_to_wire(r.clone()))), r);
         }
@@ -122,7 +123,7 @@ mod tests {
         ] {
             assert_eq!(approval_from_wire(through_bytes(approval_to_wire(a.clone()))), a);
         }
-        let last = RunRecord { id: "r9".into(), team: "blue".into(), pipeline: "web".into(), job: "j".into(), started_ms: 1, finished_ms: None, outcome: None, message: String::new() };
+        let last = RunRecord { id: "r9".into(), team: "blue".into(), pipeline: "web".into(), job: "j".into(), started_ms: 1, finished_ms: None, outcome: None, message: String::new(), owner: String::new() };
         let p = PipelineSummary { team: "blue".into(), pipeline: "web".into(), last };
         assert_eq!(pipeline_from_wire(through_bytes(pipeline_to_wire(p.clone()))), Some(p));
         assert_eq!(pipeline_from_wire(v1::PipelineSummary::default()), None);
