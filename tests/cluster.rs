@@ -512,3 +512,65 @@ fn fifty_pipelines_with_the_same_names_keep_their_own_history() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).lines().skip(1).count(), 50, "{}", text(&out));
     stop(workers.iter_mut().chain([&mut coord, &mut redis]));
 }
+
+/// Redis as people run it: an ACL user with a password, TLS (`rediss://`,
+/// the private CA trusted through $SSL_CERT_FILE), and two installations
+/// sharing the one Redis under their own `--redis-prefix`, each with its
+/// own pulling worker, neither dropping the other's entries as orphans.
+#[test]
+fn two_coordinators_share_one_redis_over_tls_with_a_user() {
+    let work = scratch("redis-shared");
+    private_ca(&work);
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("port");
+    let mut redis = child_of_this_test("redis-server")
+        .args(["--port", "0", "--tls-port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .args(["--tls-cert-file", "server.pem", "--tls-key-file", "server.key", "--tls-ca-cert-file", "ca.pem", "--tls-auth-clients", "no"])
+        .args(["--user", "default", "off", "--user", "ci", "on", ">s3cret", "~*", "&*", "+@all"])
+        .current_dir(&work)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("redis-server");
+    wait_for("redis to listen", Duration::from_secs(10), || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
+    let url = format!("rediss://ci:s3cret@127.0.0.1:{port}/");
+    std::fs::write(work.join("p.yml"), "jobs:\n- name: j\n  plan:\n  - task: t\n    run: echo fine\n").expect("write");
+    let ca = work.join("ca.pem");
+    let start = |prefix: &str| {
+        let child = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
+            .args(["coordinator", "--listen", "127.0.0.1:0", "--workers", "0", "--state", prefix, "--queue", &url, "--store", &url, "--redis-prefix", prefix])
+            .env("SSL_CERT_FILE", &ca)
+            .current_dir(&work)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("coordinator");
+        let (coord, curl, lines) = serving_child(child);
+        let log: Log = Default::default();
+        let keep = log.clone();
+        std::thread::spawn(move || lines.map_while(Result::ok).for_each(|l| keep.lock().expect("log").push_str(&(l + "\n"))));
+        let worker = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
+            .args(["worker", "--coordinator", &curl, "--slots", "2", "--queue", &url])
+            .env("SSL_CERT_FILE", &ca)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("worker");
+        (coord, worker, curl, log)
+    };
+    let (mut c1, mut w1, u1, log1) = start("blue");
+    let (mut c2, mut w2, u2, log2) = start("green");
+    let outs: Vec<Output> = std::thread::scope(|s| {
+        let runs: Vec<_> = [&u1, &u2, &u1, &u2].into_iter().map(|u| s.spawn(|| steppe(&["submit", "p.yml", "--coordinator", u], &work))).collect();
+        runs.into_iter().map(|r| r.join().expect("submit")).collect()
+    });
+    for o in &outs {
+        assert_eq!(o.status.code(), Some(0), "{}\n--- blue ---\n{}\n--- green ---\n{}", text(o), log1.lock().expect("log"), log2.lock().expect("log"));
+    }
+    for (u, log) in [(&u1, &log1), (&u2, &log2)] {
+        let listed = text(&steppe(&["runs", "--coordinator", u], &work));
+        assert_eq!(listed.matches("succeeded").count(), 2, "each sees its own two runs: {listed}");
+        assert!(!log.lock().expect("log").contains("dropped assignment"), "{}", log.lock().expect("log"));
+    }
+    // Without the CA, TLS is refused and said so.
+    let out = steppe(&["coordinator", "--listen", "127.0.0.1:0", "--state", "x", "--queue", &url], &work);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(text(&out).contains("SSL_CERT_FILE") && !text(&out).contains("s3cret"), "the way out, never the password: {}", text(&out));
+    stop([&mut w1, &mut w2, &mut c1, &mut c2, &mut redis]);
+}

@@ -25,13 +25,67 @@ pub struct RunService {
     pub callers: steppe_runtime::auth::Callers,
     /// The runs going on, by id, for `Cancel`.
     pub active: Arc<std::sync::Mutex<HashMap<String, Arc<crate::engine::Engine>>>>,
+    /// Where a submission's scripted model listens: the address workers
+    /// reach this coordinator on (an unspecified one is taken by each
+    /// worker as the host it dialled).
+    pub model_host: std::net::IpAddr,
 }
 
 type Lines = mpsc::UnboundedSender<String>;
 
 impl RunService {
-    /// Runs one submission of `team` whose files go under `root`.
-    async fn handle(&self, mut req: SubmitRequest, who: Identity, root: &Path, lines: &Lines, started: &Lines) -> i32 {
+    /// Runs one submission; with a scenario, its scripted model serves the
+    /// run's agents for as long as it lasts. Returns the exit code and the
+    /// requests the model received (when the submitter asked for them).
+    async fn handle_scripted(&self, req: SubmitRequest, who: Identity, root: &Path, lines: &Lines, started: &Lines) -> (i32, Vec<String>) {
+        if req.scenario.is_empty() {
+            return (self.handle(req, who, root, lines, started, None).await, Vec::new());
+        }
+        let scenario = match crate::scripted::parse(&req.scenario, Path::new("--script")) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = lines.send(format!("steppe: error: {e}"));
+                return (2, Vec::new());
+            }
+        };
+        let at = std::net::SocketAddr::new(self.model_host, 0);
+        let serve = |script| crate::scripted::serve(script, at);
+        let model = match serve(scenario.model.clone()).await {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = lines.send(format!("steppe: error: the coordinator could not serve the scripted model: {e}"));
+                return (2, Vec::new());
+            }
+        };
+        let fallback = match scenario.fallback.clone() {
+            Some(f) => match serve(Some(f)).await {
+                Ok(m) => Some(m),
+                Err(e) => {
+                    let _ = lines.send(format!("steppe: error: the coordinator could not serve the scripted fallback: {e}"));
+                    return (2, Vec::new());
+                }
+            },
+            None => None,
+        };
+        let dump = req.dump_requests;
+        let targets = (model.base_url.clone(), fallback.as_ref().map(|f| f.base_url.clone()));
+        let mut code = self.handle(req, who, root, lines, started, Some(targets)).await;
+        let mut problems = model.failures();
+        problems.extend(fallback.iter().flat_map(|f| f.failures()).map(|p| format!("fallback {p}")));
+        if !problems.is_empty() && code != 130 {
+            for p in &problems {
+                let _ = lines.send(format!("FAIL scenario: {p}"));
+            }
+            let _ = lines.send(format!("steppe: error: the scenario could not answer {} request(s)", problems.len()));
+            code = 2;
+        }
+        let requests = if dump { model.requests().iter().chain(fallback.iter().flat_map(|f| f.requests()).collect::<Vec<_>>().iter()).map(|r| r.to_string()).collect() } else { Vec::new() };
+        (code, requests)
+    }
+
+    /// Runs one submission of `team` whose files go under `root`, its agents
+    /// pointed at `scripted` (a model's and a fallback's URL) when given.
+    async fn handle(&self, mut req: SubmitRequest, who: Identity, root: &Path, lines: &Lines, started: &Lines, scripted: Option<(String, Option<String>)>) -> i32 {
         let team = who.team.clone();
         let given = Some(req.name.as_str()).filter(|n| !n.is_empty());
         let scope = match crate::services::pipeline_name(given, Path::new(&req.pipeline)) {
@@ -81,7 +135,7 @@ impl RunService {
             }
         };
         let (cancel_tx, cancel_rx) = tokio::sync::watch::channel(false);
-        let mut engine = crate::services::make_engine_with(&self.svc, &loaded, scope, answers, None, Arc::new(cancel_tx), cancel_rx);
+        let mut engine = crate::services::make_engine_with(&self.svc, &loaded, scope, answers, scripted, Arc::new(cancel_tx), cancel_rx);
         engine.decide_with = "--coordinator URL".into();
         engine.submission = Some(Arc::new(crate::engine::Submission::new(root.to_path_buf(), sub_dir, self.svc.store.clone())));
         if !req.pool.is_empty() {
@@ -249,24 +303,29 @@ impl Runs for RunService {
                 }
             }
         });
-        let me = RunService { svc: self.svc.clone(), active: self.active.clone(), callers: self.callers.clone() };
+        let me = RunService { svc: self.svc.clone(), active: self.active.clone(), callers: self.callers.clone(), model_host: self.model_host };
         tokio::spawn(async move {
             use futures::FutureExt;
             let root = me.svc.state.join("submissions").join(crate::run_actor::run_id());
             // A panic handling this submission fails it, and only it.
-            let code = match std::panic::AssertUnwindSafe(me.handle(req, who, &root, &ltx, &stx)).catch_unwind().await {
-                Ok(code) => code,
+            let (code, requests) = match std::panic::AssertUnwindSafe(me.handle_scripted(req, who, &root, &ltx, &stx)).catch_unwind().await {
+                Ok(done) => done,
                 Err(panic) => {
                     let what = steppe_language::load::panic_text(panic.as_ref());
                     me.svc.out.note(&format!("steppe coordinator: a submission failed inside the coordinator: {what}"));
                     let _ = ltx.send(format!("steppe: error: the coordinator failed handling this submission ({what}); it goes on serving others"));
-                    2
+                    (2, Vec::new())
                 }
             };
             // Its files go with it (history stays); usually the engine took them already.
             let _ = std::fs::remove_dir_all(&root);
             drop((ltx, stx));
             let _ = forward.await;
+            for r in requests {
+                if tx.send(Ok(RunEvent { event: Some(run_event::Event::ModelRequest(r)) })).await.is_err() {
+                    return;
+                }
+            }
             let fin = RunFinished { exit_code: code, message: String::new() };
             let _ = tx.send(Ok(RunEvent { event: Some(run_event::Event::Finished(fin)) })).await;
         });

@@ -132,7 +132,12 @@ impl Cond {
 /// Reads and strictly decodes a scenario file.
 pub fn load(path: &Path) -> anyhow::Result<Scenario> {
     let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("cannot read scenario {}: {e}", path.display()))?;
-    let (node, problems) = steppe_language::yaml::parse(&text, 0)
+    parse(&text, path)
+}
+
+/// A scenario from its text; `path` names it in errors.
+pub fn parse(text: &str, path: &Path) -> anyhow::Result<Scenario> {
+    let (node, problems) = steppe_language::yaml::parse(text, 0)
         .map_err(|e| anyhow::anyhow!("{}:{}:{}: invalid YAML: {}", path.display(), e.mark.line, e.mark.col, e.message))?;
     if let Some(p) = problems.first() {
         anyhow::bail!("{}:{}:{}: {}", path.display(), p.mark.line, p.mark.col, p.message);
@@ -154,11 +159,23 @@ struct ServerState {
     failures: Vec<String>,
 }
 
-/// A running scripted model: its URL and what it saw.
+/// A running scripted model: its URL and what it saw. It stops serving
+/// when the last clone is dropped.
 #[derive(Clone)]
 pub struct ScriptedModel {
     pub base_url: String,
     state: Arc<Mutex<ServerState>>,
+    _stop: Arc<StopOnDrop>,
+}
+
+struct StopOnDrop(Option<tokio::sync::oneshot::Sender<()>>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(());
+        }
+    }
 }
 
 impl ScriptedModel {
@@ -286,8 +303,9 @@ pub async fn serve(script: Option<Script>, addr: std::net::SocketAddr) -> anyhow
         .with_state(state.clone());
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("scripted model: binding {addr}: {e}"))?;
     let bound = listener.local_addr()?;
+    let (tx, rx) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
+        let _ = axum::serve(listener, app).with_graceful_shutdown(async move { drop(rx.await) }).await;
     });
-    Ok(ScriptedModel { base_url: format!("http://{bound}/v1/"), state })
+    Ok(ScriptedModel { base_url: format!("http://{bound}/v1/"), state, _stop: Arc::new(StopOnDrop(Some(tx))) })
 }

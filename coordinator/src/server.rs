@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use steppe_runtime::auth::{AuthFile, Callers, TokenCheck};
 
 use crate::event_hub::EventHub;
-use crate::services::{Services, QUEUE_KEY};
+use crate::services::{queue_key, Services, DEFAULT_REDIS_PREFIX};
 use crate::{artifacts, history, runs_service, service};
 
 /// How long a remote worker may stay silent before it is fenced (three heartbeats).
@@ -46,17 +46,20 @@ pub struct ServeOptions {
     /// A `steppe coordinator` (workers wait for it to come back), not a
     /// run's own listener (workers exit when it goes).
     pub long_lived: bool,
+    /// The Redis stream of the default pool, told to workers that take
+    /// from the queue themselves.
+    pub queue_key: String,
 }
 
 impl Default for ServeOptions {
     fn default() -> Self {
-        ServeOptions { auth: Auth::default(), tls: None, worker_lease: DEFAULT_WORKER_LEASE, long_lived: false }
+        ServeOptions { auth: Auth::default(), tls: None, worker_lease: DEFAULT_WORKER_LEASE, long_lived: false, queue_key: queue_key(DEFAULT_REDIS_PREFIX) }
     }
 }
 
 /// Binds `addr` and serves the services there until the process ends.
 pub fn serve(svc: &Arc<Services>, addr: std::net::SocketAddr, opts: ServeOptions) -> Result<()> {
-    let ServeOptions { auth, tls, worker_lease, long_lived } = opts;
+    let ServeOptions { auth, tls, worker_lease, long_lived, queue_key } = opts;
     let callers: Callers = Arc::new(std::sync::RwLock::new(auth.load()?));
     if auth.file.is_some() {
         reload_on_sighup(auth, callers.clone(), svc.out.clone());
@@ -81,7 +84,7 @@ pub fn serve(svc: &Arc<Services>, addr: std::net::SocketAddr, opts: ServeOptions
         });
     }
     let store_id = local_store.store_id().with_context(|| format!("marking {}", artifact_dir.display()))?;
-    let pull_queue = svc.dispatcher.pools.default_pool().lease().map(|lease| (QUEUE_KEY.to_string(), lease));
+    let pull_queue = svc.dispatcher.pools.default_pool().lease().map(|lease| (queue_key.clone(), lease));
     let workers = service::WorkerService {
         dispatcher: svc.dispatcher.clone(),
         sink: svc.out.clone(),
@@ -96,7 +99,7 @@ pub fn serve(svc: &Arc<Services>, addr: std::net::SocketAddr, opts: ServeOptions
         callers: callers.clone(),
     };
     let artifacts = artifacts::ArtifactService { store: local_store };
-    let runs = runs_service::RunService { svc: svc.clone(), active: Default::default(), callers: callers.clone() };
+    let runs = runs_service::RunService { svc: svc.clone(), active: Default::default(), callers: callers.clone(), model_host: bound.ip() };
     let history = history::HistoryService { store: history_store };
     let out = svc.out.clone();
     let auth = TokenCheck::with_callers(callers, Arc::new(move |peer: &str, why: &str| out.note(&format!("refused a call from {peer}: {why}"))));

@@ -33,8 +33,14 @@ pub struct Services {
     pub slots: usize,
 }
 
-/// The Redis stream assignments wait on (workers started with --queue read it too).
-pub const QUEUE_KEY: &str = "steppe:assignments";
+/// What every Redis key of an installation starts with (`--redis-prefix`).
+pub const DEFAULT_REDIS_PREFIX: &str = "steppe";
+
+/// The Redis stream assignments wait on under `prefix` (workers started
+/// with --queue are told it); other pools' streams are named after it.
+pub fn queue_key(prefix: &str) -> String {
+    format!("{prefix}:assignments")
+}
 
 /// What `steppe coordinator` sets beyond embedded mode.
 #[derive(Default)]

@@ -121,12 +121,20 @@ struct Running {
     cancels: Cancels,
     /// The shared queue, for a worker that pulls (it acknowledges what it reported).
     queue: Option<Arc<dyn Queue>>,
+    /// The coordinator's host as dialled: where a model it serves on an
+    /// unspecified address (a scripted one) is reached.
+    coordinator_host: Option<String>,
 }
 
 impl Running {
     /// Runs one assignment and reports its result; `_slot` is held until then.
-    async fn run_one(self, a: Assignment, cancel: tokio::sync::watch::Receiver<bool>, _slot: Option<tokio::sync::OwnedSemaphorePermit>) {
-        let Running { tx, store, work_root, cancels, queue } = self;
+    async fn run_one(self, mut a: Assignment, cancel: tokio::sync::watch::Receiver<bool>, _slot: Option<tokio::sync::OwnedSemaphorePermit>) {
+        let Running { tx, store, work_root, cancels, queue, coordinator_host } = self;
+        if let Some(host) = &coordinator_host {
+            for w in a.agent.iter_mut().chain(a.fix.iter_mut()) {
+                w.reach_unspecified_at(host);
+            }
+        }
         let sink = Arc::new(Lines { tx: tx.clone(), id: a.id.clone(), dropped: Default::default() });
         let r = match &a.cwd {
             // Only the coordinator's own process runs a step in a directory of its host.
@@ -351,7 +359,8 @@ async fn session(config: &WorkerConfig, reconnecting: bool) -> Result<End, Worke
             }
         }
     });
-    let ctx = Running { tx: tx.clone(), store, work_root, cancels: Cancels::default(), queue: None };
+    let coordinator_host = steppe_runtime::agent_work::url_host(url).map(str::to_string);
+    let ctx = Running { tx: tx.clone(), store, work_root, cancels: Cancels::default(), queue: None, coordinator_host };
     // A worker started with --queue takes assignments from the shared queue itself.
     let (pulled_tx, mut pulled) = mpsc::channel::<(Assignment, tokio::sync::OwnedSemaphorePermit)>(1);
     let stop_pulling = Arc::new(std::sync::atomic::AtomicBool::new(false));

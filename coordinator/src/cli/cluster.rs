@@ -12,7 +12,7 @@ use super::{cores, runtime, scratch};
 use crate::remote::read_token;
 use crate::run_actor::terminated;
 use crate::server::{serve, Auth, ServeOptions};
-use crate::services::{start_services_with, ClusterOptions, QUEUE_KEY};
+use crate::services::{queue_key, start_services_with, ClusterOptions, DEFAULT_REDIS_PREFIX};
 
 /// Serve runs for `steppe submit` and assignments for `steppe worker`s.
 ///
@@ -50,9 +50,11 @@ pub struct CoordinatorArgs {
     /// sees every team. Read again on SIGHUP.
     #[arg(long, value_name = "FILE", env = "STEPPE_AUTH_FILE")]
     auth: Option<PathBuf>,
-    /// The queue assignments wait on: redis://HOST:PORT/ (Redis Streams,
-    /// leased) instead of this process's memory. Keep a password out of
-    /// the command line: --redis-password-file, or the URL in $STEPPE_QUEUE.
+    /// The queue assignments wait on: redis://[USER:PASSWORD@]HOST:PORT/
+    /// (Redis Streams, leased; rediss:// for TLS, verified against the
+    /// system's CAs or $SSL_CERT_FILE) instead of this process's memory.
+    /// Keep a password out of the command line: --redis-password-file, or
+    /// the URL in $STEPPE_QUEUE.
     #[arg(long, value_name = "URL", env = "STEPPE_QUEUE", hide_env_values = true)]
     queue: Option<String>,
     /// How long a queue entry stays with whoever took it unless renewed.
@@ -61,7 +63,7 @@ pub struct CoordinatorArgs {
     /// its entries go to the next coordinator after this long.
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_lease)]
     queue_lease: std::time::Duration,
-    /// Where history lives: redis://HOST:PORT/ instead of DIR/steppe.db, so
+    /// Where history lives: redis:// or rediss:// (as --queue) instead of DIR/steppe.db, so
     /// a restarted (or another) coordinator sees the same runs and versions.
     /// (Or the URL in $STEPPE_STORE.)
     #[arg(long, value_name = "URL", env = "STEPPE_STORE", hide_env_values = true)]
@@ -70,6 +72,11 @@ pub struct CoordinatorArgs {
     /// that carry none (so it never shows in `ps`).
     #[arg(long, value_name = "FILE", env = "STEPPE_REDIS_PASSWORD_FILE")]
     redis_password_file: Option<PathBuf>,
+    /// What this installation's Redis keys start with: coordinators with
+    /// different prefixes share one Redis without seeing each other's
+    /// queue entries or history. (Workers are told it.)
+    #[arg(long, value_name = "PREFIX", env = "STEPPE_REDIS_PREFIX", default_value = DEFAULT_REDIS_PREFIX, value_parser = parse_prefix)]
+    redis_prefix: String,
     /// A worker silent this long (no heartbeat; they come every 5s) is
     /// fenced: its steps run elsewhere and its late results are refused.
     #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = parse_lease)]
@@ -90,7 +97,8 @@ pub struct CoordinatorArgs {
 
 impl CoordinatorArgs {
     pub fn run(self) -> Result<ExitCode> {
-        let CoordinatorArgs { listen, workers, state, token_file, auth, queue, queue_lease, store, redis_password_file, worker_lease, artifacts, tls_cert, tls_key } = self;
+        let CoordinatorArgs { listen, workers, state, token_file, auth, queue, queue_lease, store, redis_password_file, redis_prefix, worker_lease, artifacts, tls_cert, tls_key } = self;
+        let queue_key = queue_key(&redis_prefix);
         let (queue, store) = with_redis_password(queue, store, redis_password_file.as_deref())?;
         let auth = Auth { file: auth, admin_token: read_token(token_file.as_deref())? };
         // Read now, so a mistake in it stops the coordinator before it serves.
@@ -110,20 +118,20 @@ impl CoordinatorArgs {
             let pools = match queue.as_deref() {
                 Some(url) if is_redis(url) => {
                     let name = format!("coordinator-{}", std::process::id());
-                    let default = Arc::new(steppe_runtime::queue::RedisQueue::connect(url, QUEUE_KEY, &name, queue_lease).await?);
-                    Some(steppe_runtime::queue::Pools::redis(default, url, QUEUE_KEY, &name, queue_lease))
+                    let default = Arc::new(steppe_runtime::queue::RedisQueue::connect(url, &queue_key, &name, queue_lease).await?);
+                    Some(steppe_runtime::queue::Pools::redis(default, url, &queue_key, &name, queue_lease))
                 }
                 Some(other) => anyhow::bail!("--queue {other}: only redis:// queues are supported so far"),
                 None => None,
             };
             let runs: Arc<dyn steppe_runtime::store::Store> = match store.as_deref() {
                 // History written while Redis is away is kept and delivered when it is back.
-                Some(url) if is_redis(url) => Arc::new(steppe_runtime::store::Outbox::new(steppe_runtime::store::RedisStore::connect(url, "steppe")?)),
+                Some(url) if is_redis(url) => Arc::new(steppe_runtime::store::Outbox::new(steppe_runtime::store::RedisStore::connect(url, &redis_prefix)?)),
                 Some(other) => anyhow::bail!("--store {other}: only redis:// stores are supported so far"),
                 None => Arc::new(steppe_runtime::store::SqliteStore::open(&state.join("steppe.db"))?),
             };
             let svc = start_services_with(&state, runs, scratch.path(), workers, false, true, ClusterOptions { pools, artifacts }).await?;
-            serve(&svc, listen, ServeOptions { auth, tls, worker_lease, long_lived: true })?;
+            serve(&svc, listen, ServeOptions { auth, tls, worker_lease, long_lived: true, queue_key })?;
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => {}
                 _ = terminated() => {}
@@ -133,6 +141,15 @@ impl CoordinatorArgs {
             anyhow::Ok(())
         })?;
         Ok(ExitCode::SUCCESS)
+    }
+}
+
+fn parse_prefix(p: &str) -> Result<String, String> {
+    let plain = !p.is_empty() && p.len() <= 64 && p.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+    if plain {
+        Ok(p.to_string())
+    } else {
+        Err(format!("{p:?}: a prefix is up to 64 letters, digits, '-', '_' or '.'"))
     }
 }
 

@@ -12,6 +12,7 @@ pub mod cluster;
 pub mod format;
 pub mod history;
 pub mod run;
+pub mod scenario;
 pub mod scripted_model;
 pub mod submit;
 pub mod test;

@@ -9,6 +9,7 @@ use clap::Args;
 use steppe_language::LoadOptions;
 
 use super::args::{ExecArgs, VarArgs};
+use super::scenario::ScriptArgs;
 use super::{cores, load_reporting, runtime, scratch};
 use crate::engine;
 use crate::run_actor::{run_id, run_until_signal};
@@ -36,6 +37,8 @@ pub struct RunArgs {
     #[arg(long)]
     job: Option<String>,
     #[command(flatten)]
+    script: ScriptArgs,
+    #[command(flatten)]
     exec: ExecArgs,
     #[command(flatten)]
     vars: VarArgs,
@@ -43,15 +46,17 @@ pub struct RunArgs {
 
 impl RunArgs {
     pub fn run(self) -> Result<ExitCode> {
-        run_job(&self.pipeline, self.job.as_deref(), &self.exec, &self.vars)
+        run_job(&self.pipeline, self.job.as_deref(), &self.script, &self.exec, &self.vars)
     }
 }
 
-fn run_job(path: &Path, job: Option<&str>, exec: &ExecArgs, vars: &VarArgs) -> Result<ExitCode> {
-    if let Some(code) = exec.submit(path, job, false, vars)? {
+fn run_job(path: &Path, job: Option<&str>, script: &ScriptArgs, exec: &ExecArgs, vars: &VarArgs) -> Result<ExitCode> {
+    let mut vars = vars.resolve()?;
+    let scenario = script.prepare(path, &mut vars)?;
+    if let Some(code) = exec.submit(path, job, false, vars.clone(), scenario.as_ref())? {
         return Ok(code);
     }
-    let loaded = match load_reporting(path, &LoadOptions::from_env(vars.resolve()?)) {
+    let loaded = match load_reporting(path, &LoadOptions::from_env(vars)) {
         Ok(l) => l,
         Err(code) => return Ok(code),
     };
@@ -77,9 +82,13 @@ fn run_job(path: &Path, job: Option<&str>, exec: &ExecArgs, vars: &VarArgs) -> R
     };
     let scratch = scratch()?;
     let rt = runtime()?;
-    let result = rt.block_on(async {
-        let engine = engine(&loaded, exec, scratch.path(), None).await?;
-        anyhow::Ok(run_until_signal(&engine, &job, run_id()).await)
+    let (result, model) = rt.block_on(async {
+        let model = match &scenario {
+            Some(sc) => Some(sc.serve().await?),
+            None => None,
+        };
+        let engine = engine(&loaded, exec, scratch.path(), model.as_ref().map(|m| m.targets())).await?;
+        anyhow::Ok((run_until_signal(&engine, &job, run_id()).await, model))
     })?;
     let outcome = steppe_runtime::outcome::Outcome::of(&result.result);
     if !exec.quiet {
@@ -89,6 +98,11 @@ fn run_job(path: &Path, job: Option<&str>, exec: &ExecArgs, vars: &VarArgs) -> R
         Ok(()) => say!("job {} succeeded", shown(&job.name)),
         Err(e) => {
             say!("job {} {}: {}", shown(&job.name), outcome.word(), shown(&e.message));
+        }
+    }
+    if let Some(m) = &model {
+        if !m.finish()? && outcome.exit_code() == 0 {
+            return Ok(ExitCode::from(2));
         }
     }
     Ok(ExitCode::from(outcome.exit_code()))

@@ -11,6 +11,7 @@ use steppe_proto::v1::runs_client::RunsClient;
 use steppe_proto::v1::{run_event, CancelRequest, SubmitRequest};
 
 use super::args::{ExecArgs, RemoteArgs, VarArgs};
+use super::scenario::{Prepared, ScriptArgs};
 use super::{load_reporting, runtime};
 use crate::remote::Remote;
 
@@ -64,15 +65,22 @@ pub struct SubmitArgs {
     #[arg(long = "pipeline", value_name = "NAME")]
     name: Option<String>,
     #[command(flatten)]
+    script: ScriptArgs,
+    #[command(flatten)]
     vars: VarArgs,
 }
 
 impl SubmitArgs {
     pub fn run(self) -> Result<ExitCode> {
-        let SubmitArgs { pipeline, job, test, detach, coordinator, token_file, tls_ca, pool, answer, include, name, vars } = self;
+        let SubmitArgs { pipeline, job, test, detach, coordinator, token_file, tls_ca, pool, answer, include, name, script, vars } = self;
         let remote = Remote::new(&coordinator, token_file.as_deref(), tls_ca.as_deref())?;
-        let vars = vars.resolve()?.into_iter().collect();
-        let o = SubmitOptions { job, test, detach, pool, vars, answers: answer, include, name };
+        let mut vars = vars.resolve()?;
+        let scenario = script.prepare(&pipeline, &mut vars)?;
+        if detach && script.dump_requests.is_some() {
+            anyhow::bail!("--dump-requests with --detach: the requests come back when the run ends, to a submitter that follows it; drop --detach");
+        }
+        let (scenario, dump_requests) = scenario.map(|s| (Some(s.text), s.dump)).unwrap_or_default();
+        let o = SubmitOptions { job, test, detach, pool, vars: vars.into_iter().collect(), answers: answer, include, name, scenario, dump_requests };
         let code = runtime()?.block_on(submit(&remote, &pipeline, o))?;
         Ok(ExitCode::from(u8::try_from(code).unwrap_or(2)))
     }
@@ -80,10 +88,22 @@ impl SubmitArgs {
 
 impl ExecArgs {
     /// `--coordinator`: hand the run to a coordinator and follow it.
-    pub fn submit(&self, path: &Path, job: Option<&str>, test: bool, vars: &VarArgs) -> Result<Option<ExitCode>> {
+    /// `vars` resolved (with a scenario's); `scenario` sent for the coordinator to serve.
+    pub fn submit(&self, path: &Path, job: Option<&str>, test: bool, vars: steppe_language::vars::Vars, scenario: Option<&Prepared>) -> Result<Option<ExitCode>> {
         let Some(remote) = self.remote.remote()? else { return Ok(None) };
-        let vars = vars.resolve()?.into_iter().collect();
-        let o = SubmitOptions { job: job.map(str::to_string), test, pool: self.pool.clone(), vars, answers: self.answer.clone(), include: self.include.clone(), name: self.pipeline_name.clone(), ..Default::default() };
+        let vars = vars.into_iter().collect();
+        let o = SubmitOptions {
+            job: job.map(str::to_string),
+            test,
+            pool: self.pool.clone(),
+            vars,
+            answers: self.answer.clone(),
+            include: self.include.clone(),
+            name: self.pipeline_name.clone(),
+            scenario: scenario.map(|s| s.text.clone()),
+            dump_requests: scenario.and_then(|s| s.dump.clone()),
+            ..Default::default()
+        };
         let code = runtime()?.block_on(submit(&remote, path, o))?;
         Ok(Some(ExitCode::from(u8::try_from(code).unwrap_or(2))))
     }
@@ -159,13 +179,17 @@ pub struct SubmitOptions {
     pub include: Vec<String>,
     /// The pipeline's name (`--pipeline`; default: the file's stem).
     pub name: Option<String>,
+    /// `--script`: the scenario the coordinator serves to the run's agents.
+    pub scenario: Option<String>,
+    /// `--dump-requests FILE`: where the scripted model's requests go.
+    pub dump_requests: Option<PathBuf>,
 }
 
 /// `steppe submit`: loads the pipeline here (so problems show before anything
 /// is sent), sends it with every file it reads and what `--include` or
 /// `.steppe-include` add, prints what comes back.
 pub async fn submit(remote: &Remote, path: &Path, o: SubmitOptions) -> anyhow::Result<i32> {
-    let SubmitOptions { job, test, detach, pool, vars, answers, include, name: pipeline_name } = o;
+    let SubmitOptions { job, test, detach, pool, vars, answers, include, name: pipeline_name, scenario, dump_requests } = o;
     // Checked here too, so a bad name is said before anything is sent.
     let pipeline_name = crate::services::pipeline_name(pipeline_name.as_deref(), path)?;
     let (job, pool) = (job.as_deref(), pool.as_deref());
@@ -179,7 +203,7 @@ pub async fn submit(remote: &Remote, path: &Path, o: SubmitOptions) -> anyhow::R
     if let Some(p) = pool {
         steppe_runtime::queue::check_pool_name(p).map_err(|e| anyhow::anyhow!("--pool {e}"))?;
     }
-    let req = SubmitRequest { pipeline: name, files, job: job.unwrap_or_default().to_string(), vars, test, answers, detach, pool: pool.unwrap_or_default().to_string(), name: pipeline_name };
+    let req = SubmitRequest { pipeline: name, files, job: job.unwrap_or_default().to_string(), vars, test, answers, detach, pool: pool.unwrap_or_default().to_string(), name: pipeline_name, dump_requests: dump_requests.is_some(), scenario: scenario.unwrap_or_default() };
     let size = prost::Message::encoded_len(&req);
     if size > crate::bundle::SUBMISSION_MAX {
         anyhow::bail!(
@@ -194,6 +218,7 @@ pub async fn submit(remote: &Remote, path: &Path, o: SubmitOptions) -> anyhow::R
     let mut ctrl_c = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let mut stream = client.submit(req).await.map_err(|s| anyhow::anyhow!("the coordinator refused the submission: {}{}", s.message(), remote.hint(&s)))?.into_inner();
     let mut started: Vec<String> = Vec::new();
+    let mut requests: Vec<String> = Vec::new();
     let mut interrupted = false;
     loop {
         let ev = tokio::select! {
@@ -220,7 +245,13 @@ pub async fn submit(remote: &Remote, path: &Path, o: SubmitOptions) -> anyhow::R
                     say!("{l}");
                 }
             }
-            Some(run_event::Event::Finished(f)) => return Ok(f.exit_code),
+            Some(run_event::Event::ModelRequest(r)) => requests.push(r),
+            Some(run_event::Event::Finished(f)) => {
+                if let Some(file) = &dump_requests {
+                    super::scenario::write_requests(file, requests.into_iter())?;
+                }
+                return Ok(f.exit_code);
+            }
             Some(run_event::Event::Started(id)) if detach => {
                 say!("{id}");
                 return Ok(0);

@@ -116,6 +116,72 @@ pub enum ToolDef {
     },
 }
 
+impl AgentWork {
+    /// Points models served on an unspecified address (`0.0.0.0`, `[::]`: a
+    /// coordinator's scripted model, listening wherever it is reached) at
+    /// `host`, the coordinator's as this worker dialled it; sub-agents and
+    /// fallbacks alike.
+    pub fn reach_unspecified_at(&mut self, host: &str) {
+        reach_at(&mut self.base_url, host);
+        for f in &mut self.fallbacks {
+            reach_at(&mut f.base_url, host);
+        }
+        for s in &mut self.sub_agents {
+            s.work.reach_unspecified_at(host);
+        }
+    }
+}
+
+fn reach_at(url: &mut String, host: &str) {
+    for unspecified in ["0.0.0.0", "[::]"] {
+        for scheme in ["http://", "https://"] {
+            let prefix = format!("{scheme}{unspecified}");
+            if let Some(rest) = url.strip_prefix(&prefix).filter(|r| r.is_empty() || r.starts_with([':', '/'])) {
+                *url = format!("{scheme}{host}{rest}");
+                return;
+            }
+        }
+    }
+}
+
+/// The host part of a URL (`http://10.0.0.5:7070` → `10.0.0.5`; `[::1]` kept bracketed).
+pub fn url_host(url: &str) -> Option<&str> {
+    let rest = url.split_once("://").map(|(_, r)| r)?;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let authority = authority.rsplit_once('@').map(|(_, a)| a).unwrap_or(authority);
+    let host = if authority.starts_with('[') { authority.split_inclusive(']').next()? } else { authority.split(':').next()? };
+    Some(host).filter(|h| !h.is_empty())
+}
+
+#[cfg(test)]
+mod reach_tests {
+    use super::*;
+
+    #[test]
+    fn unspecified_model_hosts_become_the_coordinators() {
+        let mut w = AgentWork { base_url: "http://0.0.0.0:4000/v1/".into(), ..Default::default() };
+        w.fallbacks.push(Endpoint { base_url: "http://[::]:4001/v1/".into(), ..Default::default() });
+        w.sub_agents.push(SubAgent { name: "s".into(), description: String::new(), work: AgentWork { base_url: "http://0.0.0.0:4002/".into(), ..Default::default() } });
+        w.reach_unspecified_at("10.1.2.3");
+        assert_eq!(w.base_url, "http://10.1.2.3:4000/v1/");
+        assert_eq!(w.fallbacks[0].base_url, "http://10.1.2.3:4001/v1/");
+        assert_eq!(w.sub_agents[0].work.base_url, "http://10.1.2.3:4002/");
+        for kept in ["https://openrouter.ai/api/v1/", "http://0.0.0.01.example/v1/", "http://127.0.0.1:9/"] {
+            let mut w = AgentWork { base_url: kept.into(), ..Default::default() };
+            w.reach_unspecified_at("10.1.2.3");
+            assert_eq!(w.base_url, kept);
+        }
+    }
+
+    #[test]
+    fn url_hosts() {
+        assert_eq!(url_host("http://10.0.0.5:7070"), Some("10.0.0.5"));
+        assert_eq!(url_host("https://user:pw@coord.example/x"), Some("coord.example"));
+        assert_eq!(url_host("http://[::1]:7070/"), Some("[::1]"));
+        assert_eq!(url_host("nonsense"), None);
+    }
+}
+
 impl ToolDef {
     pub fn name(&self) -> &str {
         match self {

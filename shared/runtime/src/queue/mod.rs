@@ -179,6 +179,20 @@ mod redis;
 pub use in_process::InProcessQueue;
 pub(crate) use self::redis::connection_lost;
 pub use self::redis::RedisQueue;
+
+/// What a Redis error says, credentials masked, with the way out when it
+/// is a private CA or a wrong password.
+pub fn redis_message(e: &::redis::RedisError) -> String {
+    let text = crate::secrets::mask_urls(&e.to_string()).into_owned();
+    let hint = if text.contains("UnknownIssuer") {
+        " (a private CA? point SSL_CERT_FILE at its certificate)"
+    } else if text.contains("AuthenticationFailed") || text.contains("WRONGPASS") || text.contains("NOAUTH") {
+        " (check the user and password: redis://USER:PASSWORD@HOST:PORT/, or --redis-password-file)"
+    } else {
+        ""
+    };
+    format!("{text}{hint}")
+}
 #[cfg(test)]
 pub(crate) use self::redis::tests::redis_server;
 

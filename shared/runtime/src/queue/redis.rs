@@ -52,7 +52,7 @@ impl RedisQueue {
     pub async fn connect(url: &str, key: &str, consumer: &str, lease: Duration) -> Result<Self, QueueError> {
         // Messages name the queue without its password.
         let shown = crate::secrets::mask_urls(url).into_owned();
-        let err = |e: redis::RedisError| QueueError::Backend { url: shown.clone(), message: crate::secrets::mask_urls(&e.to_string()).into_owned() };
+        let err = |e: redis::RedisError| QueueError::Backend { url: shown.clone(), message: crate::queue::redis_message(&e) };
         let client = redis::Client::open(url).map_err(err)?;
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(REDIS_CONNECT_TIMEOUT)
@@ -82,7 +82,7 @@ impl RedisQueue {
     }
 
     fn err(&self, e: redis::RedisError) -> QueueError {
-        QueueError::Backend { url: self.url.clone(), message: crate::secrets::mask_urls(&e.to_string()).into_owned() }
+        QueueError::Backend { url: self.url.clone(), message: crate::queue::redis_message(&e) }
     }
 
     /// The assignment of an entry just read; one this build cannot read is

@@ -35,7 +35,7 @@ impl RedisStore {
     pub fn connect(url: &str, prefix: &str) -> Result<Self, StoreError> {
         // Messages name the store without its password.
         let shown = crate::secrets::mask_urls(url).into_owned();
-        let client = redis::Client::open(url).map_err(|e| StoreError::Redis { url: shown.clone(), message: crate::secrets::mask_urls(&e.to_string()).into_owned() })?;
+        let client = redis::Client::open(url).map_err(|e| StoreError::Redis { url: shown.clone(), message: crate::queue::redis_message(&e) })?;
         let store = RedisStore { url: shown, client, conn: Mutex::new(None), retry: Mutex::new((std::time::Instant::now(), BACKOFF_MIN)), prefix: prefix.to_string() };
         let first = store.open()?;
         *store.conn.lock().unwrap_or_else(|p| p.into_inner()) = Some(first);
@@ -67,7 +67,7 @@ impl RedisStore {
     }
 
     fn err(&self, e: redis::RedisError) -> StoreError {
-        let message = crate::secrets::mask_urls(&e.to_string()).into_owned();
+        let message = crate::queue::redis_message(&e);
         if broken(&e) {
             StoreError::Unavailable { url: self.url.clone(), message }
         } else {
