@@ -219,3 +219,34 @@ fn ask_user_presets_through_the_cluster() {
     assert_eq!(out.status.code(), Some(130), "{}", text(&out));
     assert!(text(&out).contains("nobody answered") && text(&out).contains("--answer"), "{}", text(&out));
 }
+
+/// A job budget is one counter for every worker: four ensemble members on
+/// two workers, each turn 500 tokens, against a 3,000-token job budget.
+/// Alone, each member would spend up to the whole budget (12,000 together);
+/// sharing the counter, they stop within the turns in flight when it ran out.
+#[test]
+fn an_ensemble_on_two_workers_holds_a_tight_job_budget() {
+    let base = scratch("agent-budget");
+    let cluster = Cluster::start(&base, "2");
+    let members: String = ["a", "b", "c", "d"].iter().map(|m| format!("      - {{agent: {m}, messages: [Look around.]}}\n")).collect();
+    let agents: String = ["a", "b", "c", "d"].iter().map(|m| format!("- name: {m}\n  source: {{model: openrouter/x/y}}\n")).collect();
+    std::fs::write(
+        base.join("p.yml"),
+        format!("agents:\n{agents}jobs:\n- name: j\n  budget: {{tokens: 3000}}\n  plan:\n  - ensemble:\n      verdicts: [approve, reject]\n      decide: any\n      agents:\n{members}"),
+    )
+    .expect("write");
+    // Turns are handed out in order to whoever asks: each a different read.
+    let turns: String = (0..60).map(|i| format!("    - calls: [{{name: read_file, args: {{path: f{i}.txt}}}}]\n      usage: 500\n      delay: 100ms\n")).collect();
+    std::fs::write(base.join("s.yaml"), format!("model:\n  turns:\n{turns}")).expect("write");
+    let out = steppe(&["run", "p.yml", "--script", "s.yaml", "--coordinator", &cluster.url], &base);
+    let said = text(&out);
+    assert_ne!(out.status.code(), Some(0), "{said}");
+    assert!(said.contains("job budget exceeded: cap 3000 tokens"), "{said}");
+    let spent: u64 = said
+        .lines()
+        .find_map(|l| l.strip_prefix("usage: ").and_then(|r| r.split(" tokens").next()))
+        .map(|n| n.replace(',', "").parse().expect("a number"))
+        .unwrap_or_else(|| panic!("no usage line: {said}"));
+    // At most one turn in flight per member when it ran out.
+    assert!((3000..=3000 + 4 * 500).contains(&spent), "spent {spent} against a 3,000 budget:\n{said}");
+}

@@ -247,15 +247,18 @@ pub struct Dispatcher {
     pub local: Cancels,
     seq: AtomicU64,
     wanted: Wanted,
+    /// Runs' spending counters (in the run store), for every worker's agent turns.
+    pub ledger: Arc<dyn steppe_runtime::budget::Ledger>,
 }
 
 impl Dispatcher {
     pub async fn start(pools: Arc<Pools>, hub: Option<Arc<crate::event_hub::EventHub>>) -> Result<Arc<Self>, ractor::SpawnErr> {
         let local = Cancels::default();
         let wanted = Wanted::default();
+        let ledger = Arc::new(steppe_runtime::budget::StoreLedger::new(hub.as_ref().and_then(|h| h.store().cloned())));
         let (actor, _) = Actor::spawn(None, DispatcherActor, (pools.clone(), local.clone(), wanted.clone(), hub)).await?;
         watch_queues(pools.clone(), actor.clone());
-        Ok(Arc::new(Dispatcher { actor, pools, local, seq: AtomicU64::new(0), wanted }))
+        Ok(Arc::new(Dispatcher { actor, pools, local, seq: AtomicU64::new(0), wanted, ledger }))
     }
 
     /// Queues the assignment and waits for its result. Dropping the returned
@@ -297,6 +300,10 @@ impl Reporter for Dispatcher {
 
     fn wanted(&self, id: &str) -> bool {
         self.wanted.lock().map(|w| w.contains(id)).unwrap_or(true)
+    }
+
+    fn ledger(&self) -> Option<Arc<dyn steppe_runtime::budget::Ledger>> {
+        Some(self.ledger.clone())
     }
 }
 

@@ -200,6 +200,9 @@ impl Store for RemoteStore {
     fn heartbeat(&self, _: &str, _: i64, _: i64) -> Result<(), StoreError> {
         Err(self.read_only())
     }
+    fn add_spend(&self, _: &str, _: u64) -> Result<u64, StoreError> {
+        Err(self.read_only())
+    }
     fn orphaned_runs(&self, _: i64) -> Result<Vec<RunRecord>, StoreError> {
         Err(self.read_only())
     }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use steppe_proto::v1::coordinator_server::Coordinator;
-use steppe_proto::v1::{coordinator_message, worker_message, CoordinatorMessage, Welcome, WorkerMessage};
+use steppe_proto::v1::{coordinator_message, worker_message, CoordinatorMessage, SpendReply, SpendRequest, Welcome, WorkerMessage};
 use steppe_worker::sink::{LineSink, Stream};
 use steppe_runtime::queue::{check_pool_name, pool_key, DEFAULT_POOL};
 use steppe_worker::local::Reporter;
@@ -69,6 +69,16 @@ type InFlight = Arc<Mutex<HashMap<String, Option<OwnedSemaphorePermit>>>>;
 #[tonic::async_trait]
 impl Coordinator for WorkerService {
     type SessionStream = ReceiverStream<Result<CoordinatorMessage, Status>>;
+
+    async fn spend(&self, req: Request<SpendRequest>) -> Result<Response<SpendReply>, Status> {
+        steppe_runtime::auth::require(steppe_runtime::auth::Identity::of(&req), &[steppe_runtime::auth::Role::Worker, steppe_runtime::auth::Role::Admin], "report token spending")?;
+        let SpendRequest { counter, tokens } = req.into_inner();
+        steppe_runtime::budget::check_counter(&counter).map_err(Status::invalid_argument)?;
+        match self.dispatcher.ledger.spend(&counter, tokens).await {
+            Ok(total) => Ok(Response::new(SpendReply { total })),
+            Err(e) => Err(Status::unavailable(format!("recording spending on {counter}: {e}"))),
+        }
+    }
 
     async fn session(&self, req: Request<Streaming<WorkerMessage>>) -> Result<Response<Self::SessionStream>, Status> {
         let peer = req.remote_addr().map(|a| a.to_string()).unwrap_or_else(|| "unknown".into());

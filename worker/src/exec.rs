@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use steppe_runtime::artifacts::ArtifactStore;
 use steppe_runtime::assignment::{Assignment, AssignmentResult, Cwd, Judge};
+use steppe_runtime::budget::Ledger;
 use steppe_runtime::outcome::StepError;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
@@ -35,7 +36,7 @@ fn fresh_dir(root: &Path) -> std::io::Result<PathBuf> {
 
 /// As [`execute`], in a task of its own: a panic running the step (a bug)
 /// errors that step, and the loop that asked goes on taking work.
-pub async fn execute_isolated(a: &Assignment, store: Arc<dyn ArtifactStore>, work_root: &Path, sink: Arc<dyn LineSink>, cancel: watch::Receiver<bool>) -> AssignmentResult {
+pub async fn execute_isolated(a: &Assignment, store: Arc<dyn ArtifactStore>, work_root: &Path, sink: Arc<dyn LineSink>, ledger: Option<Arc<dyn Ledger>>, cancel: watch::Receiver<bool>) -> AssignmentResult {
     /// Dropped with the caller (a session lost, a worker stopping): the step
     /// is dropped too, its process group with it.
     struct AbortOnDrop(tokio::task::AbortHandle);
@@ -45,7 +46,7 @@ pub async fn execute_isolated(a: &Assignment, store: Arc<dyn ArtifactStore>, wor
         }
     }
     let (owned, root) = (a.clone(), work_root.to_path_buf());
-    let task = tokio::spawn(async move { execute(&owned, store, &root, sink, cancel).await });
+    let task = tokio::spawn(async move { execute(&owned, store, &root, sink, ledger, cancel).await });
     let _abort = AbortOnDrop(task.abort_handle());
     match task.await {
         Ok(r) => r,
@@ -62,6 +63,7 @@ pub async fn execute(
     store: Arc<dyn ArtifactStore>,
     work_root: &Path,
     sink: Arc<dyn LineSink>,
+    ledger: Option<Arc<dyn Ledger>>,
     cancel: watch::Receiver<bool>,
 ) -> AssignmentResult {
     let fail = |e: StepError| AssignmentResult::of(a, Err(e));
@@ -86,7 +88,7 @@ pub async fn execute(
         Some(r) => r.clone(),
         None => sink,
     };
-    let mut result = run_in(a, &dir, store.clone(), sink, cancel).await;
+    let mut result = run_in(a, &dir, store.clone(), sink, ledger, cancel).await;
     if owned {
         // Most step directories are small: removing them inline is cheaper
         // than a round trip to the blocking pool.
@@ -107,6 +109,7 @@ async fn run_in(
     dir: &Path,
     store: Arc<dyn ArtifactStore>,
     sink: Arc<dyn LineSink>,
+    ledger: Option<Arc<dyn Ledger>>,
     cancel: watch::Receiver<bool>,
 ) -> AssignmentResult {
     let fail = |e: StepError| AssignmentResult::of(a, Err(e));
@@ -130,7 +133,7 @@ async fn run_in(
         }
     }
     if let Some(work) = &a.agent {
-        let (r, outcome) = crate::agent::run(work, dir, &a.run_id, sink.clone(), cancel.clone()).await;
+        let (r, outcome) = crate::agent::run(work, dir, &a.run_id, sink.clone(), ledger.clone(), cancel.clone()).await;
         let r = r.and_then(|()| crate::agent::judge(work, dir, &outcome));
         let mut res = AssignmentResult { stdout: outcome.response.clone(), agent: Some(outcome), ..AssignmentResult::of(a, r) };
         if res.result.is_ok() {
@@ -162,7 +165,7 @@ async fn run_in(
     res.result = judge(a, &a.judge, dir, res.exit_code, &res.stdout);
     if let (Err(e), Some(fix)) = (&res.result, &a.fix) {
         if e.class == steppe_runtime::outcome::Class::Failed {
-            res = repair(a, fix, dir, res, &sink, &cancel).await;
+            res = repair(a, fix, dir, res, &sink, &ledger, &cancel).await;
         }
     }
     if res.result.is_ok() {
@@ -174,7 +177,15 @@ async fn run_in(
 /// A task missed its success criteria and has a `fix:` agent: one fix
 /// conversation in the task's own directory (with the task itself as a
 /// zero-argument rerun tool), then one final run judged by the same rule.
-async fn repair(a: &Assignment, fix: &steppe_runtime::agent_work::AgentWork, dir: &Path, failed: AssignmentResult, sink: &Arc<dyn LineSink>, cancel: &watch::Receiver<bool>) -> AssignmentResult {
+async fn repair(
+    a: &Assignment,
+    fix: &steppe_runtime::agent_work::AgentWork,
+    dir: &Path,
+    failed: AssignmentResult,
+    sink: &Arc<dyn LineSink>,
+    ledger: &Option<Arc<dyn Ledger>>,
+    cancel: &watch::Receiver<bool>,
+) -> AssignmentResult {
     let exit = failed.exit_code.unwrap_or(-1);
     let reason = failed.result.as_ref().err().map(|e| e.message.clone()).unwrap_or_default();
     sink.line(&a.run_id, &a.step, Stream::Stdout, &format!("task \"{}\" failed (exit {exit}); invoking fix agent \"{}\"", a.step, fix.agent));
@@ -193,7 +204,7 @@ async fn repair(a: &Assignment, fix: &steppe_runtime::agent_work::AgentWork, dir
         first.push_str("\n\n--- failure output ---\n");
         first.push_str(&block);
     }
-    let (r, outcome) = crate::agent::run(&work, dir, &a.run_id, sink.clone(), cancel.clone()).await;
+    let (r, outcome) = crate::agent::run(&work, dir, &a.run_id, sink.clone(), ledger.clone(), cancel.clone()).await;
     if let Err(e) = r {
         return AssignmentResult {
             result: Err(e.with_message(format!("fix agent \"{}\": {}", fix.agent, e.message))),
@@ -457,14 +468,14 @@ mod tests {
         // The task fails, so its fix is announced on the sink, which panics in the step's own task.
         let fix = Box::new(steppe_runtime::agent_work::AgentWork { agent: "mender".into(), ..Default::default() });
         let a = Assignment { id: "a1".into(), stream: false, fix: Some(fix), ..Assignment::command("r", "build", "exit 1".into()) };
-        let r = execute_isolated(&a, store.clone(), &root, Arc::new(Broken), cancel.clone()).await;
+        let r = execute_isolated(&a, store.clone(), &root, Arc::new(Broken), None, cancel.clone()).await;
         let e = r.result.expect_err("the step must not pass");
         assert_eq!(e.class, steppe_runtime::outcome::Class::Errored);
         assert!(e.message.contains("the worker failed running this step") && e.message.contains("the sink broke"), "{}", e.message);
         assert_eq!(r.assignment_id, "a1");
         // The same worker goes on: the next step runs.
         let quiet = Assignment { id: "a2".into(), stream: false, ..Assignment::command("r", "quiet", "true".into()) };
-        assert!(execute_isolated(&quiet, store, &root, Arc::new(Broken), cancel).await.result.is_ok());
+        assert!(execute_isolated(&quiet, store, &root, Arc::new(Broken), None, cancel).await.result.is_ok());
         let _ = std::fs::remove_dir_all(&root);
     }
 
@@ -472,7 +483,7 @@ mod tests {
     async fn a_step_whose_output_could_not_be_read_errors_instead_of_passing() {
         let (root, store, cancel) = setup("unread");
         let a = Assignment { id: "a1".into(), ..Assignment::command("r", "speak", "echo hi".into()) };
-        let r = execute_isolated(&a, store, &root, Arc::new(Broken), cancel).await;
+        let r = execute_isolated(&a, store, &root, Arc::new(Broken), None, cancel).await;
         let e = r.result.expect_err("half an output must not pass");
         assert!(e.message.contains("reading its output failed") && e.message.contains("the sink broke"), "{}", e.message);
         let _ = std::fs::remove_dir_all(&root);

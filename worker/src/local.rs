@@ -49,6 +49,10 @@ pub trait Reporter: Send + Sync {
     fn wanted(&self, _id: &str) -> bool {
         true
     }
+    /// Where agent turns add their tokens (a run's shared budget counters).
+    fn ledger(&self) -> Option<Arc<dyn steppe_runtime::budget::Ledger>> {
+        None
+    }
 }
 
 /// Starts `slots` loops that take assignments from `queue`, run them and report.
@@ -92,7 +96,7 @@ pub fn spawn_local_workers(
                     continue;
                 }
                 let cancel = cancels.register(&a.id);
-                let r = execute_isolated(&a, store.clone(), &work_root, sink.clone(), cancel).await;
+                let r = execute_isolated(&a, store.clone(), &work_root, sink.clone(), reporter.ledger(), cancel).await;
                 cancels.done(&a.id);
                 reporter.complete(r);
             }

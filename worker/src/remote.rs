@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use steppe_proto::v1::coordinator_client::CoordinatorClient;
-use steppe_proto::v1::{coordinator_message, worker_message, CoordinatorMessage, Drain, Heartbeat, Hello, OutputLine, Release, Taken, WorkerMessage};
+use steppe_proto::v1::{coordinator_message, worker_message, CoordinatorMessage, Drain, Heartbeat, Hello, OutputLine, Release, SpendRequest, Taken, WorkerMessage};
+use steppe_runtime::budget::Ledger;
 use steppe_runtime::assignment::{Assignment, AssignmentResult};
 use steppe_runtime::outcome::StepError;
 use steppe_runtime::queue::{keep_leases, Queue, RedisQueue};
@@ -124,12 +125,26 @@ struct Running {
     /// The coordinator's host as dialled: where a model it serves on an
     /// unspecified address (a scripted one) is reached.
     coordinator_host: Option<String>,
+    /// The run's spending counters, kept by the coordinator.
+    ledger: Arc<dyn Ledger>,
+}
+
+/// Spending counters at the coordinator (`Coordinator.Spend`).
+struct CoordinatorLedger(CoordinatorClient<tonic::service::interceptor::InterceptedService<tonic::transport::Channel, steppe_runtime::auth::WithToken>>);
+
+impl Ledger for CoordinatorLedger {
+    fn spend<'a>(&'a self, counter: &'a str, tokens: u64) -> steppe_runtime::budget::SpendFuture<'a> {
+        Box::pin(async move {
+            let mut c = self.0.clone();
+            c.spend(SpendRequest { counter: counter.to_string(), tokens }).await.map(|r| r.into_inner().total).map_err(|s| format!("the coordinator: {}", s.message()))
+        })
+    }
 }
 
 impl Running {
     /// Runs one assignment and reports its result; `_slot` is held until then.
     async fn run_one(self, mut a: Assignment, cancel: tokio::sync::watch::Receiver<bool>, _slot: Option<tokio::sync::OwnedSemaphorePermit>) {
-        let Running { tx, store, work_root, cancels, queue, coordinator_host } = self;
+        let Running { tx, store, work_root, cancels, queue, coordinator_host, ledger } = self;
         if let Some(host) = &coordinator_host {
             for w in a.agent.iter_mut().chain(a.fix.iter_mut()) {
                 w.reach_unspecified_at(host);
@@ -142,7 +157,7 @@ impl Running {
                 &a,
                 Err(steppe_runtime::outcome::StepError::errored(format!("{}: a worker does not run a step in a directory of its host ({}) named by the coordinator", a.step, p.display()))),
             ),
-            _ => execute_isolated(&a, store.clone(), &work_root, sink.clone(), cancel).await,
+            _ => execute_isolated(&a, store.clone(), &work_root, sink.clone(), Some(ledger), cancel).await,
         };
         cancels.done(&a.id);
         let dropped = sink.dropped.swap(0, std::sync::atomic::Ordering::Relaxed);
@@ -360,7 +375,8 @@ async fn session(config: &WorkerConfig, reconnecting: bool) -> Result<End, Worke
         }
     });
     let coordinator_host = steppe_runtime::agent_work::url_host(url).map(str::to_string);
-    let ctx = Running { tx: tx.clone(), store, work_root, cancels: Cancels::default(), queue: None, coordinator_host };
+    let ledger: Arc<dyn Ledger> = Arc::new(CoordinatorLedger(client.clone()));
+    let ctx = Running { tx: tx.clone(), store, work_root, cancels: Cancels::default(), queue: None, coordinator_host, ledger };
     // A worker started with --queue takes assignments from the shared queue itself.
     let (pulled_tx, mut pulled) = mpsc::channel::<(Assignment, tokio::sync::OwnedSemaphorePermit)>(1);
     let stop_pulling = Arc::new(std::sync::atomic::AtomicBool::new(false));

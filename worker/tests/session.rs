@@ -21,6 +21,10 @@ struct Stand {
 impl Coordinator for Stand {
     type SessionStream = ReceiverStream<Result<CoordinatorMessage, Status>>;
 
+    async fn spend(&self, _: Request<v1::SpendRequest>) -> Result<Response<v1::SpendReply>, Status> {
+        Err(Status::unimplemented("this stand keeps no budgets"))
+    }
+
     async fn session(&self, req: Request<Streaming<WorkerMessage>>) -> Result<Response<Self::SessionStream>, Status> {
         let mut inbound = req.into_inner();
         let (tx, rx) = mpsc::channel(16);

@@ -65,36 +65,76 @@ impl JobRun {
         let _ = kind;
         let limit = s.max_in_flight.filter(|m| *m > 1).map(|m| m as usize).unwrap_or(1);
         let gate = Arc::new(tokio::sync::Semaphore::new(limit));
-        // budget: checked before each cell; when spent, start no more (the plan goes on).
+        // budget: checked before each cell against the across's counter in
+        // the store (every cell's turns add to it, on whichever worker);
+        // when spent, start no more (the plan goes on).
         let budget = s.budget.as_ref().and_then(|b| b.tokens).map(|t| t.max(0) as u64);
-        let start_spent = self.spent();
+        let counter = budget.map(|_| {
+            let mut counters = self.across_counters.lock().unwrap_or_else(|p| p.into_inner());
+            let c = steppe_runtime::budget::across_counter(&self.run_id, counters.len());
+            counters.insert(s as *const Step as usize, c.clone());
+            c
+        });
+        let ledger = self.engine.dispatcher.ledger.clone();
+        let spent = || {
+            let (ledger, counter) = (ledger.clone(), counter.clone());
+            async move {
+                match counter {
+                    Some(c) => ledger.spend(&c, 0).await.unwrap_or(0),
+                    None => 0,
+                }
+            }
+        };
+        // What each cell holds of the budget while it runs (reserve_per_cell,
+        // else the cell agent's own budget): a cell starts only when what is
+        // spent and held leaves room for it, else waits for a cell to end.
+        let reserve = s.budget.as_ref().and_then(|b| b.reserve_per_cell).or_else(|| s.agent.as_deref().and_then(|a| self.agent_def(a)).and_then(|d| d.budget.as_ref()).and_then(|b| b.tokens));
+        let reserve = reserve.filter(|_| limit > 1).map(|r| r.max(0) as u64).unwrap_or(0);
+        let held = Arc::new((std::sync::Mutex::new(0u64), tokio::sync::Notify::new()));
+        // Cells are admitted in order: one waits for room, those after it queue (tokio's Mutex is FIFO).
+        let admission = Arc::new(tokio::sync::Mutex::new(()));
         let stopped = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let futs = cells.iter().map(|c| {
             let gate = gate.clone();
             let stopped = stopped.clone();
+            let held = held.clone();
+            let admission = admission.clone();
             async move {
                 let _p = gate.acquire_owned().await;
                 if let Some(b) = budget {
-                    if self.spent().saturating_sub(start_spent) >= b {
-                        stopped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        return None;
+                    let _turn = admission.lock().await;
+                    loop {
+                        let now = spent().await;
+                        if now >= b {
+                            stopped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            return None;
+                        }
+                        let freed = held.1.notified();
+                        {
+                            let mut h = held.0.lock().unwrap_or_else(|p| p.into_inner());
+                            if *h == 0 || now + *h + reserve <= b {
+                                *h += reserve;
+                                break;
+                            }
+                        }
+                        // Spending moves without a cell ending: look again now and then.
+                        let _ = tokio::time::timeout(std::time::Duration::from_millis(250), freed).await;
                     }
                 }
-                Some((c.clone(), self.step(s, c.clone(), false).await))
+                let done = self.step(s, c.clone(), false).await;
+                if budget.is_some() {
+                    let mut h = held.0.lock().unwrap_or_else(|p| p.into_inner());
+                    *h = h.saturating_sub(reserve);
+                    held.1.notify_waiters();
+                }
+                Some((c.clone(), done))
             }
         });
         let results: Vec<(Cell, Done)> = join_all(futs).await.into_iter().flatten().collect();
         let skipped = stopped.load(std::sync::atomic::Ordering::Relaxed);
         if let (Some(b), true) = (budget, skipped > 0) {
-            self.engine.out.run_note(
-                &self.run_id,
-                &format!(
-                    "budget: across stopped after {} of {} cells (spent {} of {b} tokens)",
-                    cells.len() - skipped,
-                    cells.len(),
-                    self.spent().saturating_sub(start_spent)
-                ),
-            );
+            let total = spent().await;
+            self.engine.out.run_note(&self.run_id, &format!("budget: across stopped after {} of {} cells (spent {total} of {b} tokens)", cells.len() - skipped, cells.len()));
         }
         let mut log = Vec::new();
         let mut errors = Vec::new();

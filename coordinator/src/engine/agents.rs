@@ -86,7 +86,7 @@ fn refuse_unconfined(name: &str, def: &AgentDef, s: &Step) -> Result<(), StepErr
 }
 
 impl JobRun {
-    fn agent_def(&self, name: &str) -> Option<&AgentDef> {
+    pub(super) fn agent_def(&self, name: &str) -> Option<&AgentDef> {
         self.engine.pipeline.agents.iter().find(|a| a.name == name)
     }
 
@@ -222,6 +222,8 @@ impl JobRun {
             max_context_bytes: s.max_context_bytes.or(def.max_context_bytes).unwrap_or(100_000).max(0) as u64,
             budget_tokens: def.budget.as_ref().and_then(|b| b.tokens).map(|t| t.max(0) as u64),
             job_budget: self.job.budget.as_ref().and_then(|b| b.tokens).map(|cap| (cap.max(0) as u64, self.spent())),
+            job_counter: self.job.budget.as_ref().and_then(|b| b.tokens).map(|_| steppe_runtime::budget::job_counter(&self.run_id)),
+            across_counter: self.across_counters.lock().ok().and_then(|c| c.get(&(s as *const Step as usize)).cloned()),
             assert: assert.unwrap_or_default(),
             upstream: self.upstream(s),
             sub_agents: self.sub_agents(def, s, depth)?,

@@ -91,7 +91,7 @@ impl JobRun {
             // Embedded: in the pipeline's own directory, in this process.
             None => {
                 let sink: Arc<dyn steppe_worker::sink::LineSink> = self.engine.out.clone();
-                steppe_worker::exec::execute(&a, self.engine.store.clone(), &self.engine.dir, sink, self.engine.cancel.clone()).await
+                steppe_worker::exec::execute(&a, self.engine.store.clone(), &self.engine.dir, sink, None, self.engine.cancel.clone()).await
             }
         };
         if let Err(e) = res.result {

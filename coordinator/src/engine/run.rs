@@ -136,6 +136,8 @@ pub struct JobRun {
     pub(super) usage: Mutex<Vec<(String, u64)>>,
     /// Tool calls the sandbox refused: (step, denial).
     pub(super) denials: Mutex<Vec<(String, steppe_runtime::agent_work::DenialRecord)>>,
+    /// The spending counter of each budgeted across, by the step's address.
+    pub(super) across_counters: Mutex<HashMap<usize, String>>,
 }
 
 /// Several failures as one: the most severe class, the messages joined.
@@ -168,6 +170,7 @@ impl JobRun {
             decisions: Mutex::new(HashMap::new()),
             usage: Mutex::new(Vec::new()),
             denials: Mutex::new(Vec::new()),
+            across_counters: Mutex::default(),
         })
     }
 

@@ -37,6 +37,11 @@ pub struct AgentWork {
     pub budget_tokens: Option<u64>,
     /// The job's token ceiling: (cap, already spent by earlier steps of the run).
     pub job_budget: Option<(u64, u64)>,
+    /// The job's spending counter (`budget::job_counter`): with a ledger,
+    /// each turn adds to it and the job budget holds against its total.
+    pub job_counter: Option<String>,
+    /// The spending counter of the budgeted across this is a cell of.
+    pub across_counter: Option<String>,
     pub assert: AgentAssert,
     /// `context.from` deliveries, sorted by sender: (sender, rendered text).
     pub upstream: Vec<(String, String)>,

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 use steppe_runtime::agent_work::{AgentMessage, AgentOutcome, AgentWork, ToolDef, TrajectoryEntry};
+use steppe_runtime::budget::Ledger;
 use steppe_runtime::outcome::StepError;
 use tokio::sync::watch;
 
@@ -84,6 +85,10 @@ struct Conversation<'a> {
     next_fallback: usize,
     label: String,
     sink: Arc<dyn LineSink>,
+    /// Where each turn's tokens go, shared with the run's other steps.
+    ledger: Option<Arc<dyn Ledger>>,
+    /// This conversation's own turns' tokens, as added to the counters.
+    charged: u64,
     run_id: String,
     key: Option<String>,
     tools: Vec<Value>,
@@ -120,6 +125,39 @@ impl Conversation<'_> {
         }
     }
 
+    /// With the job's shared counter: stops before a turn once the job's
+    /// steps, here and on other workers, have spent its budget.
+    async fn job_budget_left(&self) -> Result<(), StepError> {
+        let (Some((cap, _)), Some(counter), Some(ledger)) = (self.work.job_budget, &self.work.job_counter, &self.ledger) else { return Ok(()) };
+        let total = ledger.spend(counter, 0).await.map_err(|e| StepError::errored(format!("{}: reading the job's spending: {e}", self.label)))?;
+        if total >= cap {
+            return Err(StepError::errored(format!(
+                "job budget exceeded: cap {cap} tokens, spent {total}\n  running total: earlier steps {} -> {} {} (stopped before its next turn)",
+                total.saturating_sub(self.charged),
+                self.work.agent,
+                self.charged
+            )));
+        }
+        Ok(())
+    }
+
+    /// Adds a turn's tokens to the run's counters; the job's new total, when
+    /// it has a counter (None: the budget holds against the snapshot sent).
+    async fn charge(&mut self, tokens: u64) -> Result<Option<u64>, StepError> {
+        let Some(ledger) = self.ledger.clone() else { return Ok(None) };
+        self.charged += tokens;
+        let failed = |e: String| StepError::errored(format!("{}: recording the turn's {tokens} tokens: {e}", self.label));
+        if let Some(counter) = &self.work.across_counter {
+            if tokens > 0 {
+                ledger.spend(counter, tokens).await.map_err(failed)?;
+            }
+        }
+        match (&self.work.job_counter, self.work.job_budget) {
+            (Some(counter), Some(_)) => ledger.spend(counter, tokens).await.map(Some).map_err(failed),
+            _ => Ok(None),
+        }
+    }
+
     async fn request(&mut self, with_tools: bool, forced: Option<&str>) -> Result<Value, StepError> {
         let mut body = json!({"model": self.model, "messages": self.messages});
         if with_tools && !self.tools.is_empty() {
@@ -140,6 +178,7 @@ impl Conversation<'_> {
         if let Some(r) = &self.work.reasoning_effort {
             body["reasoning_effort"] = json!(r.to_lowercase());
         }
+        self.job_budget_left().await?;
         let resp = loop {
             match chat(&self.base_url, self.key.as_deref(), &body, self.work.attempts).await {
                 Ok(r) => break r,
@@ -169,12 +208,22 @@ impl Conversation<'_> {
             .or_else(|| usage.map(|u| u.get("prompt_tokens").and_then(Value::as_u64).unwrap_or(0) + u.get("completion_tokens").and_then(Value::as_u64).unwrap_or(0)))
             .unwrap_or(0);
         self.out.tokens += tokens;
+        let job_total = self.charge(tokens).await?;
         if let Some(cap) = self.work.budget_tokens {
             if self.out.tokens > cap {
                 return Err(StepError::errored(format!("agent \"{}\": budget exceeded: cap {cap} tokens, spent {}", self.work.agent, self.out.tokens)));
             }
         }
-        if let Some((cap, before)) = self.work.job_budget {
+        if let (Some((cap, _)), Some(total)) = (self.work.job_budget, job_total) {
+            if total > cap {
+                return Err(StepError::errored(format!(
+                    "job budget exceeded: cap {cap} tokens, spent {total}\n  running total: earlier steps {} -> {} {} (tripped here)",
+                    total.saturating_sub(self.charged),
+                    self.work.agent,
+                    self.charged
+                )));
+            }
+        } else if let Some((cap, before)) = self.work.job_budget {
             let total = before + self.out.tokens;
             if total > cap {
                 return Err(StepError::errored(format!(
@@ -189,10 +238,10 @@ impl Conversation<'_> {
 }
 
 /// Runs the conversation in `root` (the step's directory).
-pub async fn run(work: &AgentWork, root: &Path, run_id: &str, sink: Arc<dyn LineSink>, cancel: watch::Receiver<bool>) -> (Result<(), StepError>, AgentOutcome) {
+pub async fn run(work: &AgentWork, root: &Path, run_id: &str, sink: Arc<dyn LineSink>, ledger: Option<Arc<dyn Ledger>>, cancel: watch::Receiver<bool>) -> (Result<(), StepError>, AgentOutcome) {
     let label = work.agent.clone();
     let deadline = work.timeout_ms.map(Duration::from_millis);
-    let fut = converse(work, root, run_id, sink, label.clone());
+    let fut = converse(work, root, run_id, sink, ledger, label.clone());
     let mut cancel = cancel;
     let cancelled = async move {
         loop {
@@ -214,11 +263,13 @@ pub async fn run(work: &AgentWork, root: &Path, run_id: &str, sink: Arc<dyn Line
     }
 }
 
-fn converse<'a>(work: &'a AgentWork, root: &'a Path, run_id: &'a str, sink: Arc<dyn LineSink>, label: String) -> std::pin::Pin<Box<dyn std::future::Future<Output = (Result<(), StepError>, AgentOutcome)> + Send + 'a>> {
-    Box::pin(converse_boxed(work, root, run_id, sink, label))
+type Conversing<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = (Result<(), StepError>, AgentOutcome)> + Send + 'a>>;
+
+fn converse<'a>(work: &'a AgentWork, root: &'a Path, run_id: &'a str, sink: Arc<dyn LineSink>, ledger: Option<Arc<dyn Ledger>>, label: String) -> Conversing<'a> {
+    Box::pin(converse_boxed(work, root, run_id, sink, ledger, label))
 }
 
-async fn converse_boxed(work: &AgentWork, root: &Path, run_id: &str, sink: Arc<dyn LineSink>, label: String) -> (Result<(), StepError>, AgentOutcome) {
+async fn converse_boxed(work: &AgentWork, root: &Path, run_id: &str, sink: Arc<dyn LineSink>, ledger: Option<Arc<dyn Ledger>>, label: String) -> (Result<(), StepError>, AgentOutcome) {
     let mut conv = Conversation {
         work,
         model: work.model.clone(),
@@ -227,6 +278,8 @@ async fn converse_boxed(work: &AgentWork, root: &Path, run_id: &str, sink: Arc<d
         next_fallback: 0,
         label: label.clone(),
         sink,
+        ledger,
+        charged: 0,
         run_id: run_id.to_string(),
         key: None,
         tools: Vec::new(),
@@ -490,7 +543,7 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
                                     let opts = if options.is_empty() { String::new() } else { format!("\nAnswer with one of: {}.", options.join(", ")) };
                                     child.messages = vec![AgentMessage::Text(format!("{question}{opts}"))];
                                     child.verdicts.clear();
-                                    let (r, o) = converse(&child, root, &conv.run_id, conv.sink.clone(), resp.name.clone()).await;
+                                    let (r, o) = converse(&child, root, &conv.run_id, conv.sink.clone(), conv.ledger.clone(), resp.name.clone()).await;
                                     conv.out.tokens += o.tokens;
                                     if r.is_ok() && !o.response.trim().is_empty() {
                                         answer = Some(json!({"answered": true, "answer": o.response.trim(), "source": format!("agent:{}", resp.name)}));
@@ -527,7 +580,7 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
                                 child.messages = vec![AgentMessage::Text(request.to_string())];
                                 child.dir = work.dir.clone();
                                 child.verdicts.clear();
-                                let (r, o) = converse(&child, root, &conv.run_id, conv.sink.clone(), name.clone()).await;
+                                let (r, o) = converse(&child, root, &conv.run_id, conv.sink.clone(), conv.ledger.clone(), name.clone()).await;
                                 conv.out.tokens += o.tokens;
                                 conv.out.denials.extend(o.denials);
                                 let nested = serde_json::to_string(&o.transcript).unwrap_or_default();

@@ -11,7 +11,6 @@ use crate::model::Pipeline;
 pub const NOT_HONOURED: &[(&str, &str)] = &[
     ("trigger", "steppe does not watch resources yet; the get runs when the plan reaches it"),
     ("volatile", "steppe has no step cache yet; every step runs"),
-    ("budget.reserve_per_cell", "across cells do not reserve tokens yet; the budget is checked before each cell"),
     ("serial", "runs of a job are not serialised yet"),
     ("serial_groups", "runs of a job are not serialised yet"),
     ("max_in_flight", "concurrent runs of a job are not limited yet"),
@@ -94,9 +93,6 @@ pub fn warn(p: &Pipeline, r: &mut Report) {
         }
         if s.volatile.is_some() {
             say(format!("{path}.volatile"), "volatile");
-        }
-        if s.budget.as_ref().is_some_and(|b| b.reserve_per_cell.is_some()) {
-            say(format!("{path}.budget.reserve_per_cell"), "budget.reserve_per_cell");
         }
     });
 }

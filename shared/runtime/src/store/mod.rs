@@ -168,6 +168,10 @@ pub trait Store: Send + Sync {
     fn approval(&self, id: i64) -> Result<Option<ApprovalRecord>, StoreError>;
     /// Approvals waiting for a decision (of `team` / `pipeline` when given), oldest first.
     fn pending_approvals(&self, team: Option<&str>, pipeline: Option<&str>) -> Result<Vec<ApprovalRecord>, StoreError>;
+    /// Adds `tokens` to the spending counter `counter` (a job's or an
+    /// across's budget, shared by every worker) atomically; returns its new
+    /// total. Adding 0 reads it.
+    fn add_spend(&self, counter: &str, tokens: u64) -> Result<u64, StoreError>;
     /// Says `owner` is alive until `now_ms + ttl_ms`.
     fn heartbeat(&self, owner: &str, now_ms: i64, ttl_ms: i64) -> Result<(), StoreError>;
     /// Unfinished runs whose owner has stopped saying it is alive (as of `now_ms`).
@@ -278,6 +282,24 @@ pub(crate) mod tests {
         assert_eq!(s.runs(&RunFilter { job: Some("lost"), ..all(10) }).unwrap().len(), 1);
         scopes_keep_apart(s);
         orphans_are_found(s);
+        spending_adds_up(s);
+    }
+
+    /// Spending counters add exactly, whoever adds at the same time.
+    fn spending_adds_up(s: &dyn Store) {
+        assert_eq!(s.add_spend("r1:job", 0).unwrap(), 0);
+        std::thread::scope(|t| {
+            for _ in 0..4 {
+                t.spawn(|| {
+                    for _ in 0..25 {
+                        s.add_spend("r1:job", 10).unwrap();
+                    }
+                });
+            }
+        });
+        assert_eq!(s.add_spend("r1:job", 0).unwrap(), 1000);
+        assert_eq!(s.add_spend("r1:job", 5).unwrap(), 1005);
+        assert_eq!(s.add_spend("r2:job", 7).unwrap(), 7, "counters are apart");
     }
 
     /// A run whose owner stopped its heartbeat is an orphan; one whose owner

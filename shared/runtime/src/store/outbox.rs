@@ -164,6 +164,10 @@ impl<S: Store> Store for Outbox<S> {
     fn pending_approvals(&self, team: Option<&str>, pipeline: Option<&str>) -> Result<Vec<ApprovalRecord>, StoreError> {
         self.inner.pending_approvals(team, pipeline)
     }
+    fn add_spend(&self, counter: &str, tokens: u64) -> Result<u64, StoreError> {
+        // A total is needed now: not kept for later.
+        self.inner.add_spend(counter, tokens)
+    }
     fn heartbeat(&self, owner: &str, now_ms: i64, ttl_ms: i64) -> Result<(), StoreError> {
         // Only worth saying when it is heard: not kept for later.
         self.inner.heartbeat(owner, now_ms, ttl_ms)
@@ -233,6 +237,7 @@ mod tests {
         fn pending_approvals(&self, _: Option<&str>, _: Option<&str>) -> Result<Vec<ApprovalRecord>, StoreError> { Ok(vec![]) }
         fn decide_approval(&self, _: i64, _: bool, _: &str, _: &str) -> Result<bool, StoreError> { self.up().map(|()| true) }
         fn heartbeat(&self, _: &str, _: i64, _: i64) -> Result<(), StoreError> { self.up() }
+        fn add_spend(&self, _: &str, _: u64) -> Result<u64, StoreError> { self.up().map(|()| 0) }
         fn orphaned_runs(&self, _: i64) -> Result<Vec<RunRecord>, StoreError> { Ok(vec![]) }
         fn record_versions(&self, _: &Scope, _: &str, _: &[serde_json::Value]) -> Result<(), StoreError> { self.up() }
         fn history(&self, _: &Scope, _: &str) -> Result<Vec<serde_json::Value>, StoreError> { Ok(vec![]) }

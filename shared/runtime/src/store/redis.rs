@@ -286,6 +286,14 @@ impl Store for RedisStore {
         Ok(out)
     }
 
+    fn add_spend(&self, counter: &str, tokens: u64) -> Result<u64, StoreError> {
+        let key = self.k(&["spend", counter]);
+        let tokens = i64::try_from(tokens).unwrap_or(i64::MAX);
+        // A run's counters go a week after its last spending.
+        let total: i64 = self.with(|c| redis::pipe().atomic().incr(&key, tokens).expire(&key, 7 * 86_400).ignore().query::<(i64,)>(c).map(|(t,)| t))?;
+        Ok(total.max(0) as u64)
+    }
+
     fn heartbeat(&self, owner: &str, now_ms: i64, ttl_ms: i64) -> Result<(), StoreError> {
         let owners = self.k(&["owners"]);
         self.with(|c| {

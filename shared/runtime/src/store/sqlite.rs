@@ -19,6 +19,7 @@ CREATE TABLE IF NOT EXISTS runs (
   team TEXT NOT NULL DEFAULT '', pipeline TEXT NOT NULL DEFAULT '',
   owner TEXT NOT NULL DEFAULT '');
 CREATE TABLE IF NOT EXISTS owners (owner TEXT PRIMARY KEY, alive_until_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS spend (counter TEXT PRIMARY KEY, tokens INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS steps (
   run_id TEXT NOT NULL, seq INTEGER NOT NULL, name TEXT NOT NULL, outcome TEXT NOT NULL,
   message TEXT NOT NULL, duration_ms INTEGER NOT NULL, exit_code INTEGER,
@@ -276,6 +277,18 @@ impl Store for SqliteStore {
             ))?;
             let rows = st.query_map(params![team, pipeline], approval_row)?;
             rows.collect()
+        })
+    }
+
+    fn add_spend(&self, counter: &str, tokens: u64) -> Result<u64, StoreError> {
+        let tokens = i64::try_from(tokens).unwrap_or(i64::MAX);
+        self.with(|c| {
+            c.query_row(
+                "INSERT INTO spend (counter, tokens) VALUES (?1, ?2) ON CONFLICT(counter) DO UPDATE SET tokens = tokens + ?2 RETURNING tokens",
+                params![counter, tokens],
+                |r| r.get::<_, i64>(0),
+            )
+            .map(|t| t.max(0) as u64)
         })
     }
 

@@ -32,6 +32,8 @@ pub fn work_to_wire(w: &AgentWork) -> v1::AgentWork {
         max_context_bytes,
         budget_tokens,
         job_budget,
+        job_counter,
+        across_counter,
         assert,
         upstream,
         sub_agents,
@@ -63,7 +65,8 @@ pub fn work_to_wire(w: &AgentWork) -> v1::AgentWork {
         context_paths: context_paths.clone(),
         max_context_bytes: *max_context_bytes,
         budget_tokens: *budget_tokens,
-        job_budget: job_budget.map(|(cap, spent)| v1::JobBudget { cap, spent }),
+        job_budget: job_budget.map(|(cap, spent)| v1::JobBudget { cap, spent, counter: job_counter.clone().unwrap_or_default() }),
+        across_counter: across_counter.clone().unwrap_or_default(),
         assert: Some(assert_to_wire(assert)),
         upstream: upstream.iter().map(|(sender, text)| v1::Delivery { sender: sender.clone(), text: text.clone() }).collect(),
         sub_agents: sub_agents.iter().map(sub_agent_to_wire).collect(),
@@ -109,7 +112,9 @@ pub fn work_from_wire(w: v1::AgentWork) -> Result<AgentWork, WireError> {
         answers,
         max_questions,
         ask,
+        across_counter,
     } = w;
+    let job_counter = job_budget.as_ref().map(|b| b.counter.clone()).filter(|c| !c.is_empty());
     Ok(AgentWork {
         agent,
         model,
@@ -134,6 +139,8 @@ pub fn work_from_wire(w: v1::AgentWork) -> Result<AgentWork, WireError> {
         max_context_bytes,
         budget_tokens,
         job_budget: job_budget.map(|b| (b.cap, b.spent)),
+        job_counter,
+        across_counter: Some(across_counter).filter(|c| !c.is_empty()),
         assert: assert_from_wire(assert.ok_or(WireError::Missing("AgentWork.assert"))?)?,
         upstream: upstream.into_iter().map(|d| (d.sender, d.text)).collect(),
         sub_agents: sub_agents.into_iter().map(sub_agent_from_wire).collect::<Result<_, _>>()?,
@@ -332,6 +339,8 @@ pub(crate) mod tests {
             max_context_bytes: 4096,
             budget_tokens: Some(10_000),
             job_budget: Some((50_000, 1234)),
+            job_counter: Some("r-1:job".into()),
+            across_counter: Some("r-1:across:0".into()),
             assert: AgentAssert {
                 stdout: Some("ok".into()),
                 verdict: Some("approve".into()),
