@@ -235,7 +235,8 @@ fn without_durations(line: &str) -> String {
 
 /// Every pipeline of the suite (self-checking, failing, examples) ends the
 /// same through a Redis-backed coordinator and two workers as it does
-/// embedded: same exit code, same steps with the same outcomes.
+/// embedded, submitted two at a time: same exit code, same steps with the
+/// same outcomes.
 #[test]
 fn every_fixture_runs_the_same_through_a_cluster() {
     let (mut redis, redis_url) = redis_server();
@@ -260,8 +261,9 @@ fn every_fixture_runs_the_same_through_a_cluster() {
         steps.sort();
         (o.status.code(), steps)
     };
-    let (mut differ, mut compared_steps) = (Vec::new(), 0);
-    for (i, f) in pipelines.iter().enumerate() {
+    // Each pipeline embedded, then through the cluster; two at a time, as
+    // people share a coordinator.
+    let compare = |(i, f): (usize, &PathBuf)| -> (usize, Option<String>) {
         let mut runs = Vec::new();
         for mode in ["embedded", "cluster"] {
             let work = base.join(format!("{i}-{mode}"));
@@ -278,11 +280,16 @@ fn every_fixture_runs_the_same_through_a_cluster() {
         }
         let (embedded, cluster) = (summary(&runs[0]), summary(&runs[1]));
         assert!(embedded.0.is_some(), "{}", f.display());
-        compared_steps += embedded.1.len();
-        if embedded != cluster {
-            differ.push(format!("{}:\n  embedded {embedded:?}\n  cluster  {cluster:?}\n{}", f.display(), text(&runs[1])));
-        }
-    }
+        let differ = (embedded != cluster).then(|| format!("{}:\n  embedded {embedded:?}\n  cluster  {cluster:?}\n{}", f.display(), text(&runs[1])));
+        (embedded.1.len(), differ)
+    };
+    let numbered: Vec<(usize, &PathBuf)> = pipelines.iter().enumerate().collect();
+    let done: Vec<(usize, Option<String>)> = std::thread::scope(|s| {
+        let halves: Vec<_> = numbered.chunks(numbered.len().div_ceil(2)).map(|half| s.spawn(|| half.iter().copied().map(compare).collect::<Vec<_>>())).collect();
+        halves.into_iter().flat_map(|h| h.join().expect("a half")).collect()
+    });
+    let compared_steps: usize = done.iter().map(|(n, _)| n).sum();
+    let differ: Vec<String> = done.into_iter().filter_map(|(_, d)| d).collect();
     assert!(differ.is_empty(), "{}", differ.join("\n\n"));
     assert!(compared_steps >= 40, "only {compared_steps} step outcomes compared");
     stop(workers.iter_mut().chain([&mut coord, &mut redis]));
