@@ -250,3 +250,21 @@ fn an_ensemble_on_two_workers_holds_a_tight_job_budget() {
     // At most one turn in flight per member when it ran out.
     assert!((3000..=3000 + 4 * 500).contains(&spent), "spent {spent} against a 3,000 budget:\n{said}");
 }
+
+/// A scenario's `files` travel with the submission whether or not the
+/// pipeline names them: a resource check reading one finds it on the worker.
+#[test]
+fn scenario_files_travel_with_the_submission() {
+    let base = scratch("agent-scenario-files");
+    let cluster = Cluster::start(&base, "1");
+    std::fs::write(
+        base.join("p.yml"),
+        "resource_types:\n- name: release\n  config:\n    check: cat data/releases.json\n    in: echo {{ .version.v | shellquote }} > v\nresources:\n- name: rel\n  type: release\n  source: {}\n\
+         agents:\n- name: a\n  source: {model: openrouter/x/y}\njobs:\n- name: j\n  plan:\n  - get: rel\n  - task: show\n    inputs: [rel]\n    run: cat rel/v\n    assert:\n      stdout: \"7.1\"\n  - agent: a\n    messages: [Done?]\n",
+    )
+    .expect("write");
+    std::fs::write(base.join("s.yaml"), "files:\n  data/releases.json: '[{\"v\": \"7.1\"}]'\nmodel:\n  turns:\n    - say: done\n").expect("write");
+    let out = steppe(&["test", "p.yml", "--script", "s.yaml", "--coordinator", &cluster.url], &base);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("[show] 7.1") && text(&out).contains("1 included file(s)"), "{}", text(&out));
+}

@@ -27,6 +27,9 @@ pub struct Prepared {
     pub scenario: Scenario,
     /// Its text, as sent to a coordinator.
     pub text: String,
+    /// The files it wrote, relative to the pipeline's directory: sent with a
+    /// submission whether the pipeline names them or not.
+    pub files: Vec<String>,
     pub dump: Option<PathBuf>,
 }
 
@@ -51,7 +54,9 @@ impl ScriptArgs {
         for (k, v) in &scenario.vars {
             vars.entry(k.clone()).or_insert_with(|| v.clone());
         }
-        Ok(Some(Prepared { scenario, text, dump: self.dump_requests.clone() }))
+        // Sent as include patterns: escaped, so a name is only itself.
+        let files = scenario.files.keys().map(|f| globset::escape(f)).collect();
+        Ok(Some(Prepared { scenario, text, files, dump: self.dump_requests.clone() }))
     }
 }
 

@@ -79,6 +79,8 @@ impl SubmitArgs {
         if detach && script.dump_requests.is_some() {
             anyhow::bail!("--dump-requests with --detach: the requests come back when the run ends, to a submitter that follows it; drop --detach");
         }
+        let mut include = include;
+        include.extend(scenario.iter().flat_map(|s| s.files.iter().cloned()));
         let (scenario, dump_requests) = scenario.map(|s| (Some(s.text), s.dump)).unwrap_or_default();
         let o = SubmitOptions { job, test, detach, pool, vars: vars.into_iter().collect(), answers: answer, include, name, scenario, dump_requests };
         let code = runtime()?.block_on(submit(&remote, &pipeline, o))?;
@@ -98,7 +100,7 @@ impl ExecArgs {
             pool: self.pool.clone(),
             vars,
             answers: self.answer.clone(),
-            include: self.include.clone(),
+            include: self.include.iter().chain(scenario.iter().flat_map(|s| &s.files)).cloned().collect(),
             name: self.pipeline_name.clone(),
             scenario: scenario.map(|s| s.text.clone()),
             dump_requests: scenario.and_then(|s| s.dump.clone()),
