@@ -239,13 +239,25 @@ fn without_durations(line: &str) -> String {
 /// same outcomes.
 #[test]
 fn every_fixture_runs_the_same_through_a_cluster() {
-    let (mut redis, redis_url) = redis_server();
-    let base = scratch("parity");
-    let (mut coord, url, mut lines) = serving(&["coordinator", "--listen", "127.0.0.1:0", "--state", "state", "--queue", &redis_url, "--store", &redis_url], &base);
+    fixtures_run_the_same(Backend::Redis);
+}
+
+/// As above, on SQS (a moto server).
+#[test]
+fn every_fixture_runs_the_same_through_an_sqs_cluster() {
+    fixtures_run_the_same(Backend::Sqs);
+}
+
+fn fixtures_run_the_same(backend: Backend) {
+    let (mut service, queue_url, queue_args) = backend.start();
+    let base = scratch(&format!("parity-{backend:?}"));
+    let mut args = vec!["coordinator", "--listen", "127.0.0.1:0", "--state", "state"];
+    args.extend(queue_args.iter().map(String::as_str));
+    let (mut coord, url, mut lines) = serving(&args, &base);
     std::thread::spawn(move || for _ in lines.by_ref() {});
-    // One worker takes from the Redis queue itself, the other is sent work
-    // over its session: both kinds share the one queue.
-    let mut workers = [spawn_worker(&url, &["--slots", "4", "--queue", &redis_url]), spawn_worker(&url, &["--slots", "4"])];
+    // One worker takes from the queue itself, the other is sent work over
+    // its session: both kinds share the one queue.
+    let mut workers = [spawn_worker(&url, &["--slots", "4", "--queue", &queue_url]), spawn_worker(&url, &["--slots", "4"])];
     let examples = repo("examples");
     let mut pipelines: Vec<PathBuf> = fixtures("");
     pipelines.extend(fixtures("failing"));
@@ -292,7 +304,7 @@ fn every_fixture_runs_the_same_through_a_cluster() {
     let differ: Vec<String> = done.into_iter().filter_map(|(_, d)| d).collect();
     assert!(differ.is_empty(), "{}", differ.join("\n\n"));
     assert!(compared_steps >= 40, "only {compared_steps} step outcomes compared");
-    stop(workers.iter_mut().chain([&mut coord, &mut redis]));
+    stop(workers.iter_mut().chain([&mut coord, &mut service]));
 }
 
 /// `steppe cancel` aborts a detached run; Ctrl-C on a submitter cancels its

@@ -91,8 +91,17 @@ fn a_vanished_submitter_aborts_its_run_on_the_worker() {
 /// when it wakes, its late result is refused. The step is recorded once.
 #[test]
 fn a_silent_worker_is_fenced_and_its_late_result_refused() {
+    silent_worker_fenced(Backend::Redis);
+}
+
+#[test]
+fn a_silent_worker_is_fenced_on_sqs() {
+    silent_worker_fenced(Backend::Sqs);
+}
+
+fn silent_worker_fenced(backend: Backend) {
     use std::sync::{Arc, Mutex};
-    let work = scratch("fence");
+    let work = scratch(&format!("fence-{backend:?}"));
     let attempts = work.join("attempts");
     std::fs::write(
         work.join("p.yml"),
@@ -102,8 +111,10 @@ fn a_silent_worker_is_fenced_and_its_late_result_refused() {
     // On Redis, with a free slot on the frozen worker: its session is waiting
     // on the queue when it is fenced, and that wait must not swallow the
     // requeued step.
-    let (mut redis, redis_url) = redis_server();
-    let (mut coord, url, lines) = serving(&["coordinator", "--listen", "127.0.0.1:0", "--state", "state", "--worker-lease", "2s", "--queue", &redis_url, "--store", &redis_url], &work);
+    let (mut service, _, queue_args) = backend.start();
+    let mut args = vec!["coordinator", "--listen", "127.0.0.1:0", "--state", "state", "--worker-lease", "2s"];
+    args.extend(queue_args.iter().map(String::as_str));
+    let (mut coord, url, lines) = serving(&args, &work);
     let log = Arc::new(Mutex::new(Vec::<String>::new()));
     let sink = log.clone();
     std::thread::spawn(move || {
@@ -144,7 +155,7 @@ fn a_silent_worker_is_fenced_and_its_late_result_refused() {
     assert_eq!(std::fs::read_to_string(&attempts).expect("attempts").lines().count(), 2, "ran on both workers");
     let runs = text(&steppe(&["runs", "--coordinator", &url, "--steps"], &work));
     assert_eq!(runs.matches("\nnap ").count(), 1, "one step record: {runs}");
-    stop([&mut frozen, &mut coord, &mut second, &mut redis]);
+    stop([&mut frozen, &mut coord, &mut second, &mut service]);
 }
 
 /// The cluster version of kill -9: Redis queue and store, a coordinator, two
@@ -153,17 +164,27 @@ fn a_silent_worker_is_fenced_and_its_late_result_refused() {
 /// worker, and it is recorded once.
 #[test]
 fn kill_9_a_cluster_worker_mid_step() {
-    kill_9_mid_step(false);
+    kill_9_mid_step(false, Backend::Redis);
+}
+
+#[test]
+fn kill_9_a_worker_mid_step_on_sqs() {
+    kill_9_mid_step(false, Backend::Sqs);
+}
+
+#[test]
+fn kill_9_a_pulling_worker_mid_step_on_sqs() {
+    kill_9_mid_step(true, Backend::Sqs);
 }
 
 /// As above, with workers that take from the Redis queue themselves.
 #[test]
 fn kill_9_a_pulling_worker_mid_step() {
-    kill_9_mid_step(true);
+    kill_9_mid_step(true, Backend::Redis);
 }
 
-fn kill_9_mid_step(pulling: bool) {
-    let work = scratch(if pulling { "cluster-kill9-pull" } else { "cluster-kill9" });
+fn kill_9_mid_step(pulling: bool, backend: Backend) {
+    let work = scratch(&format!("cluster-kill9-{pulling}-{backend:?}"));
     let pids = work.join("pids");
     std::fs::write(
         work.join("p.yml"),
@@ -173,10 +194,12 @@ fn kill_9_mid_step(pulling: bool) {
         ),
     )
     .expect("write");
-    let (mut redis, redis_url) = redis_server();
-    let (mut coord, url, mut lines) = serving(&["coordinator", "--listen", "127.0.0.1:0", "--state", "state", "--queue", &redis_url, "--store", &redis_url], &work);
+    let (mut service, queue_url, queue_args) = backend.start();
+    let mut args = vec!["coordinator", "--listen", "127.0.0.1:0", "--state", "state"];
+    args.extend(queue_args.iter().map(String::as_str));
+    let (mut coord, url, mut lines) = serving(&args, &work);
     std::thread::spawn(move || for _ in lines.by_ref() {});
-    let pull: &[&str] = if pulling { &["--slots", "1", "--queue", &redis_url] } else { &["--slots", "1"] };
+    let pull: &[&str] = if pulling { &["--slots", "1", "--queue", &queue_url] } else { &["--slots", "1"] };
     let mut workers = [spawn_worker(&url, pull), spawn_worker(&url, pull)];
     let submitter = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
         .args(["submit", "p.yml", "--coordinator", &url])
@@ -204,7 +227,7 @@ fn kill_9_mid_step(pulling: bool) {
     assert!(t.contains("[after] done"), "{t}");
     let runs = text(&steppe(&["runs", "--coordinator", &url, "--steps"], &work));
     assert_eq!(runs.matches("\nslow ").count(), 1, "one step record: {runs}");
-    stop(workers.iter_mut().chain([&mut coord, &mut redis]));
+    stop(workers.iter_mut().chain([&mut coord, &mut service]));
 }
 
 #[test]

@@ -34,6 +34,8 @@ pub enum DispatchMsg {
     /// A pool's queue lost what waited in it (a Redis that restarted
     /// empty): everything of that pool not running somewhere goes back on it.
     QueueLost(String),
+    /// The queue gave up on these (its dead-letter queue): their steps error, saying why.
+    Dead(Vec<(Assignment, String)>),
 }
 
 struct DispatcherActor;
@@ -56,7 +58,10 @@ pub struct DispatcherState {
 
 /// The assignments someone here waits for. An entry outside it (left on a
 /// shared queue by a coordinator that died) belongs to no run: it is not run.
-pub type Wanted = Arc<std::sync::Mutex<std::collections::HashSet<String>>>;
+/// The assignments waited for, each with the epoch it was last handed out
+/// with: an older handing-out that comes back (a queue that cannot retire
+/// it, SQS) is not run.
+pub type Wanted = Arc<std::sync::Mutex<HashMap<String, u32>>>;
 
 
 fn send_cancel(tx: &SessionTx, id: &str) {
@@ -90,6 +95,9 @@ impl DispatcherState {
             a.epoch += 1;
             a.clone()
         });
+        if let (Some(a), Ok(mut w)) = (&again, self.wanted.lock()) {
+            w.insert(a.id.clone(), a.epoch);
+        }
         if let Some(a) = again {
             if let Ok(q) = self.pools.get(&a.pool).await {
                 let _ = q.push(a).await;
@@ -135,7 +143,7 @@ impl Actor for DispatcherActor {
                 let id = a.id.clone();
                 st.pending.insert(id.clone(), (reply, a.clone()));
                 if let Ok(mut w) = st.wanted.lock() {
-                    w.insert(id.clone());
+                    w.insert(id.clone(), a.epoch);
                 }
                 let pushed = match st.pools.get(&a.pool).await {
                     Ok(q) => q.push(a).await,
@@ -203,6 +211,17 @@ impl Actor for DispatcherActor {
                 }
             }
             DispatchMsg::Requeue(id) => st.requeue(&id).await,
+            DispatchMsg::Dead(dead) => {
+                for (a, why) in dead {
+                    // Only the current handing-out: an older one's letter says nothing of it.
+                    if st.pending.get(&a.id).is_some_and(|(_, p)| p.epoch == a.epoch) {
+                        st.remote.remove(&a.id);
+                        if let Some(p) = st.forget(&a.id) {
+                            let _ = p.send(AssignmentResult::with_id(&a.id, a.epoch, Err(StepError::errored(why))));
+                        }
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -232,6 +251,11 @@ fn watch_queues(pools: Arc<Pools>, actor: ActorRef<DispatchMsg>) {
                         if let Some(l) = steppe_runtime::outage::failed("the queue", &e) {
                             eprintln!("steppe: {l}");
                         }
+                    }
+                }
+                if let Ok(dead) = q.dead_letters().await {
+                    if !dead.is_empty() && actor.cast(DispatchMsg::Dead(dead)).is_err() {
+                        return;
                     }
                 }
             }
@@ -298,8 +322,8 @@ impl Reporter for Dispatcher {
         let _ = self.actor.cast(DispatchMsg::Complete(r));
     }
 
-    fn wanted(&self, id: &str) -> bool {
-        self.wanted.lock().map(|w| w.contains(id)).unwrap_or(true)
+    fn wanted(&self, id: &str, epoch: u32) -> bool {
+        self.wanted.lock().map(|w| w.get(id) == Some(&epoch)).unwrap_or(true)
     }
 
     fn ledger(&self) -> Option<Arc<dyn steppe_runtime::budget::Ledger>> {

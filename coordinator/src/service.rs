@@ -101,7 +101,7 @@ impl Coordinator for WorkerService {
             (Some((base, lease)), true) => (pool_key(base, &pool), u64::try_from(lease.as_millis()).unwrap_or(60_000)),
             (None, true) => {
                 return Err(Status::failed_precondition(
-                    "this coordinator's queue is in its own memory: start it with --queue redis://…, or start the worker without --queue",
+                    "this coordinator's queue is in its own memory: start it with --queue redis://… or sqs://…, or start the worker without --queue",
                 ))
             }
             (_, false) => (String::new(), 0),
@@ -145,7 +145,7 @@ impl Coordinator for WorkerService {
                         d.requeue(&a.id);
                         return;
                     }
-                    Ok(Some(a)) if !d.wanted(&a.id) => {
+                    Ok(Some(a)) if !d.wanted(&a.id, a.epoch) => {
                         // Left on a shared queue by a coordinator that is gone.
                         hub.note(&format!("dropped assignment {} ({}): no run here waits for it", a.id, a.step));
                         let _ = queue.ack(&a.id).await;
@@ -284,7 +284,7 @@ impl Coordinator for WorkerService {
                                     d.requeue(&r.assignment_id);
                                 }
                             }
-                            worker_message::Msg::Taken(t) if pulls && !d.wanted(&t.assignment_id) => {
+                            worker_message::Msg::Taken(t) if pulls && !d.wanted(&t.assignment_id, t.epoch) => {
                                 // Nobody here waits for it: the worker drops it unrun.
                                 sink.note(&format!("dropped assignment {}: no run here waits for it", t.assignment_id));
                                 let cancel = CoordinatorMessage { msg: Some(coordinator_message::Msg::Cancel(steppe_proto::v1::Cancel { assignment_id: t.assignment_id })) };

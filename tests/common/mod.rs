@@ -167,3 +167,53 @@ pub fn wait_for(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// Where a test cluster's queue lives: Redis (queue and history), or SQS on
+/// a moto server (history in the coordinator's SQLite).
+#[derive(Clone, Copy, Debug)]
+pub enum Backend {
+    Redis,
+    Sqs,
+}
+
+impl Backend {
+    /// Starts the service; its process, the queue URL, and the coordinator's
+    /// arguments for it. For SQS the AWS environment of this test (and the
+    /// processes it starts) points at the moto server.
+    pub fn start(self) -> (std::process::Child, String, Vec<String>) {
+        match self {
+            Backend::Redis => {
+                let (child, url) = redis_server();
+                let args = vec!["--queue".into(), url.clone(), "--store".into(), url.clone()];
+                (child, url, args)
+            }
+            Backend::Sqs => {
+                let (child, endpoint) = moto_server();
+                // Each test is a process of its own under nextest: its environment is its own.
+                for (k, v) in [("AWS_ENDPOINT_URL", endpoint.as_str()), ("AWS_REGION", "us-east-1"), ("AWS_ACCESS_KEY_ID", "test"), ("AWS_SECRET_ACCESS_KEY", "test")] {
+                    std::env::set_var(k, v);
+                }
+                let url = "sqs://steppe".to_string();
+                (child, url.clone(), vec!["--queue".into(), url])
+            }
+        }
+    }
+}
+
+/// A moto server (the AWS APIs; scripts/test installs moto[server] in $STEPPE_VENV) on a free port.
+pub fn moto_server() -> (std::process::Child, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("port");
+    let bin = std::env::var_os("STEPPE_VENV").map(|v| PathBuf::from(v).join("bin/moto_server")).filter(|p| p.exists()).unwrap_or_else(|| "moto_server".into());
+    let child = child_of_this_test(bin.to_str().expect("utf8"))
+        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{} ({e}): scripts/test installs moto[server] in $STEPPE_VENV", bin.display()));
+    let t0 = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(30), "moto_server did not come up");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (child, format!("http://127.0.0.1:{port}"))
+}

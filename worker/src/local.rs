@@ -46,7 +46,7 @@ pub trait Reporter: Send + Sync {
     fn complete(&self, r: AssignmentResult);
     /// Whether anyone waits for this assignment. One nobody waits for was
     /// left on a shared queue by a coordinator that is gone: it is not run.
-    fn wanted(&self, _id: &str) -> bool {
+    fn wanted(&self, _id: &str, _epoch: u32) -> bool {
         true
     }
     /// Where agent turns add their tokens (a run's shared budget counters).
@@ -90,7 +90,7 @@ pub fn spawn_local_workers(
                         continue;
                     }
                 };
-                if !reporter.wanted(&a.id) {
+                if !reporter.wanted(&a.id, a.epoch) {
                     eprintln!("steppe: dropped assignment {} ({}): no run here waits for it", a.id, a.step);
                     let _ = queue.ack(&a.id).await;
                     continue;

@@ -11,7 +11,7 @@ use steppe_proto::v1::{coordinator_message, worker_message, CoordinatorMessage, 
 use steppe_runtime::budget::Ledger;
 use steppe_runtime::assignment::{Assignment, AssignmentResult};
 use steppe_runtime::outcome::StepError;
-use steppe_runtime::queue::{keep_leases, Queue, RedisQueue};
+use steppe_runtime::queue::{keep_leases, Queue};
 use steppe_runtime::artifacts::{ArtifactStore, LocalArtifactStore};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -383,7 +383,9 @@ async fn session(config: &WorkerConfig, reconnecting: bool) -> Result<End, Worke
     let ctx = match &queue {
         Some(queue_url) => {
             let lease = Duration::from_millis(welcome.queue_lease_ms.max(1000));
-            let q: Arc<dyn Queue> = Arc::new(RedisQueue::connect(queue_url, &welcome.queue_key, name, lease).await.map_err(WorkerError::Queue)?);
+            // The coordinator made the pool's queue before it said welcome.
+            let options = steppe_cloud::queues::QueueOptions { create: false, ..Default::default() };
+            let q: Arc<dyn Queue> = steppe_cloud::queues::connect(queue_url, &welcome.queue_key, name, lease, &options).await.map_err(WorkerError::Queue)?;
             tokio::spawn(pull(q.clone(), slots as usize, pulled_tx, stop_pulling.clone()));
             // What this worker took stays its own while it runs.
             let renew = q.clone();

@@ -63,6 +63,14 @@ pub struct CoordinatorArgs {
     /// its entries go to the next coordinator after this long.
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_lease)]
     queue_lease: std::time::Duration,
+    /// Never make a queue that is missing (SQS: a pool's queue and its
+    /// dead-letter queue); in production they are made by whoever owns the account.
+    #[arg(long)]
+    no_create_queues: bool,
+    /// SQS: deliveries of an assignment (each to a worker that was then
+    /// lost) after which it goes to the dead-letter queue and its step errors.
+    #[arg(long, value_name = "N", default_value = "5")]
+    max_receives: u32,
     /// Where history lives: redis:// or rediss:// (as --queue) instead of DIR/steppe.db, so
     /// a restarted (or another) coordinator sees the same runs and versions.
     /// (Or the URL in $STEPPE_STORE.)
@@ -97,8 +105,8 @@ pub struct CoordinatorArgs {
 
 impl CoordinatorArgs {
     pub fn run(self) -> Result<ExitCode> {
-        let CoordinatorArgs { listen, workers, state, token_file, auth, queue, queue_lease, store, redis_password_file, redis_prefix, worker_lease, artifacts, tls_cert, tls_key } = self;
-        let queue_key = queue_key(&redis_prefix);
+        let CoordinatorArgs { listen, workers, state, token_file, auth, queue, queue_lease, no_create_queues, max_receives, store, redis_password_file, redis_prefix, worker_lease, artifacts, tls_cert, tls_key } = self;
+        let queue_key = steppe_cloud::queues::base_key(queue.as_deref().unwrap_or_default(), &queue_key(&redis_prefix));
         let (queue, store) = with_redis_password(queue, store, redis_password_file.as_deref())?;
         let auth = Auth { file: auth, admin_token: read_token(token_file.as_deref())? };
         // Read now, so a mistake in it stops the coordinator before it serves.
@@ -116,12 +124,12 @@ impl CoordinatorArgs {
             // Submissions of a coordinator that died: their runs died with it.
             let _ = std::fs::remove_dir_all(state.join("submissions"));
             let pools = match queue.as_deref() {
-                Some(url) if is_redis(url) => {
+                Some(url) if steppe_cloud::queues::is_queue_url(url) => {
                     let name = format!("coordinator-{}", std::process::id());
-                    let default = Arc::new(steppe_runtime::queue::RedisQueue::connect(url, &queue_key, &name, queue_lease).await?);
-                    Some(steppe_runtime::queue::Pools::redis(default, url, &queue_key, &name, queue_lease))
+                    let options = steppe_cloud::queues::QueueOptions { create: !no_create_queues, max_receives, ..Default::default() };
+                    Some(steppe_cloud::queues::pools(url, &queue_key, &name, queue_lease, options).await?)
                 }
-                Some(other) => anyhow::bail!("--queue {other}: only redis:// queues are supported so far"),
+                Some(other) => anyhow::bail!("--queue {other}: a queue is redis://HOST:PORT/, rediss://… or sqs://QUEUE_PREFIX"),
                 None => None,
             };
             let runs: Arc<dyn steppe_runtime::store::Store> = match store.as_deref() {
@@ -192,8 +200,8 @@ pub struct WorkerArgs {
     /// its certificate (default: the system's roots).
     #[arg(long, value_name = "FILE")]
     tls_ca: Option<PathBuf>,
-    /// Take assignments from the coordinator's Redis queue directly
-    /// (redis://HOST:PORT/, the coordinator's --queue) instead of having
+    /// Take assignments from the coordinator's queue directly (its
+    /// --queue: redis://HOST:PORT/ or sqs://QUEUE_PREFIX) instead of having
     /// them sent over the session; the queue's lease brings back what
     /// a lost worker took. (Or the URL in $STEPPE_QUEUE.)
     #[arg(long, value_name = "URL", env = "STEPPE_QUEUE", hide_env_values = true)]
@@ -221,8 +229,8 @@ fn worker(args: WorkerArgs) -> Result<ExitCode> {
     let WorkerArgs { coordinator: url, slots, token_file, stream_artifacts, tls_ca, queue, redis_password_file, pool, reconnect_for } = args;
     let (queue, _) = with_redis_password(queue, None, redis_password_file.as_deref())?;
     steppe_runtime::queue::check_pool_name(&pool).map_err(|e| anyhow::anyhow!("--pool {e}"))?;
-    if let Some(q) = queue.as_deref().filter(|q| !is_redis(q)) {
-        anyhow::bail!("--queue {q}: a worker takes from a Redis queue (redis://HOST:PORT/)");
+    if let Some(q) = queue.as_deref().filter(|q| !steppe_cloud::queues::is_queue_url(q)) {
+        anyhow::bail!("--queue {q}: a worker takes from its coordinator's queue (redis://HOST:PORT/, rediss://… or sqs://QUEUE_PREFIX)");
     }
     let token = read_token(token_file.as_deref())?;
     let rt = runtime()?;

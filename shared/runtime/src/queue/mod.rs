@@ -17,8 +17,8 @@ pub enum QueueError {
     Backend { url: String, message: String },
     /// An entry this build cannot read (another encoding, or bytes that do
     /// not decode): it was moved aside, never misread.
-    #[error("queue {key}: refused entry {entry}: {reason}; this steppe reads only entries with enc={encoding}; the entry was moved to the stream {key}:refused")]
-    Refused { key: String, entry: String, reason: String, encoding: &'static str },
+    #[error("queue {key}: refused entry {entry}: {reason}; this steppe reads only entries with enc={encoding}; the entry was moved to {aside}")]
+    Refused { key: String, entry: String, reason: String, encoding: &'static str, aside: String },
 }
 
 impl QueueError {
@@ -62,6 +62,12 @@ pub trait Queue: Send + Sync {
     /// made again, so whatever waited in the queue before is gone.
     fn ensure(&self) -> BoxFuture<'_, Result<bool, QueueError>> {
         Box::pin(async { Ok(false) })
+    }
+    /// Assignments the backend gave up on (delivered too often without an
+    /// acknowledgement: moved to its dead-letter queue), not yet reported,
+    /// each with what to tell its step.
+    fn dead_letters(&self) -> BoxFuture<'_, Result<Vec<(Assignment, String)>, QueueError>> {
+        Box::pin(async { Ok(Vec::new()) })
     }
 }
 
@@ -108,7 +114,7 @@ where
     });
 }
 
-type OpenPool = Box<dyn Fn(String) -> BoxFuture<'static, Result<std::sync::Arc<dyn Queue>, QueueError>> + Send + Sync>;
+pub type OpenPool = Box<dyn Fn(String) -> BoxFuture<'static, Result<std::sync::Arc<dyn Queue>, QueueError>> + Send + Sync>;
 
 /// One queue per worker pool, opened when first used. Workers serve one
 /// pool each (`steppe worker --pool NAME`); a run's steps go to the pool it
@@ -129,17 +135,9 @@ impl Pools {
         }
     }
 
-    /// Pools on Redis: a stream per pool under `base` (see [`pool_key`]).
-    pub fn redis(default: std::sync::Arc<dyn Queue>, url: &str, base: &str, consumer: &str, lease: Duration) -> Self {
-        let (url, base, consumer) = (url.to_string(), base.to_string(), consumer.to_string());
-        Pools {
-            default,
-            open: Box::new(move |pool| {
-                let (url, key, consumer) = (url.clone(), pool_key(&base, &pool), consumer.clone());
-                Box::pin(async move { Ok(std::sync::Arc::new(RedisQueue::connect(&url, &key, &consumer, lease).await?) as std::sync::Arc<dyn Queue>) })
-            }),
-            others: Default::default(),
-        }
+    /// Pools opened by `open` (a pool's name → its queue), `default` first.
+    pub fn with(default: std::sync::Arc<dyn Queue>, open: OpenPool) -> Self {
+        Pools { default, open, others: Default::default() }
     }
 
     pub fn default_pool(&self) -> &std::sync::Arc<dyn Queue> {
@@ -173,6 +171,8 @@ impl Pools {
     }
 }
 
+#[doc(hidden)]
+pub mod conformance;
 mod in_process;
 mod redis;
 
@@ -200,30 +200,7 @@ pub(crate) use self::redis::tests::redis_server;
 mod tests {
     use super::*;
 
-    pub(crate) fn a(id: &str) -> Assignment {
-        Assignment { id: id.into(), ..Assignment::command("r", "s", "true".into()) }
-    }
-
-    /// The behaviour every backend shares.
-    pub(crate) async fn conformance(q: std::sync::Arc<dyn Queue>) {
-        q.push(a("1")).await.unwrap();
-        q.push(a("2")).await.unwrap();
-        q.push(a("3")).await.unwrap();
-        assert!(q.remove("2").await.unwrap(), "a waiting assignment can be removed");
-        assert!(!q.remove("2").await.unwrap());
-        let first = q.pop().await.unwrap();
-        assert_eq!(first.id, "1", "first in, first out");
-        assert!(!q.remove("1").await.unwrap(), "a taken assignment is not removed");
-        q.ack("1").await.unwrap();
-        assert_eq!(q.pop().await.unwrap().id, "3");
-        q.ack("3").await.unwrap();
-        let q2 = q.clone();
-        let waiter = tokio::spawn(async move { q2.pop().await.unwrap().id });
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        q.push(a("4")).await.unwrap();
-        assert_eq!(waiter.await.unwrap(), "4", "pop waits for a push");
-        q.ack("4").await.unwrap();
-    }
+    use super::conformance::{a, basics};
 
     #[tokio::test]
     async fn pools_keep_their_assignments_apart() {
@@ -242,6 +219,6 @@ mod tests {
 
     #[tokio::test]
     async fn in_process_queue_conforms() {
-        conformance(std::sync::Arc::new(InProcessQueue::new())).await;
+        basics(std::sync::Arc::new(InProcessQueue::new())).await;
     }
 }

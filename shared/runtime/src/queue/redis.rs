@@ -92,7 +92,7 @@ impl RedisQueue {
             Ok(a) => a,
             Err(reason) => {
                 self.refuse(&entry, &fields, &reason).await?;
-                return Err(QueueError::Refused { key: self.key.clone(), entry, reason, encoding: ENCODING });
+                return Err(QueueError::Refused { key: self.key.clone(), entry, reason, encoding: ENCODING, aside: format!("the stream {}:refused", self.key) });
             }
         };
         if let Ok(mut m) = self.entries.lock() {
@@ -452,7 +452,8 @@ impl Queue for RedisQueue {
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use crate::queue::tests::{a, conformance};
+    use crate::queue::conformance::{self, a};
+    use std::sync::Arc;
     use super::*;
     use std::process::{Child, Command, Stdio};
 
@@ -489,7 +490,7 @@ pub(crate) mod tests {
     async fn redis_queue_conforms() {
         let s = redis_server();
         let q = RedisQueue::connect(&s.url, "steppe:test", "c1", Duration::from_secs(30)).await.expect("connect");
-        conformance(std::sync::Arc::new(q)).await;
+        conformance::basics(Arc::new(q)).await;
     }
 
     #[tokio::test]
@@ -498,18 +499,7 @@ pub(crate) mod tests {
         let lease = Duration::from_millis(300);
         let first = RedisQueue::connect(&s.url, "steppe:lease", "doomed", lease).await.expect("connect");
         let second = RedisQueue::connect(&s.url, "steppe:lease", "survivor", lease).await.expect("connect");
-        first.push(a("job-1")).await.unwrap();
-        assert_eq!(first.pop().await.unwrap().id, "job-1");
-        // `first` dies without acknowledging; after the lease, `second` gets it.
-        drop(first);
-        tokio::time::sleep(lease + Duration::from_millis(100)).await;
-        let again = second.pop().await.unwrap();
-        assert_eq!(again.id, "job-1");
-        second.ack("job-1").await.unwrap();
-        // Acknowledged: nothing comes back.
-        tokio::time::sleep(lease + Duration::from_millis(100)).await;
-        let none = tokio::time::timeout(Duration::from_millis(1500), second.pop()).await;
-        assert!(none.is_err(), "an acknowledged entry must not be delivered again");
+        conformance::a_lost_takers_assignment_comes_back(Arc::new(first), Arc::new(second), lease).await;
     }
 
     #[tokio::test]
@@ -518,17 +508,7 @@ pub(crate) mod tests {
         let lease = Duration::from_millis(300);
         let holder = RedisQueue::connect(&s.url, "steppe:extend", "holder", lease).await.expect("connect");
         let other = RedisQueue::connect(&s.url, "steppe:extend", "other", lease).await.expect("connect");
-        holder.push(a("long")).await.unwrap();
-        assert_eq!(holder.pop().await.unwrap().id, "long");
-        // Held three leases long, extended every third of one: nobody else gets it.
-        for _ in 0..9 {
-            tokio::time::sleep(lease / 3).await;
-            holder.extend_held().await.unwrap();
-        }
-        assert!(other.pop_within(Duration::from_millis(50)).await.unwrap().is_none(), "an extended entry must stay with its taker");
-        // No more extensions: the lease runs out and it comes back.
-        tokio::time::sleep(lease + Duration::from_millis(100)).await;
-        assert_eq!(other.pop_within(Duration::from_millis(50)).await.unwrap().map(|a| a.id).as_deref(), Some("long"));
+        conformance::an_extended_lease_keeps_it_with_its_taker(Arc::new(holder), Arc::new(other), lease).await;
     }
 
     #[tokio::test]
@@ -536,16 +516,7 @@ pub(crate) mod tests {
         let s = redis_server();
         let lease = Duration::from_millis(300);
         let q = RedisQueue::connect(&s.url, "steppe:requeue", "c1", lease).await.expect("connect");
-        q.push(a("job-1")).await.unwrap();
-        let taken = q.pop().await.unwrap();
-        // Its worker was lost: back on the queue, taken again, done.
-        q.push(taken).await.unwrap();
-        assert_eq!(q.pop().await.unwrap().id, "job-1");
-        q.ack("job-1").await.unwrap();
-        // The first taking does not come back when its lease runs out.
-        tokio::time::sleep(lease + Duration::from_millis(100)).await;
-        let ghost = q.pop_within(Duration::from_millis(500)).await.unwrap();
-        assert!(ghost.is_none(), "a requeued assignment was delivered again: {ghost:?}");
+        conformance::a_requeued_assignment_is_delivered_once(Arc::new(q), lease).await;
     }
 
     #[tokio::test]
@@ -605,13 +576,16 @@ pub(crate) mod tests {
     async fn an_assignment_travels_whole_through_the_queue() {
         let s = redis_server();
         let q = RedisQueue::connect(&s.url, "steppe:whole", "c1", Duration::from_secs(30)).await.expect("connect");
-        let sent = Assignment {
-            pool: "gpu".into(),
-            template: Some(serde_json::json!({"source": {"z": 1, "a": -2}, "version": {"ref": "x"}, "params": null})),
-            ..a("w1")
-        };
-        q.push(sent.clone()).await.unwrap();
-        let got = q.pop().await.unwrap();
-        assert_eq!(format!("{got:?}"), format!("{sent:?}"));
+        conformance::an_assignment_travels_whole(Arc::new(q), whole()).await;
+    }
+}
+
+/// An assignment with the parts that are easy to lose on the way.
+#[cfg(test)]
+fn whole() -> Assignment {
+    Assignment {
+        pool: "gpu".into(),
+        template: Some(serde_json::json!({"source": {"z": 1, "a": -2}, "version": {"ref": "x"}, "params": null})),
+        ..crate::queue::conformance::a("w1")
     }
 }

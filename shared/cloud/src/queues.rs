@@ -1,0 +1,65 @@
+//! Any queue by its URL: `redis://`/`rediss://` (Redis Streams) or
+//! `sqs://PREFIX` (Amazon SQS, configured by the standard AWS environment).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use steppe_runtime::queue::{pool_key, Pools, Queue, QueueError, RedisQueue};
+
+/// What a queue backend may do beyond taking and giving assignments.
+#[derive(Debug, Clone)]
+pub struct QueueOptions {
+    /// Make a pool's queue (and its dead-letter queue) when it is missing.
+    pub create: bool,
+    /// Deliveries after which an assignment goes to the dead-letter queue.
+    pub max_receives: u32,
+    /// The service's endpoint, over the environment's (`AWS_ENDPOINT_URL`).
+    pub endpoint: Option<String>,
+}
+
+impl Default for QueueOptions {
+    fn default() -> Self {
+        QueueOptions { create: true, max_receives: 5, endpoint: None }
+    }
+}
+
+/// Whether `url` names a queue this build can open.
+pub fn is_queue_url(url: &str) -> bool {
+    ["redis://", "rediss://", "sqs://"].iter().any(|s| url.starts_with(s))
+}
+
+/// The name of the default pool's queue: `key` for Redis (a stream under the
+/// installation's prefix), the URL's prefix for SQS (`sqs://steppe` → `steppe`).
+pub fn base_key(url: &str, redis_key: &str) -> String {
+    match url.strip_prefix("sqs://") {
+        Some(prefix) => prefix.trim_end_matches('/').to_string(),
+        None => redis_key.to_string(),
+    }
+}
+
+/// Opens the queue `key` (a pool's, see [`pool_key`]) at `url` as `consumer`.
+pub async fn connect(url: &str, key: &str, consumer: &str, lease: Duration, options: &QueueOptions) -> Result<Arc<dyn Queue>, QueueError> {
+    if url.starts_with("sqs://") {
+        Ok(Arc::new(crate::sqs::SqsQueue::connect(key, lease, options).await?))
+    } else if url.starts_with("redis://") || url.starts_with("rediss://") {
+        Ok(Arc::new(RedisQueue::connect(url, key, consumer, lease).await?))
+    } else {
+        Err(QueueError::Backend {
+            url: steppe_runtime::secrets::mask_urls(url).into_owned(),
+            message: "not a queue URL: use redis://HOST:PORT/, rediss://… or sqs://QUEUE_PREFIX".into(),
+        })
+    }
+}
+
+/// A queue per pool at `url`, the default pool's being `base`.
+pub async fn pools(url: &str, base: &str, consumer: &str, lease: Duration, options: QueueOptions) -> Result<Pools, QueueError> {
+    let default = connect(url, base, consumer, lease, &options).await?;
+    let (url, base, consumer) = (url.to_string(), base.to_string(), consumer.to_string());
+    Ok(Pools::with(
+        default,
+        Box::new(move |pool| {
+            let (url, key, consumer, options) = (url.clone(), pool_key(&base, &pool), consumer.clone(), options.clone());
+            Box::pin(async move { connect(&url, &key, &consumer, lease, &options).await })
+        }),
+    ))
+}
