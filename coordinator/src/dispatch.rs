@@ -36,6 +36,19 @@ pub enum DispatchMsg {
     QueueLost(String),
     /// The queue gave up on these (its dead-letter queue): their steps error, saying why.
     Dead(Vec<(Assignment, String)>),
+    /// A worker loop of this process began this assignment.
+    Started(String),
+    /// Per pool: waiting, in flight, and how long the oldest has waited.
+    Figures(RpcReplyPort<Vec<PoolFigures>>),
+}
+
+/// What the Dispatcher knows of one pool's assignments.
+#[derive(Debug, Clone, Default)]
+pub struct PoolFigures {
+    pub pool: String,
+    pub waiting: i64,
+    pub in_flight: i64,
+    pub oldest_waiting: std::time::Duration,
 }
 
 struct DispatcherActor;
@@ -52,6 +65,10 @@ pub struct DispatcherState {
     cancelled: std::collections::HashSet<String>,
     /// The ids in `pending`, readable without asking the actor.
     wanted: Wanted,
+    /// When each pending assignment was queued, and when a worker began it.
+    queued_at: HashMap<String, std::time::Instant>,
+    started_at: HashMap<String, std::time::Instant>,
+    metrics: Arc<steppe_worker::metrics::Metrics>,
     /// Where notes about the queue go.
     hub: Option<Arc<crate::event_hub::EventHub>>,
 }
@@ -74,11 +91,22 @@ fn aborted(id: &str, why: &str) -> AssignmentResult {
 }
 
 impl DispatcherState {
+    /// A worker began it: its wait in the queue is over.
+    fn began(&mut self, id: &str) {
+        let now = std::time::Instant::now();
+        if let Some(t) = self.queued_at.get(id) {
+            self.metrics.queue_wait_seconds.observe(now.duration_since(*t).as_secs_f64());
+        }
+        self.started_at.insert(id.to_string(), now);
+    }
+
     /// Nobody waits for it any more: whoever did is handed back.
     fn forget(&mut self, id: &str) -> Option<RpcReplyPort<AssignmentResult>> {
         if let Ok(mut w) = self.wanted.lock() {
             w.remove(id);
         }
+        self.queued_at.remove(id);
+        self.started_at.remove(id);
         self.pending.remove(id).map(|(p, _)| p)
     }
 
@@ -98,6 +126,7 @@ impl DispatcherState {
         if let (Some(a), Ok(mut w)) = (&again, self.wanted.lock()) {
             w.insert(a.id.clone(), a.epoch);
         }
+        self.started_at.remove(id);
         if let Some(a) = again {
             if let Ok(q) = self.pools.get(&a.pool).await {
                 let _ = q.push(a).await;
@@ -131,16 +160,29 @@ impl DispatcherState {
 impl Actor for DispatcherActor {
     type Msg = DispatchMsg;
     type State = DispatcherState;
-    type Arguments = (Arc<Pools>, Cancels, Wanted, Option<Arc<crate::event_hub::EventHub>>);
+    type Arguments = (Arc<Pools>, Cancels, Wanted, Option<Arc<crate::event_hub::EventHub>>, Arc<steppe_worker::metrics::Metrics>);
 
-    async fn pre_start(&self, _me: ActorRef<Self::Msg>, (pools, local, wanted, hub): Self::Arguments) -> Result<Self::State, ActorProcessingErr> {
-        Ok(DispatcherState { pools, pending: HashMap::new(), local, remote: HashMap::new(), cancelled: Default::default(), wanted, hub })
+    async fn pre_start(&self, _me: ActorRef<Self::Msg>, (pools, local, wanted, hub, metrics): Self::Arguments) -> Result<Self::State, ActorProcessingErr> {
+        Ok(DispatcherState {
+            pools,
+            pending: HashMap::new(),
+            local,
+            remote: HashMap::new(),
+            cancelled: Default::default(),
+            wanted,
+            queued_at: HashMap::new(),
+            started_at: HashMap::new(),
+            metrics,
+            hub,
+        })
     }
 
     async fn handle(&self, _me: ActorRef<Self::Msg>, msg: Self::Msg, st: &mut Self::State) -> Result<(), ActorProcessingErr> {
         match msg {
             DispatchMsg::Submit(a, reply) => {
                 let id = a.id.clone();
+                st.metrics.steps_started.inc();
+                st.queued_at.insert(id.clone(), std::time::Instant::now());
                 st.pending.insert(id.clone(), (reply, a.clone()));
                 if let Ok(mut w) = st.wanted.lock() {
                     w.insert(id.clone(), a.epoch);
@@ -165,6 +207,12 @@ impl Actor for DispatcherActor {
                 }
                 st.remote.remove(&r.assignment_id);
                 st.cancelled.remove(&r.assignment_id);
+                if let Some(t) = st.started_at.get(&r.assignment_id).or(st.queued_at.get(&r.assignment_id)) {
+                    st.metrics.run_seconds.observe(t.elapsed().as_secs_f64());
+                }
+                if st.pending.contains_key(&r.assignment_id) {
+                    st.metrics.finished(&r);
+                }
                 if let Some(q) = st.queue_of(&r.assignment_id).await {
                     let _ = q.ack(&r.assignment_id).await;
                 }
@@ -192,6 +240,7 @@ impl Actor for DispatcherActor {
                     send_cancel(&tx, &id);
                 }
                 if st.pending.contains_key(&id) {
+                    st.began(&id);
                     st.remote.insert(id, tx);
                 }
             }
@@ -211,13 +260,37 @@ impl Actor for DispatcherActor {
                 }
             }
             DispatchMsg::Requeue(id) => st.requeue(&id).await,
+            DispatchMsg::Started(id) => {
+                if st.pending.contains_key(&id) {
+                    st.began(&id);
+                }
+            }
+            DispatchMsg::Figures(reply) => {
+                let mut by_pool: std::collections::BTreeMap<String, PoolFigures> = std::collections::BTreeMap::new();
+                let now = std::time::Instant::now();
+                for (id, (_, a)) in &st.pending {
+                    let pool = if a.pool.is_empty() { steppe_runtime::queue::DEFAULT_POOL.to_string() } else { a.pool.clone() };
+                    let f = by_pool.entry(pool.clone()).or_insert_with(|| PoolFigures { pool, ..Default::default() });
+                    if st.started_at.contains_key(id) {
+                        f.in_flight += 1;
+                    } else {
+                        f.waiting += 1;
+                        if let Some(t) = st.queued_at.get(id) {
+                            f.oldest_waiting = f.oldest_waiting.max(now.duration_since(*t));
+                        }
+                    }
+                }
+                let _ = reply.send(by_pool.into_values().collect());
+            }
             DispatchMsg::Dead(dead) => {
                 for (a, why) in dead {
                     // Only the current handing-out: an older one's letter says nothing of it.
                     if st.pending.get(&a.id).is_some_and(|(_, p)| p.epoch == a.epoch) {
                         st.remote.remove(&a.id);
+                        let r = AssignmentResult::with_id(&a.id, a.epoch, Err(StepError::errored(why)));
+                        st.metrics.finished(&r);
                         if let Some(p) = st.forget(&a.id) {
-                            let _ = p.send(AssignmentResult::with_id(&a.id, a.epoch, Err(StepError::errored(why))));
+                            let _ = p.send(r);
                         }
                     }
                 }
@@ -273,6 +346,8 @@ pub struct Dispatcher {
     wanted: Wanted,
     /// Runs' spending counters (in the run store), for every worker's agent turns.
     pub ledger: Arc<dyn steppe_runtime::budget::Ledger>,
+    /// The figures `--metrics` serves.
+    pub metrics: Arc<steppe_worker::metrics::Metrics>,
 }
 
 impl Dispatcher {
@@ -280,9 +355,10 @@ impl Dispatcher {
         let local = Cancels::default();
         let wanted = Wanted::default();
         let ledger = Arc::new(steppe_runtime::budget::StoreLedger::new(hub.as_ref().and_then(|h| h.store().cloned())));
-        let (actor, _) = Actor::spawn(None, DispatcherActor, (pools.clone(), local.clone(), wanted.clone(), hub)).await?;
+        let metrics = Arc::new(steppe_worker::metrics::Metrics::default());
+        let (actor, _) = Actor::spawn(None, DispatcherActor, (pools.clone(), local.clone(), wanted.clone(), hub, metrics.clone())).await?;
         watch_queues(pools.clone(), actor.clone());
-        Ok(Arc::new(Dispatcher { actor, pools, local, seq: AtomicU64::new(0), wanted, ledger }))
+        Ok(Arc::new(Dispatcher { actor, pools, local, seq: AtomicU64::new(0), wanted, ledger, metrics }))
     }
 
     /// Queues the assignment and waits for its result. Dropping the returned
@@ -297,6 +373,11 @@ impl Dispatcher {
             Ok(ractor::rpc::CallResult::Success(r)) => r,
             _ => AssignmentResult::with_id(&id, 0, Err(StepError::errored("the dispatcher stopped before this step finished"))),
         }
+    }
+
+    /// Per pool: what waits, what runs, the oldest wait.
+    pub async fn figures(&self) -> Vec<PoolFigures> {
+        ractor::call!(self.actor, DispatchMsg::Figures).unwrap_or_default()
     }
 
     pub fn running_remotely(&self, id: &str, tx: SessionTx) {
@@ -328,6 +409,10 @@ impl Reporter for Dispatcher {
 
     fn ledger(&self) -> Option<Arc<dyn steppe_runtime::budget::Ledger>> {
         Some(self.ledger.clone())
+    }
+
+    fn started(&self, id: &str) {
+        let _ = self.actor.cast(DispatchMsg::Started(id.to_string()));
     }
 }
 

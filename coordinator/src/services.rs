@@ -167,3 +167,32 @@ pub fn parse_answers(answers: &[String]) -> Result<Vec<(String, String)>> {
         })
         .collect()
 }
+
+/// Serves the Dispatcher's figures and the workers' on `addr` (`--metrics`).
+pub async fn serve_metrics(svc: &Arc<Services>, addr: std::net::SocketAddr) -> std::io::Result<std::net::SocketAddr> {
+    use steppe_worker::metrics::PoolLabel;
+    let metrics = svc.dispatcher.metrics.clone();
+    let (m, dispatcher, registry) = (metrics.clone(), svc.dispatcher.clone(), svc.registry.clone());
+    let refresh: steppe_worker::metrics::Refresh = Arc::new(move || {
+        let (m, dispatcher, registry) = (m.clone(), dispatcher.clone(), registry.clone());
+        Box::pin(async move {
+            let figures = dispatcher.figures().await;
+            let workers = registry.list().await;
+            let mut pools: std::collections::BTreeSet<String> = figures.iter().map(|f| f.pool.clone()).collect();
+            pools.extend(workers.iter().map(|w| w.pool.clone()));
+            pools.insert(steppe_runtime::queue::DEFAULT_POOL.to_string());
+            for pool in pools {
+                let label = PoolLabel { pool: pool.clone() };
+                let f = figures.iter().find(|f| f.pool == pool).cloned().unwrap_or_default();
+                let serving: Vec<_> = workers.iter().filter(|w| w.pool == pool).collect();
+                let slots: i64 = serving.iter().map(|w| i64::from(w.slots)).sum();
+                m.backlog.get_or_create(&label).set(f.waiting);
+                m.in_flight.get_or_create(&label).set(f.in_flight);
+                m.oldest_waiting_seconds.get_or_create(&label).set(f.oldest_waiting.as_secs_f64());
+                m.workers_connected.get_or_create(&label).set(serving.iter().filter(|w| w.remote).count() as i64);
+                m.slots_free.get_or_create(&label).set((slots - f.in_flight).max(0));
+            }
+        })
+    });
+    steppe_worker::metrics::serve(addr, metrics, refresh, Arc::new(|| true)).await
+}

@@ -12,6 +12,7 @@ pub mod agent;
 pub mod exec;
 pub mod host_env;
 pub mod local;
+pub mod metrics;
 pub mod output;
 pub mod process_group;
 pub mod provider;

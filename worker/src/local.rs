@@ -49,6 +49,8 @@ pub trait Reporter: Send + Sync {
     fn wanted(&self, _id: &str, _epoch: u32) -> bool {
         true
     }
+    /// A loop of this process began running it.
+    fn started(&self, _id: &str) {}
     /// Where agent turns add their tokens (a run's shared budget counters).
     fn ledger(&self) -> Option<Arc<dyn steppe_runtime::budget::Ledger>> {
         None
@@ -96,6 +98,7 @@ pub fn spawn_local_workers(
                     continue;
                 }
                 let cancel = cancels.register(&a.id);
+                reporter.started(&a.id);
                 let r = execute_isolated(&a, store.clone(), &work_root, sink.clone(), reporter.ledger(), cancel).await;
                 cancels.done(&a.id);
                 reporter.complete(r);

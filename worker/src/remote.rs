@@ -3,6 +3,7 @@
 //! and heartbeats out.
 
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,6 +25,8 @@ use steppe_runtime::wire::{assignment_from_wire, cap_line, offload_payload, resu
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
+    #[error("--metrics {addr}: {source}")]
+    Metrics { addr: String, source: std::io::Error },
     #[error("cannot reach the coordinator at {url}: {source}")]
     Connect { url: String, source: tonic::transport::Error },
     #[error("the coordinator refused the session: {}", .0.message())]
@@ -127,6 +130,20 @@ struct Running {
     coordinator_host: Option<String>,
     /// The run's spending counters, kept by the coordinator.
     ledger: Arc<dyn Ledger>,
+    stats: Arc<Stats>,
+}
+
+/// What this worker does, for `--metrics`.
+pub struct Stats {
+    pub metrics: Arc<crate::metrics::Metrics>,
+    busy: std::sync::atomic::AtomicI64,
+    connected: std::sync::atomic::AtomicBool,
+}
+
+impl Stats {
+    fn new() -> Self {
+        Stats { metrics: Default::default(), busy: Default::default(), connected: Default::default() }
+    }
 }
 
 /// Spending counters at the coordinator (`Coordinator.Spend`).
@@ -144,7 +161,10 @@ impl Ledger for CoordinatorLedger {
 impl Running {
     /// Runs one assignment and reports its result; `_slot` is held until then.
     async fn run_one(self, mut a: Assignment, cancel: tokio::sync::watch::Receiver<bool>, _slot: Option<tokio::sync::OwnedSemaphorePermit>) {
-        let Running { tx, store, work_root, cancels, queue, coordinator_host, ledger } = self;
+        let Running { tx, store, work_root, cancels, queue, coordinator_host, ledger, stats } = self;
+        let began = std::time::Instant::now();
+        stats.metrics.steps_started.inc();
+        stats.busy.fetch_add(1, Ordering::Relaxed);
         if let Some(host) = &coordinator_host {
             for w in a.agent.iter_mut().chain(a.fix.iter_mut()) {
                 w.reach_unspecified_at(host);
@@ -160,6 +180,9 @@ impl Running {
             _ => execute_isolated(&a, store.clone(), &work_root, sink.clone(), Some(ledger), cancel).await,
         };
         cancels.done(&a.id);
+        stats.busy.fetch_sub(1, Ordering::Relaxed);
+        stats.metrics.run_seconds.observe(began.elapsed().as_secs_f64());
+        stats.metrics.finished(&r);
         let dropped = sink.dropped.swap(0, std::sync::atomic::Ordering::Relaxed);
         if dropped > 0 {
             let note = format!("… {dropped} line(s) of live output dropped: the coordinator could not keep up (the step's record has them)");
@@ -266,6 +289,10 @@ pub struct WorkerConfig {
     pub pool: String,
     /// How long to keep trying to reach a coordinator that went away.
     pub reconnect_for: Duration,
+    /// Leave (as if drained) after this long with nothing to run.
+    pub exit_when_idle: Option<Duration>,
+    /// Serve /metrics, /healthz and /readyz here.
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 /// Serves one coordinator until it closes the session.
@@ -296,8 +323,14 @@ impl WorkerError {
 pub async fn run(config: WorkerConfig) -> Result<(), WorkerError> {
     let mut lost_at: Option<std::time::Instant> = None;
     let mut backoff = Duration::from_millis(250);
+    let stats = Arc::new(Stats::new());
+    if let Some(addr) = config.metrics {
+        let bound = serve_metrics(addr, stats.clone(), &config).await.map_err(|source| WorkerError::Metrics { addr: addr.to_string(), source })?;
+        eprintln!("steppe worker {}: metrics on http://{bound}/metrics", config.name);
+    }
     loop {
-        let r = session(&config, lost_at.is_some()).await;
+        let r = session(&config, lost_at.is_some(), &stats).await;
+        stats.connected.store(false, Ordering::Relaxed);
         match r {
             Ok(End::Stopped) => return Ok(()),
             Ok(End::Lost) if config.reconnect_for.is_zero() => return Ok(()),
@@ -331,9 +364,26 @@ pub async fn run(config: WorkerConfig) -> Result<(), WorkerError> {
     }
 }
 
+/// `/metrics` of a worker: its slots and steps; `/readyz` while it has a session.
+async fn serve_metrics(addr: std::net::SocketAddr, stats: Arc<Stats>, config: &WorkerConfig) -> std::io::Result<std::net::SocketAddr> {
+    let label = crate::metrics::PoolLabel { pool: config.pool.clone() };
+    let slots = i64::from(config.slots);
+    let s = stats.clone();
+    let refresh: crate::metrics::Refresh = Arc::new(move || {
+        let connected = i64::from(s.connected.load(Ordering::Relaxed));
+        let busy = s.busy.load(Ordering::Relaxed);
+        s.metrics.workers_connected.get_or_create(&label).set(connected);
+        s.metrics.in_flight.get_or_create(&label).set(busy);
+        s.metrics.slots_free.get_or_create(&label).set((slots - busy).max(0) * connected);
+        Box::pin(async {})
+    });
+    let s = stats.clone();
+    crate::metrics::serve(addr, stats.metrics.clone(), refresh, Arc::new(move || s.connected.load(Ordering::Relaxed))).await
+}
+
 /// One session with the coordinator, from Hello to its end.
-async fn session(config: &WorkerConfig, reconnecting: bool) -> Result<End, WorkerError> {
-    let WorkerConfig { url, slots, name, work_root, token, stream_artifacts, tls_ca, queue, pool, .. } = config;
+async fn session(config: &WorkerConfig, reconnecting: bool, stats: &Arc<Stats>) -> Result<End, WorkerError> {
+    let WorkerConfig { url, slots, name, work_root, token, stream_artifacts, tls_ca, queue, pool, exit_when_idle, .. } = config;
     let (slots, stream_artifacts, pool, work_root) = (*slots, *stream_artifacts, pool.clone(), work_root.clone());
     let (url, name) = (url.as_str(), name.as_str());
     let channel = connect(url, tls_ca.as_deref()).await?;
@@ -376,7 +426,8 @@ async fn session(config: &WorkerConfig, reconnecting: bool) -> Result<End, Worke
     });
     let coordinator_host = steppe_runtime::agent_work::url_host(url).map(str::to_string);
     let ledger: Arc<dyn Ledger> = Arc::new(CoordinatorLedger(client.clone()));
-    let ctx = Running { tx: tx.clone(), store, work_root, cancels: Cancels::default(), queue: None, coordinator_host, ledger };
+    stats.connected.store(true, Ordering::Relaxed);
+    let ctx = Running { tx: tx.clone(), store, work_root, cancels: Cancels::default(), queue: None, coordinator_host, ledger, stats: stats.clone() };
     // A worker started with --queue takes assignments from the shared queue itself.
     let (pulled_tx, mut pulled) = mpsc::channel::<(Assignment, tokio::sync::OwnedSemaphorePermit)>(1);
     let stop_pulling = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -410,7 +461,17 @@ async fn session(config: &WorkerConfig, reconnecting: bool) -> Result<End, Worke
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
     let mut draining = false;
     let mut lost = false;
+    let mut busy_at = tokio::time::Instant::now();
     loop {
+        if !running.is_empty() || !awaiting.is_empty() {
+            busy_at = tokio::time::Instant::now();
+        }
+        let idle_until = async {
+            match exit_when_idle {
+                Some(d) if !draining => tokio::time::sleep_until(busy_at + *d).await,
+                _ => std::future::pending::<()>().await,
+            }
+        };
         let sigterm = async {
             match term.as_mut() {
                 Some(t) => {
@@ -452,6 +513,15 @@ async fn session(config: &WorkerConfig, reconnecting: bool) -> Result<End, Worke
                 if running.is_empty() {
                     break;
                 }
+            }
+            _ = idle_until, if running.is_empty() && awaiting.is_empty() => {
+                // Nothing came for a while: leave, as a drained worker does (scale to zero).
+                let d = exit_when_idle.map(steppe_language::duration::show).unwrap_or_default();
+                eprintln!("steppe worker {name}: nothing to run for {d}; leaving (--exit-when-idle)");
+                draining = true;
+                stop_pulling.store(true, std::sync::atomic::Ordering::SeqCst);
+                let _ = tx.send(WorkerMessage { msg: Some(worker_message::Msg::Drain(Drain {})) }).await;
+                break;
             }
             Some(_) = running.join_next(), if !running.is_empty() => {
                 if draining && running.is_empty() {
@@ -519,6 +589,8 @@ async fn session(config: &WorkerConfig, reconnecting: bool) -> Result<End, Worke
         // Close our side only now, and wait for the coordinator to close its
         // side: that is when it has read every result we sent (an exit right
         // away could lose the last one, and the step would run again).
+        // Every sender goes: the loop's context holds one too.
+        drop(ctx);
         drop(tx);
         let _ = tokio::time::timeout(Duration::from_secs(10), async { while let Ok(Some(_)) = inbound.message().await {} }).await;
     }

@@ -72,6 +72,8 @@ async fn an_unreadable_assignment_is_reported_errored_and_the_session_goes_on() 
         queue: None,
         pool: String::new(),
         reconnect_for: Duration::ZERO,
+        exit_when_idle: None,
+        metrics: None,
     }));
     let mut got = Vec::new();
     while got.len() < 2 {

@@ -101,11 +101,17 @@ pub struct CoordinatorArgs {
     /// The private key (PEM) of --tls-cert.
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// Serve Prometheus metrics on http://ADDR/metrics (per pool: backlog,
+    /// in flight, the oldest wait, workers and free slots; steps by
+    /// outcome; queue-wait and run-time histograms; tokens), and /healthz
+    /// and /readyz for probes. An autoscaler (KEDA) scales workers on them.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<std::net::SocketAddr>,
 }
 
 impl CoordinatorArgs {
     pub fn run(self) -> Result<ExitCode> {
-        let CoordinatorArgs { listen, workers, state, token_file, auth, queue, queue_lease, no_create_queues, max_receives, store, redis_password_file, redis_prefix, worker_lease, artifacts, tls_cert, tls_key } = self;
+        let CoordinatorArgs { listen, workers, state, token_file, auth, queue, queue_lease, no_create_queues, max_receives, store, redis_password_file, redis_prefix, worker_lease, artifacts, tls_cert, tls_key, metrics } = self;
         let queue_key = steppe_cloud::queues::base_key(queue.as_deref().unwrap_or_default(), &queue_key(&redis_prefix));
         let (queue, store) = with_redis_password(queue, store, redis_password_file.as_deref())?;
         let auth = Auth { file: auth, admin_token: read_token(token_file.as_deref())? };
@@ -140,6 +146,10 @@ impl CoordinatorArgs {
             };
             let svc = start_services_with(&state, runs, scratch.path(), workers, false, true, ClusterOptions { pools, artifacts }).await?;
             serve(&svc, listen, ServeOptions { auth, tls, worker_lease, long_lived: true, queue_key })?;
+            if let Some(addr) = metrics {
+                let bound = crate::services::serve_metrics(&svc, addr).await.with_context(|| format!("--metrics {addr}"))?;
+                svc.out.note(&format!("metrics on http://{bound}/metrics"));
+            }
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => {}
                 _ = terminated() => {}
@@ -217,6 +227,15 @@ pub struct WorkerArgs {
     /// reach it this long, with backoff, before exiting (0s: exit at once).
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_wait)]
     reconnect_for: std::time::Duration,
+    /// Leave (exit 0, as after a drain) once nothing has come to run for
+    /// this long: with an autoscaler, workers follow the backlog down to zero.
+    #[arg(long, value_name = "DURATION", value_parser = parse_wait)]
+    exit_when_idle: Option<std::time::Duration>,
+    /// Serve Prometheus metrics on http://ADDR/metrics (this worker's
+    /// slots, steps by outcome, run times, tokens), /healthz and /readyz
+    /// (ready while it has a session with the coordinator).
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<std::net::SocketAddr>,
 }
 
 impl WorkerArgs {
@@ -226,7 +245,7 @@ impl WorkerArgs {
 }
 
 fn worker(args: WorkerArgs) -> Result<ExitCode> {
-    let WorkerArgs { coordinator: url, slots, token_file, stream_artifacts, tls_ca, queue, redis_password_file, pool, reconnect_for } = args;
+    let WorkerArgs { coordinator: url, slots, token_file, stream_artifacts, tls_ca, queue, redis_password_file, pool, reconnect_for, exit_when_idle, metrics } = args;
     let (queue, _) = with_redis_password(queue, None, redis_password_file.as_deref())?;
     steppe_runtime::queue::check_pool_name(&pool).map_err(|e| anyhow::anyhow!("--pool {e}"))?;
     if let Some(q) = queue.as_deref().filter(|q| !steppe_cloud::queues::is_queue_url(q)) {
@@ -239,7 +258,7 @@ fn worker(args: WorkerArgs) -> Result<ExitCode> {
     let scratch = steppe_runtime::scratch::Scratch::create("worker").context("creating a scratch directory under the system's temp dir")?;
     let work = scratch.path().to_path_buf();
     warn!("steppe worker {name}: connecting to {url} with {slots} slot(s)");
-    let config = steppe_worker::remote::WorkerConfig { url, slots, name: name.clone(), work_root: work.clone(), token, stream_artifacts, tls_ca, queue, pool, reconnect_for };
+    let config = steppe_worker::remote::WorkerConfig { url, slots, name: name.clone(), work_root: work.clone(), token, stream_artifacts, tls_ca, queue, pool, reconnect_for, exit_when_idle, metrics };
     rt.block_on(steppe_worker::remote::run(config))?;
     warn!("steppe worker {name}: stopped");
     Ok(ExitCode::SUCCESS)
