@@ -97,6 +97,7 @@ pub fn serve(svc: &Arc<Services>, addr: std::net::SocketAddr, opts: ServeOptions
         ephemeral: !long_lived,
         scratch: svc.scratch.clone(),
         callers: callers.clone(),
+        artifact_url: svc.object_store.clone().unwrap_or_default(),
     };
     let artifacts = artifacts::ArtifactService { store: local_store };
     let runs = runs_service::RunService { svc: svc.clone(), active: Default::default(), callers: callers.clone(), model_host: bound.ip() };

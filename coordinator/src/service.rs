@@ -44,6 +44,8 @@ pub struct WorkerService {
     pub ephemeral: bool,
     /// Where large results are unpacked while they are read back.
     pub scratch: PathBuf,
+    /// Artifacts' object store (s3://…), told to workers; "" for a directory.
+    pub artifact_url: String,
 }
 
 /// Tells a session's puller to take nothing more (also when the session's
@@ -116,6 +118,7 @@ impl Coordinator for WorkerService {
                 queue_key,
                 queue_lease_ms,
                 ephemeral: self.ephemeral,
+                artifact_url: self.artifact_url.clone(),
             })),
         };
         tx.send(Ok(welcome)).await.map_err(|_| Status::aborted("session closed"))?;

@@ -31,6 +31,8 @@ pub struct Services {
     pub local_store: steppe_runtime::artifacts::LocalArtifactStore,
     /// Local worker slots (0: only remote workers run steps).
     pub slots: usize,
+    /// The object store every worker uses directly, when artifacts live in one.
+    pub object_store: Option<String>,
 }
 
 /// What every Redis key of an installation starts with (`--redis-prefix`).
@@ -49,6 +51,9 @@ pub struct ClusterOptions {
     pub pools: Option<steppe_runtime::queue::Pools>,
     /// The shared artifact directory (default: `<state>/artifacts`).
     pub artifacts: Option<PathBuf>,
+    /// Artifacts in an object store instead (`s3://BUCKET/PREFIX`); the
+    /// artifact directory is then its cache here.
+    pub object_store: Option<String>,
 }
 
 /// Starts the shared parts; `state` holds artifacts (and submissions), `db`
@@ -62,10 +67,13 @@ pub async fn start_services(state: &Path, db: &Path, scratch: &Path, slots: usiz
 pub async fn start_services_with(state: &Path, runs: Arc<dyn steppe_runtime::store::Store>, scratch: &Path, slots: usize, quiet: bool, serving: bool, cluster: ClusterOptions) -> Result<Arc<Services>> {
     use steppe_runtime::artifacts::LocalArtifactStore;
     use steppe_runtime::queue::InProcessQueue;
-    let ClusterOptions { pools, artifacts } = cluster;
+    let ClusterOptions { pools, artifacts, object_store } = cluster;
     let artifact_dir = artifacts.unwrap_or_else(|| state.join("artifacts"));
     let local_store = LocalArtifactStore::new(&artifact_dir).with_context(|| format!("creating {}", artifact_dir.display()))?;
-    let store: Arc<dyn steppe_runtime::artifacts::ArtifactStore> = Arc::new(local_store.clone());
+    let store: Arc<dyn steppe_runtime::artifacts::ArtifactStore> = match &object_store {
+        Some(url) => Arc::new(steppe_cloud::s3::S3ArtifactStore::connect(url, &artifact_dir, None).await.with_context(|| format!("--artifacts {url}"))?),
+        None => Arc::new(local_store.clone()),
+    };
     let artifact_dir = artifact_dir.canonicalize().unwrap_or(artifact_dir);
     let work = scratch.join("steps");
     std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
@@ -107,6 +115,7 @@ pub async fn start_services_with(state: &Path, runs: Arc<dyn steppe_runtime::sto
         artifact_dir,
         local_store,
         slots,
+        object_store,
     }))
 }
 

@@ -403,7 +403,11 @@ async fn session(config: &WorkerConfig, reconnecting: bool, stats: &Arc<Stats>) 
     }
     let every = if welcome.heartbeat_ms == 0 { Duration::from_secs(5) } else { Duration::from_millis(welcome.heartbeat_ms.max(100)) };
     let shared = std::path::Path::new(&welcome.artifact_dir);
-    let store: Arc<dyn ArtifactStore> = if !stream_artifacts && !welcome.store_id.is_empty() && LocalArtifactStore::read_store_id(shared).as_deref() == Some(welcome.store_id.as_str()) {
+    let store: Arc<dyn ArtifactStore> = if !welcome.artifact_url.is_empty() {
+        // The coordinator keeps artifacts in an object store: this worker reads and writes it too.
+        let cache = work_root.join("artifact-cache");
+        Arc::new(steppe_cloud::s3::S3ArtifactStore::connect(&welcome.artifact_url, &cache, None).await.map_err(|source| WorkerError::Artifacts { dir: welcome.artifact_url.clone(), source })?)
+    } else if !stream_artifacts && !welcome.store_id.is_empty() && LocalArtifactStore::read_store_id(shared).as_deref() == Some(welcome.store_id.as_str()) {
         Arc::new(LocalArtifactStore::new(shared).map_err(|source| WorkerError::Artifacts { dir: welcome.artifact_dir.clone(), source })?)
     } else {
         if !stream_artifacts {

@@ -89,11 +89,14 @@ pub struct CoordinatorArgs {
     /// fenced: its steps run elsewhere and its late results are refused.
     #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = parse_lease)]
     worker_lease: std::time::Duration,
-    /// The artifact directory workers share (default: DIR/artifacts);
-    /// on several hosts, a shared mount every worker sees at this path.
-    /// Workers that do not see it get artifacts through the coordinator.
-    #[arg(long, value_name = "DIR")]
-    artifacts: Option<PathBuf>,
+    /// Where artifacts live: a directory workers share (default:
+    /// DIR/artifacts; on several hosts a shared mount every worker sees at
+    /// this path — workers that do not see it get artifacts through the
+    /// coordinator), or an object store every worker reads and writes
+    /// directly: s3://BUCKET/PREFIX (the bucket must exist; the standard AWS
+    /// environment configures it, AWS_ENDPOINT_URL_S3 for MinIO or GCS).
+    #[arg(long, value_name = "DIR|URL")]
+    artifacts: Option<String>,
     /// Serve TLS with this certificate chain (PEM); clients then use
     /// https:// URLs (and --tls-ca FILE for a private CA).
     #[arg(long, value_name = "FILE", requires = "tls_key")]
@@ -144,7 +147,7 @@ impl CoordinatorArgs {
                 Some(other) => anyhow::bail!("--store {other}: only redis:// stores are supported so far"),
                 None => Arc::new(steppe_runtime::store::SqliteStore::open(&state.join("steppe.db"))?),
             };
-            let svc = start_services_with(&state, runs, scratch.path(), workers, false, true, ClusterOptions { pools, artifacts }).await?;
+            let svc = start_services_with(&state, runs, scratch.path(), workers, false, true, ClusterOptions { pools, artifacts: artifacts.as_deref().filter(|a| !a.starts_with("s3://")).map(PathBuf::from), object_store: artifacts.filter(|a| a.starts_with("s3://")) }).await?;
             serve(&svc, listen, ServeOptions { auth, tls, worker_lease, long_lived: true, queue_key })?;
             if let Some(addr) = metrics {
                 let bound = crate::services::serve_metrics(&svc, addr).await.with_context(|| format!("--metrics {addr}"))?;
