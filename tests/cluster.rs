@@ -248,6 +248,12 @@ fn every_fixture_runs_the_same_through_an_sqs_cluster() {
     fixtures_run_the_same(Backend::Sqs);
 }
 
+/// As above, on Pub/Sub (the emulator).
+#[test]
+fn every_fixture_runs_the_same_through_a_pubsub_cluster() {
+    fixtures_run_the_same(Backend::PubSub);
+}
+
 fn fixtures_run_the_same(backend: Backend) {
     let (mut service, queue_url, queue_args) = backend.start();
     let base = scratch(&format!("parity-{backend:?}"));

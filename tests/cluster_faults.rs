@@ -99,6 +99,11 @@ fn a_silent_worker_is_fenced_on_sqs() {
     silent_worker_fenced(Backend::Sqs);
 }
 
+#[test]
+fn a_silent_worker_is_fenced_on_pubsub() {
+    silent_worker_fenced(Backend::PubSub);
+}
+
 fn silent_worker_fenced(backend: Backend) {
     use std::sync::{Arc, Mutex};
     let work = scratch(&format!("fence-{backend:?}"));
@@ -175,6 +180,16 @@ fn kill_9_a_worker_mid_step_on_sqs() {
 #[test]
 fn kill_9_a_pulling_worker_mid_step_on_sqs() {
     kill_9_mid_step(true, Backend::Sqs);
+}
+
+#[test]
+fn kill_9_a_worker_mid_step_on_pubsub() {
+    kill_9_mid_step(false, Backend::PubSub);
+}
+
+#[test]
+fn kill_9_a_pulling_worker_mid_step_on_pubsub() {
+    kill_9_mid_step(true, Backend::PubSub);
 }
 
 /// As above, with workers that take from the Redis queue themselves.

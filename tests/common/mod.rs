@@ -174,6 +174,7 @@ pub fn wait_for(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
 pub enum Backend {
     Redis,
     Sqs,
+    PubSub,
 }
 
 impl Backend {
@@ -196,8 +197,34 @@ impl Backend {
                 let url = "sqs://steppe".to_string();
                 (child, url.clone(), vec!["--queue".into(), url])
             }
+            Backend::PubSub => {
+                let (child, host) = pubsub_emulator();
+                std::env::set_var("PUBSUB_EMULATOR_HOST", host);
+                let url = "pubsub://steppe-test/steppe".to_string();
+                (child, url.clone(), vec!["--queue".into(), url])
+            }
         }
     }
+}
+
+/// The Pub/Sub emulator of the Google Cloud SDK (in the machine image) on a
+/// free port; its host:port.
+pub fn pubsub_emulator() -> (std::process::Child, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("port");
+    let sdk = Command::new("gcloud").args(["info", "--format=value(installation.sdk_root)"]).output().ok().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).filter(|s| !s.is_empty());
+    let bin = std::env::var_os("PUBSUB_EMULATOR_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(sdk.unwrap_or_else(|| "/usr/lib/google-cloud-sdk".into())).join("platform/pubsub-emulator/bin/cloud-pubsub-emulator"));
+    let child = child_of_this_test(bin.to_str().expect("utf8"))
+        .args(["--host=127.0.0.1", &format!("--port={port}")])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{} ({e}): the Pub/Sub emulator ships with the Google Cloud SDK", bin.display()));
+    let t0 = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(60), "the Pub/Sub emulator did not come up");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    (child, format!("127.0.0.1:{port}"))
 }
 
 /// A moto server (the AWS APIs; scripts/test installs moto[server] in $STEPPE_VENV) on a free port.

@@ -1,5 +1,6 @@
 //! Any queue by its URL: `redis://`/`rediss://` (Redis Streams) or
-//! `sqs://PREFIX` (Amazon SQS, configured by the standard AWS environment).
+//! `sqs://PREFIX` (Amazon SQS, configured by the standard AWS environment)
+//! or `pubsub://PROJECT/PREFIX` (Google Cloud Pub/Sub; `PUBSUB_EMULATOR_HOST`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,15 +26,18 @@ impl Default for QueueOptions {
 
 /// Whether `url` names a queue this build can open.
 pub fn is_queue_url(url: &str) -> bool {
-    ["redis://", "rediss://", "sqs://"].iter().any(|s| url.starts_with(s))
+    ["redis://", "rediss://", "sqs://", "pubsub://"].iter().any(|s| url.starts_with(s))
 }
 
 /// The name of the default pool's queue: `key` for Redis (a stream under the
 /// installation's prefix), the URL's prefix for SQS (`sqs://steppe` → `steppe`).
 pub fn base_key(url: &str, redis_key: &str) -> String {
-    match url.strip_prefix("sqs://") {
-        Some(prefix) => prefix.trim_end_matches('/').to_string(),
-        None => redis_key.to_string(),
+    if let Some(prefix) = url.strip_prefix("sqs://") {
+        return prefix.trim_end_matches('/').to_string();
+    }
+    match crate::pubsub::parse_url(url) {
+        Ok((_, prefix)) => prefix,
+        Err(_) => redis_key.to_string(),
     }
 }
 
@@ -41,12 +45,15 @@ pub fn base_key(url: &str, redis_key: &str) -> String {
 pub async fn connect(url: &str, key: &str, consumer: &str, lease: Duration, options: &QueueOptions) -> Result<Arc<dyn Queue>, QueueError> {
     if url.starts_with("sqs://") {
         Ok(Arc::new(crate::sqs::SqsQueue::connect(key, lease, options).await?))
+    } else if url.starts_with("pubsub://") {
+        let (project, _) = crate::pubsub::parse_url(url).map_err(|message| QueueError::Backend { url: url.to_string(), message })?;
+        Ok(Arc::new(crate::pubsub::PubSubQueue::connect(&project, key, lease, options).await?))
     } else if url.starts_with("redis://") || url.starts_with("rediss://") {
         Ok(Arc::new(RedisQueue::connect(url, key, consumer, lease).await?))
     } else {
         Err(QueueError::Backend {
             url: steppe_runtime::secrets::mask_urls(url).into_owned(),
-            message: "not a queue URL: use redis://HOST:PORT/, rediss://… or sqs://QUEUE_PREFIX".into(),
+            message: "not a queue URL: use redis://HOST:PORT/, rediss://…, sqs://QUEUE_PREFIX or pubsub://PROJECT/PREFIX".into(),
         })
     }
 }

@@ -47,3 +47,47 @@ impl Drop for Moto {
         let _ = self.child.wait();
     }
 }
+
+/// The Pub/Sub emulator of the Google Cloud SDK (in this machine image) on
+/// a free loopback port; `PUBSUB_EMULATOR_HOST` of this test points at it.
+pub struct PubSubEmulator {
+    child: Child,
+}
+
+impl PubSubEmulator {
+    pub fn start() -> PubSubEmulator {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port");
+        let bin = pubsub_emulator();
+        let child = Command::new(&bin)
+            .args(["--host=127.0.0.1", &format!("--port={port}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{} ({e}): the Pub/Sub emulator ships with the Google Cloud SDK (platform/pubsub-emulator/bin)", bin.display()));
+        let t0 = std::time::Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(t0.elapsed() < Duration::from_secs(60), "the Pub/Sub emulator did not listen on {port}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // Each test is a process of its own under nextest.
+        std::env::set_var("PUBSUB_EMULATOR_HOST", format!("127.0.0.1:{port}"));
+        PubSubEmulator { child }
+    }
+}
+
+/// Where the emulator is: $PUBSUB_EMULATOR_BIN, else under the SDK gcloud belongs to.
+pub fn pubsub_emulator() -> std::path::PathBuf {
+    if let Some(p) = std::env::var_os("PUBSUB_EMULATOR_BIN") {
+        return p.into();
+    }
+    let sdk = Command::new("gcloud").args(["info", "--format=value(installation.sdk_root)"]).output().ok().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).filter(|s| !s.is_empty());
+    std::path::PathBuf::from(sdk.unwrap_or_else(|| "/usr/lib/google-cloud-sdk".into())).join("platform/pubsub-emulator/bin/cloud-pubsub-emulator")
+}
+
+impl Drop for PubSubEmulator {
+    fn drop(&mut self) {
+        // The emulator's launcher starts a JVM under it: the whole group goes.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
