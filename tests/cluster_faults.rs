@@ -89,6 +89,56 @@ fn a_vanished_submitter_aborts_its_run_on_the_worker() {
 /// A worker cut off mid-step (frozen with SIGSTOP: its connection stays open
 /// and it says nothing) loses its lease: its step runs on another worker, and
 /// when it wakes, its late result is refused. The step is recorded once.
+/// The same drain through a coordinator on each distributed queue: the
+/// drained worker finishes its step and reports it, the next step goes to a
+/// worker started after it, nothing runs twice.
+#[test]
+fn sigterm_drains_a_worker_on_redis() {
+    drains_on(Backend::Redis);
+}
+
+#[test]
+fn sigterm_drains_a_worker_on_sqs() {
+    drains_on(Backend::Sqs);
+}
+
+#[test]
+fn sigterm_drains_a_worker_on_pubsub() {
+    drains_on(Backend::PubSub);
+}
+
+fn drains_on(backend: Backend) {
+    let work = scratch(&format!("drain-{backend:?}"));
+    let begun = work.join("begun");
+    std::fs::write(
+        work.join("p.yml"),
+        format!(
+            "jobs:\n- name: j\n  plan:\n  - task: long\n    outputs: [o]\n    run: echo begun >> {}; sleep 2; echo finished > o/x\n  - task: next\n    inputs: [o]\n    run: cat o/x\n    assert:\n      stdout: finished\n",
+            begun.display()
+        ),
+    )
+    .expect("write");
+    let (mut service, queue_url, queue_args) = backend.start();
+    let mut args = vec!["coordinator", "--listen", "127.0.0.1:0", "--workers", "0", "--state", "state"];
+    args.extend(queue_args.iter().map(String::as_str));
+    let (mut coord, url, mut lines) = serving(&args, &work);
+    std::thread::spawn(move || for _ in lines.by_ref() {});
+    let mut first = spawn_worker(&url, &["--slots", "1", "--queue", &queue_url]);
+    let submitter = child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(["submit", "p.yml", "--coordinator", &url]).current_dir(&work).stdout(std::process::Stdio::piped()).spawn().expect("submit");
+    wait_for("the long step to begin", Duration::from_secs(30), || begun.exists());
+    let t0 = Instant::now();
+    assert!(Command::new("kill").args(["-TERM", &first.id().to_string()]).status().expect("kill").success());
+    assert_eq!(first.wait().expect("wait").code(), Some(0), "a drained worker exits cleanly");
+    assert!(t0.elapsed() >= Duration::from_millis(1000), "it finished the running step before exiting");
+    let mut second = spawn_worker(&url, &["--slots", "1"]);
+    let out = submitter.wait_with_output().expect("submit");
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    assert_eq!(std::fs::read_to_string(&begun).expect("begun").lines().count(), 1, "the drained step ran once: {said}");
+    assert!(said.contains("✔ long") && said.contains("✔ next"), "{said}");
+    stop([&mut second, &mut coord, &mut service]);
+}
+
 #[test]
 fn a_silent_worker_is_fenced_and_its_late_result_refused() {
     silent_worker_fenced(Backend::Redis);

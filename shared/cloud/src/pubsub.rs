@@ -12,7 +12,7 @@ use gcloud_pubsub::apiv1::conn_pool::ConnectionManager;
 use gcloud_pubsub::apiv1::subscriber_client::SubscriberClient;
 use gcloud_googleapis::pubsub::v1::PullRequest;
 use gcloud_pubsub::client::{Client, ClientConfig};
-use gcloud_pubsub::publisher::Publisher;
+use gcloud_pubsub::publisher::{Publisher, PublisherConfig};
 use gcloud_pubsub::subscriber::ReceivedMessage;
 use gcloud_pubsub::subscription::SubscriptionConfig;
 use prost::Message;
@@ -100,7 +100,9 @@ impl PubSubQueue {
             subscription.create(topic.fully_qualified_name(), config, None).await.map_err(|e| err("making the subscription", e.message().to_string()))?;
         }
         let dead = dead_sub.exists(None).await.ok().filter(|e| *e).map(|_| dead_sub.fully_qualified_name().to_string());
-        let publisher = topic.new_publisher(None);
+        // Each assignment goes at once: a step waits on it, and batching
+        // (the client's default: 3 messages or 100 ms) would add the wait to every step.
+        let publisher = topic.new_publisher(Some(PublisherConfig { bundle_size: 1, flush_interval: Duration::from_millis(5), ..PublisherConfig::default() }));
         Ok(PubSubQueue {
             shown,
             topic: name,
