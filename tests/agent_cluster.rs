@@ -50,23 +50,6 @@ impl Drop for Cluster {
     }
 }
 
-fn without_durations(line: &str) -> String {
-    let mut out = String::new();
-    let mut rest = line;
-    while let Some(i) = rest.find(" (") {
-        out.push_str(&rest[..i]);
-        let after = &rest[i + 2..];
-        match after.find(')') {
-            Some(j) if after[..j].ends_with('s') && after[..j].trim_end_matches(['s', 'm']).parse::<f64>().is_ok() => rest = &after[j + 1..],
-            _ => {
-                out.push_str(" (");
-                rest = after;
-            }
-        }
-    }
-    out.push_str(rest);
-    out
-}
 
 /// Each scripted model listens on a port of its own.
 fn without_ports(line: &str) -> String {

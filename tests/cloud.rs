@@ -41,3 +41,27 @@ fn a_cluster_on_sqs_and_s3() {
     assert!(text(&out).contains("s3://no-such-bucket/x") && text(&out).contains("does it exist"), "{}", text(&out));
     stop(workers.iter_mut().chain([&mut coord, &mut moto]));
 }
+
+/// An assignment over a queue's message limit (SQS: 256 KiB) travels by
+/// reference: a stand-in on the queue, the whole from the coordinator, to a
+/// worker that takes from the queue itself and to one sent work alike.
+#[test]
+fn an_assignment_too_large_for_a_message_travels_by_reference() {
+    let work = scratch("cloud-by-reference");
+    // A long allow-list of environment names (none set) makes each assignment about 300 KiB.
+    let names: Vec<String> = (0..2600).map(|n| format!("STEPPE_FILLER_{n:05}_{}", "X".repeat(96))).collect();
+    let env = names.join(", ");
+    let tasks: String = (0..4).map(|i| format!("    - task: big{i}\n      env: [{env}]\n      run: echo big-{i}-ran\n")).collect();
+    std::fs::write(work.join("p.yml"), format!("jobs:\n- name: j\n  plan:\n  - in_parallel:\n{tasks}")).expect("write");
+    let (mut moto, queue_url, queue_args) = Backend::Sqs.start();
+    let mut args = vec!["coordinator", "--listen", "127.0.0.1:0", "--workers", "0", "--state", "state"];
+    args.extend(queue_args.iter().map(String::as_str));
+    let (mut coord, url, log) = serving_logged(&args, &work);
+    let mut workers = [spawn_worker(&url, &["--slots", "2", "--queue", &queue_url]), spawn_worker(&url, &["--slots", "2"])];
+    let out = steppe(&["submit", "p.yml", "--coordinator", &url], &work);
+    assert_eq!(out.status.code(), Some(0), "{}\n{}", text(&out), log.lock().expect("log"));
+    for i in 0..4 {
+        assert!(text(&out).contains(&format!("big-{i}-ran")), "{}", text(&out));
+    }
+    stop(workers.iter_mut().chain([&mut coord, &mut moto]));
+}

@@ -215,23 +215,6 @@ fn tls_between_every_part() {
 }
 
 /// A line with its "(0.01s)"-style timings taken out.
-fn without_durations(line: &str) -> String {
-    let mut out = String::new();
-    let mut rest = line;
-    while let Some(i) = rest.find(" (") {
-        out.push_str(&rest[..i]);
-        let after = &rest[i + 2..];
-        match after.find(')') {
-            Some(j) if after[..j].ends_with('s') && after[..j].trim_end_matches(['s', 'm']).parse::<f64>().is_ok() => rest = &after[j + 1..],
-            _ => {
-                out.push_str(" (");
-                rest = after;
-            }
-        }
-    }
-    out.push_str(rest);
-    out
-}
 
 /// Every pipeline of the suite (self-checking, failing, examples) ends the
 /// same through a Redis-backed coordinator and two workers as it does

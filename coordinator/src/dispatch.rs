@@ -40,6 +40,8 @@ pub enum DispatchMsg {
     Started(String),
     /// Per pool: waiting, in flight, and how long the oldest has waited.
     Figures(RpcReplyPort<Vec<PoolFigures>>),
+    /// A waited-for assignment as last handed out (for a worker that took a stand-in).
+    Whole(String, RpcReplyPort<Option<Assignment>>),
 }
 
 /// What the Dispatcher knows of one pool's assignments.
@@ -260,6 +262,9 @@ impl Actor for DispatcherActor {
                 }
             }
             DispatchMsg::Requeue(id) => st.requeue(&id).await,
+            DispatchMsg::Whole(id, reply) => {
+                let _ = reply.send(st.pending.get(&id).map(|(_, a)| a.clone()));
+            }
             DispatchMsg::Started(id) => {
                 if st.pending.contains_key(&id) {
                     st.began(&id);
@@ -373,6 +378,11 @@ impl Dispatcher {
             Ok(ractor::rpc::CallResult::Success(r)) => r,
             _ => AssignmentResult::with_id(&id, 0, Err(StepError::errored("the dispatcher stopped before this step finished"))),
         }
+    }
+
+    /// The whole of a waited-for assignment, as last handed out.
+    pub async fn whole(&self, id: &str) -> Option<Assignment> {
+        ractor::call!(self.actor, DispatchMsg::Whole, id.to_string()).ok().flatten()
     }
 
     /// Per pool: what waits, what runs, the oldest wait.

@@ -298,7 +298,9 @@ impl Coordinator for WorkerService {
                                 if let Ok(mut m) = inflight.lock() {
                                     m.insert(t.assignment_id.clone(), None);
                                 }
-                                let confirm = CoordinatorMessage { msg: Some(coordinator_message::Msg::Confirm(steppe_proto::v1::Confirm { assignment_id: t.assignment_id })) };
+                                // A stand-in taken off the queue: the whole assignment goes with the Confirm.
+                                let assignment = if t.by_reference { d.whole(&t.assignment_id).await.map(|a| steppe_runtime::wire::assignment_to_wire(&a)) } else { None };
+                                let confirm = CoordinatorMessage { msg: Some(coordinator_message::Msg::Confirm(steppe_proto::v1::Confirm { assignment_id: t.assignment_id, assignment })) };
                                 let _ = session_tx.send(Ok(confirm)).await;
                             }
                             worker_message::Msg::Taken(_) => {}

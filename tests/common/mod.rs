@@ -244,3 +244,22 @@ pub fn moto_server() -> (std::process::Child, String) {
     }
     (child, format!("http://127.0.0.1:{port}"))
 }
+
+/// A step line without its duration (`✔ build (0.02s)` → `✔ build`), to compare runs.
+pub fn without_durations(line: &str) -> String {
+    let mut out = String::new();
+    let mut rest = line;
+    while let Some(i) = rest.find(" (") {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 2..];
+        match after.find(')') {
+            Some(j) if after[..j].ends_with('s') && after[..j].trim_end_matches(['s', 'm']).parse::<f64>().is_ok() => rest = &after[j + 1..],
+            _ => {
+                out.push_str(" (");
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}

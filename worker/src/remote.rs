@@ -535,7 +535,7 @@ async fn session(config: &WorkerConfig, reconnecting: bool, stats: &Arc<Stats>) 
             Some((a, permit)) = pulled.recv() => {
                 // Taken from the queue; it runs once the coordinator confirms
                 // (awaited before the coordinator hears of it, so no Confirm is missed).
-                let taken = WorkerMessage { msg: Some(worker_message::Msg::Taken(Taken { assignment_id: a.id.clone(), epoch: a.epoch })) };
+                let taken = WorkerMessage { msg: Some(worker_message::Msg::Taken(Taken { assignment_id: a.id.clone(), epoch: a.epoch, by_reference: a.by_reference })) };
                 awaiting.insert(a.id.clone(), (a, permit));
                 let _ = tx.send(taken).await;
             }
@@ -566,7 +566,28 @@ async fn session(config: &WorkerConfig, reconnecting: bool, stats: &Arc<Stats>) 
                         }
                     }
                     Some(coordinator_message::Msg::Confirm(c)) => {
-                        if let Some((a, permit)) = awaiting.remove(&c.assignment_id) {
+                        if let Some((taken, permit)) = awaiting.remove(&c.assignment_id) {
+                            // A stand-in is run as the whole the coordinator sent with the Confirm.
+                            let a = match c.assignment.map(assignment_from_wire) {
+                                Some(Ok(whole)) => whole,
+                                Some(Err(e)) => {
+                                    if let Some(q) = &ctx.queue {
+                                        let _ = q.ack(&taken.id).await;
+                                    }
+                                    let r = AssignmentResult::with_id(&taken.id, taken.epoch, Err(StepError::errored(format!("worker {name} could not read assignment {}: {e}", taken.id))));
+                                    let _ = tx.send(WorkerMessage { msg: Some(worker_message::Msg::Result(result_to_wire(&r))) }).await;
+                                    continue;
+                                }
+                                None if taken.by_reference => {
+                                    if let Some(q) = &ctx.queue {
+                                        let _ = q.ack(&taken.id).await;
+                                    }
+                                    let r = AssignmentResult::with_id(&taken.id, taken.epoch, Err(StepError::errored(format!("{}: the coordinator confirmed a stand-in without the assignment it stands for", taken.step))));
+                                    let _ = tx.send(WorkerMessage { msg: Some(worker_message::Msg::Result(result_to_wire(&r))) }).await;
+                                    continue;
+                                }
+                                None => taken,
+                            };
                             let cancel = ctx.cancels.register(&a.id);
                             running.spawn(ctx.clone().run_one(a, cancel, Some(permit)));
                         }

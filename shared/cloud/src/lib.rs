@@ -2,6 +2,7 @@
 //! (`sqs.rs`: Amazon SQS; `pubsub.rs`: Google Cloud Pub/Sub; `s3.rs`: artifacts in S3), and `connect`, which opens any queue by its URL.
 //! Apart from the runtime crate so their heavy SDKs build once.
 
+mod held;
 pub mod pubsub;
 pub mod queues;
 pub mod s3;

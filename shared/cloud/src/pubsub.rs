@@ -3,8 +3,6 @@
 //! deliveries; the lease is the ack deadline, extended while a step runs.
 //! `PUBSUB_EMULATOR_HOST` points it at the emulator.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use gcloud_googleapis::pubsub::v1::{DeadLetterPolicy, PubsubMessage};
@@ -20,6 +18,7 @@ use steppe_runtime::assignment::Assignment;
 use steppe_runtime::queue::{BoxFuture, Queue, QueueError};
 use steppe_runtime::wire::{assignment_from_wire, assignment_to_wire};
 
+use crate::held::{Held, Received};
 use crate::queues::QueueOptions;
 use crate::sqs::queue_name;
 
@@ -41,15 +40,8 @@ pub struct PubSubQueue {
     dead: Option<String>,
     dead_topic: String,
     lease_secs: i32,
-    /// Assignment id → (epoch, message) of what this consumer took.
-    taken: Mutex<HashMap<String, (u32, ReceivedMessage)>>,
-    pushed: Mutex<HashSet<String>>,
-    removed: Mutex<HashSet<String>>,
-    reported: Mutex<HashSet<String>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
+    /// The messages this consumer took, and the rest it keeps.
+    held: Held<ReceivedMessage>,
 }
 
 /// `pubsub://PROJECT/PREFIX` → (project, prefix).
@@ -112,10 +104,7 @@ impl PubSubQueue {
             dead,
             dead_topic: format!("{}-dead", queue_name(key)),
             lease_secs,
-            taken: Mutex::default(),
-            pushed: Mutex::default(),
-            removed: Mutex::default(),
-            reported: Mutex::default(),
+            held: Held::default(),
         })
     }
 
@@ -153,24 +142,13 @@ impl PubSubQueue {
                 return Err(QueueError::Refused { key: self.topic.clone(), entry: m.message.message_id.clone(), reason, encoding: ENCODING, aside });
             }
         };
-        if lock(&self.removed).remove(&a.id) {
-            let _ = m.ack().await;
-            return Ok(None);
-        }
-        let stale = {
-            let mut taken = lock(&self.taken);
-            let stale = taken.get(&a.id).is_some_and(|(epoch, _)| *epoch > a.epoch);
-            if !stale {
-                taken.insert(a.id.clone(), (a.epoch, m.clone()));
+        match self.held.received(&a, m) {
+            Received::Run => Ok(Some(self.held.made_whole(a))),
+            Received::Drop(m) => {
+                let _ = m.ack().await;
+                Ok(None)
             }
-            stale
-        };
-        if stale {
-            let _ = m.ack().await;
-            return Ok(None);
         }
-        lock(&self.pushed).remove(&a.id);
-        Ok(Some(a))
     }
 }
 
@@ -186,15 +164,12 @@ fn decode(m: &PubsubMessage) -> Result<Assignment, String> {
 impl Queue for PubSubQueue {
     fn push(&self, a: Assignment) -> BoxFuture<'_, Result<(), QueueError>> {
         Box::pin(async move {
+            let size = assignment_to_wire(&a).encoded_len();
+            let a = self.held.to_send(a, size, DATA_MAX);
             let data = assignment_to_wire(&a).encode_to_vec();
-            if data.len() > DATA_MAX {
-                return Err(self.err("publishing", format!("step {}: its assignment comes to {} KiB, over Pub/Sub's 10 MB message limit", a.step, data.len() / 1024)));
-            }
-            let old = lock(&self.taken).remove(&a.id);
-            if let Some((_, m)) = old {
+            if let Some(m) = self.held.pushing(&a.id) {
                 m.ack().await.map_err(|e| self.err("retiring the earlier handing-out", e.message()))?;
             }
-            lock(&self.pushed).insert(a.id.clone());
             let m = PubsubMessage { data, attributes: [(ENC_ATTRIBUTE.to_string(), ENCODING.to_string())].into(), ..Default::default() };
             self.publisher.publish(m).await.get().await.map_err(|e| self.err("publishing", e.message()))?;
             Ok(())
@@ -228,26 +203,22 @@ impl Queue for PubSubQueue {
     }
 
     fn ack(&self, id: &str) -> BoxFuture<'_, Result<(), QueueError>> {
-        let held = lock(&self.taken).remove(id);
+        let held = self.held.release(id);
         Box::pin(async move {
             match held {
-                Some((_, m)) => m.ack().await.map_err(|e| self.err("acknowledging", e.message())),
+                Some(m) => m.ack().await.map_err(|e| self.err("acknowledging", e.message())),
                 None => Ok(()),
             }
         })
     }
 
     fn remove(&self, id: &str) -> BoxFuture<'_, Result<bool, QueueError>> {
-        // As on SQS: marked here, acknowledged unrun by whoever takes it.
-        let waiting = !lock(&self.taken).contains_key(id) && lock(&self.pushed).remove(id);
-        if waiting {
-            lock(&self.removed).insert(id.to_string());
-        }
+        let waiting = self.held.remove(id);
         Box::pin(async move { Ok(waiting) })
     }
 
     fn extend_held(&self) -> BoxFuture<'_, Result<(), QueueError>> {
-        let held: Vec<ReceivedMessage> = lock(&self.taken).values().map(|(_, m)| m.clone()).collect();
+        let held = self.held.handles();
         Box::pin(async move {
             for m in held {
                 m.modify_ack_deadline(self.lease_secs).await.map_err(|e| self.err("extending a lease", e.message()))?;
@@ -269,7 +240,7 @@ impl Queue for PubSubQueue {
                 // Kept for whoever looks later: not acknowledged, hidden ten minutes.
                 let _ = m.modify_ack_deadline(600).await;
                 let Ok(a) = decode(&m.message) else { continue };
-                if lock(&self.reported).insert(format!("{}#{}", a.id, a.epoch)) {
+                if self.held.first_report(&a) {
                     let why = format!("{}: its assignment was delivered again and again without finishing (a worker lost each time) and went to the dead-letter topic {}", a.step, self.dead_topic);
                     found.push((a, why));
                 }

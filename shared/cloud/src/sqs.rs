@@ -2,8 +2,6 @@
 //! with a dead-letter queue after `max_receives` deliveries; the lease is the
 //! visibility timeout, extended while a step runs; long polling.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use aws_sdk_sqs::error::DisplayErrorContext;
@@ -14,6 +12,7 @@ use steppe_runtime::assignment::Assignment;
 use steppe_runtime::queue::{BoxFuture, Queue, QueueError};
 use steppe_runtime::wire::{assignment_from_wire, assignment_to_wire};
 
+use crate::held::{Held, Received};
 use crate::queues::QueueOptions;
 
 /// What a message's `enc` attribute names: the encoding of its body (base64).
@@ -34,14 +33,8 @@ pub struct SqsQueue {
     dead_url: Option<String>,
     dead_name: String,
     lease: Duration,
-    /// Assignment id → (epoch, receipt handle) of what this consumer took.
-    taken: Mutex<HashMap<String, (u32, String)>>,
-    /// Ids this process pushed and has not seen taken (what `remove` may drop).
-    pushed: Mutex<HashSet<String>>,
-    /// Ids removed while waiting: whoever here takes one deletes it unrun.
-    removed: Mutex<HashSet<String>>,
-    /// Dead letters already reported.
-    reported: Mutex<HashSet<String>>,
+    /// Receipt handles of what this consumer took, and the rest it keeps.
+    held: Held<String>,
 }
 
 /// A queue name SQS accepts for a pool key (`steppe:gpu` → `steppe-gpu`):
@@ -50,10 +43,6 @@ pub fn queue_name(key: &str) -> String {
     let mut n: String = key.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '-' }).collect();
     n.truncate(75);
     n
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The AWS configuration of the environment (region, credentials,
@@ -122,10 +111,7 @@ impl SqsQueue {
             dead_url,
             dead_name,
             lease,
-            taken: Mutex::default(),
-            pushed: Mutex::default(),
-            removed: Mutex::default(),
-            reported: Mutex::default(),
+            held: Held::default(),
         })
     }
 
@@ -169,25 +155,13 @@ impl SqsQueue {
                 return Err(QueueError::Refused { key: self.name.clone(), entry, reason, encoding: ENCODING, aside });
             }
         };
-        if lock(&self.removed).remove(&a.id) {
-            self.delete(&receipt).await?;
-            return Ok(None);
-        }
-        let stale = {
-            let mut taken = lock(&self.taken);
-            let stale = taken.get(&a.id).is_some_and(|(epoch, _)| *epoch > a.epoch);
-            if !stale {
-                taken.insert(a.id.clone(), (a.epoch, receipt.clone()));
+        match self.held.received(&a, receipt) {
+            Received::Run => Ok(Some(self.held.made_whole(a))),
+            Received::Drop(receipt) => {
+                self.delete(&receipt).await?;
+                Ok(None)
             }
-            stale
-        };
-        if stale {
-            // An earlier handing-out, back after its taker was lost: it was requeued since.
-            self.delete(&receipt).await?;
-            return Ok(None);
         }
-        lock(&self.pushed).remove(&a.id);
-        Ok(Some(a))
     }
 
     /// An unreadable message goes to the dead-letter queue as it was, with the reason.
@@ -219,21 +193,16 @@ fn decode(m: &aws_sdk_sqs::types::Message) -> Result<Assignment, String> {
 impl Queue for SqsQueue {
     fn push(&self, a: Assignment) -> BoxFuture<'_, Result<(), QueueError>> {
         Box::pin(async move {
+            let size = assignment_to_wire(&a).encoded_len().div_ceil(3) * 4;
+            // Too large for a message: a stand-in goes, the whole stays here.
+            let a = self.held.to_send(a, size, BODY_MAX);
             let body = base64::engine::general_purpose::STANDARD.encode(assignment_to_wire(&a).encode_to_vec());
-            if body.len() > BODY_MAX {
-                return Err(QueueError::Backend {
-                    url: self.shown.clone(),
-                    message: format!("step {}: its assignment comes to {} KiB, over SQS's 256 KiB message limit", a.step, body.len() / 1024),
-                });
-            }
             // Pushing back what this consumer took (a requeue): the old
             // message goes first, or it would be delivered again.
-            let old = lock(&self.taken).remove(&a.id);
-            if let Some((_, receipt)) = old {
+            if let Some(receipt) = self.held.pushing(&a.id) {
                 self.delete(&receipt).await?;
             }
             let enc = MessageAttributeValue::builder().data_type("String").string_value(ENCODING).build().map_err(|e| self.err("an attribute", e))?;
-            lock(&self.pushed).insert(a.id.clone());
             self.client.send_message().queue_url(&self.url).message_body(body).message_attributes(ENC_ATTRIBUTE, enc).send().await.map_err(|e| self.err("sending", e))?;
             Ok(())
         })
@@ -269,28 +238,23 @@ impl Queue for SqsQueue {
     }
 
     fn ack(&self, id: &str) -> BoxFuture<'_, Result<(), QueueError>> {
-        let held = lock(&self.taken).remove(id);
+        let held = self.held.release(id);
         Box::pin(async move {
             match held {
-                Some((_, receipt)) => self.delete(&receipt).await,
+                Some(receipt) => self.delete(&receipt).await,
                 None => Ok(()),
             }
         })
     }
 
     fn remove(&self, id: &str) -> BoxFuture<'_, Result<bool, QueueError>> {
-        // SQS deletes only what was received: a waiting message is marked
-        // here and deleted unrun by whoever takes it (a worker elsewhere runs
-        // nothing the coordinator does not confirm).
-        let waiting = !lock(&self.taken).contains_key(id) && lock(&self.pushed).remove(id);
-        if waiting {
-            lock(&self.removed).insert(id.to_string());
-        }
+        // SQS deletes only what was received: a waiting message is marked.
+        let waiting = self.held.remove(id);
         Box::pin(async move { Ok(waiting) })
     }
 
     fn extend_held(&self) -> BoxFuture<'_, Result<(), QueueError>> {
-        let held: Vec<String> = lock(&self.taken).values().map(|(_, r)| r.clone()).collect();
+        let held = self.held.handles();
         Box::pin(async move {
             for receipt in held {
                 self.client
@@ -328,7 +292,7 @@ impl Queue for SqsQueue {
             let mut found = Vec::new();
             for m in out.messages.unwrap_or_default() {
                 let Ok(a) = decode(&m) else { continue };
-                if lock(&self.reported).insert(format!("{}#{}", a.id, a.epoch)) {
+                if self.held.first_report(&a) {
                     let why = format!("{}: its assignment was delivered again and again without finishing (a worker lost each time) and went to the dead-letter queue {}", a.step, self.dead_name);
                     found.push((a, why));
                 }
@@ -398,7 +362,7 @@ mod tests {
             if let Some(got) = q.pop_within(Duration::from_secs(2)).await.unwrap() {
                 deliveries += 1;
                 // Taken and lost: forget the receipt, as a dead worker does.
-                lock(&q.taken).remove(&got.id);
+                q.held.forget(&got.id);
             }
             tokio::time::sleep(lease + Duration::from_millis(200)).await;
         }

@@ -75,6 +75,9 @@ pub struct Assignment {
     pub agent: Option<Box<AgentWork>>,
     /// A task's `fix:` agent, run in the task's directory when it fails.
     pub fix: Option<Box<AgentWork>>,
+    /// A stand-in for an assignment too large for its queue's messages: only
+    /// id, run, step, pool and epoch; the whole comes from the coordinator.
+    pub by_reference: bool,
 }
 
 impl Assignment {
@@ -100,7 +103,14 @@ impl Assignment {
             stream: true,
             agent: None,
             fix: None,
+            by_reference: false,
         }
+    }
+
+    /// What travels on a queue in place of this assignment when it is too
+    /// large for the queue's messages.
+    pub fn stand_in(&self) -> Self {
+        Assignment { id: self.id.clone(), attempt: self.attempt, epoch: self.epoch, pool: self.pool.clone(), by_reference: true, ..Assignment::command(&self.run_id, &self.step, String::new()) }
     }
 }
 

@@ -30,7 +30,7 @@ fn named_from_wire(v: Vec<v1::NamedArtifact>) -> Result<Vec<(String, ArtifactRef
 }
 
 pub fn assignment_to_wire(a: &Assignment) -> v1::Assignment {
-    let Assignment { id, run_id, step, attempt, pool, epoch, command, template, env, cwd, inputs, outputs, timeout, judge, image, stream, agent, fix } = a;
+    let Assignment { id, run_id, step, attempt, pool, epoch, command, template, env, cwd, inputs, outputs, timeout, judge, image, stream, agent, fix, by_reference } = a;
     v1::Assignment {
         id: id.clone(),
         run_id: run_id.clone(),
@@ -55,6 +55,7 @@ pub fn assignment_to_wire(a: &Assignment) -> v1::Assignment {
         agent: agent.as_deref().map(|w| Box::new(work_to_wire(w))),
         fix: fix.as_deref().map(|w| Box::new(work_to_wire(w))),
         template: template.as_ref().map(json_to_wire),
+        by_reference: *by_reference,
     }
 }
 
@@ -67,6 +68,7 @@ pub fn assignment_from_wire(a: v1::Assignment) -> Result<Assignment, WireError> 
         attempt: a.attempt,
         epoch: a.epoch,
         pool: a.pool,
+        by_reference: a.by_reference,
         command: a.command,
         env: a.env,
         cwd: match a.cwd.ok_or(WireError::Missing("Assignment.cwd"))? {
@@ -198,6 +200,7 @@ mod tests {
             stream: true,
             agent: Some(Box::new(crate::wire::agent::tests::full_work(1))),
             fix: Some(Box::new(crate::wire::agent::tests::full_work(0))),
+            by_reference: true,
         }
     }
 
