@@ -377,14 +377,27 @@ fn cancel_and_ctrl_c_abort_a_run_at_the_coordinator() {
 /// worker serves is named when the run starts.
 #[test]
 fn pools_route_runs_to_their_workers() {
-    let work = scratch("pools");
+    pools_route(Backend::Redis);
+}
+
+/// Pools on SQS (a queue each) and Pub/Sub (a topic and subscription each).
+#[test]
+fn pools_route_runs_to_their_workers_on_sqs_and_pubsub() {
+    pools_route(Backend::Sqs);
+    pools_route(Backend::PubSub);
+}
+
+fn pools_route(backend: Backend) {
+    let work = scratch(&format!("pools-{backend:?}"));
     std::fs::write(work.join("p.yml"), "jobs:\n- name: j\n  plan:\n  - task: where\n    run: echo ran under $PPID\n").expect("write");
-    let (mut redis, redis_url) = redis_server();
-    let (mut coord, url, mut lines) = serving(&["coordinator", "--listen", "127.0.0.1:0", "--state", "state", "--queue", &redis_url], &work);
+    let (mut redis, queue_url, queue_args) = backend.start();
+    let mut args = vec!["coordinator", "--listen", "127.0.0.1:0", "--state", "state"];
+    args.extend(queue_args.iter().map(String::as_str));
+    let (mut coord, url, mut lines) = serving(&args, &work);
     std::thread::spawn(move || for _ in lines.by_ref() {});
-    // The default pool's worker is sent work; the special pool's takes it from Redis itself.
+    // The default pool's worker is sent work; the special pool's takes it from the queue itself.
     let mut plain = spawn_worker(&url, &["--slots", "2"]);
-    let mut special = spawn_worker(&url, &["--slots", "2", "--pool", "special", "--queue", &redis_url]);
+    let mut special = spawn_worker(&url, &["--slots", "2", "--pool", "special", "--queue", &queue_url]);
     let ran_under = |args: &[&str]| {
         let mut all = vec!["submit", "p.yml", "--coordinator", &url];
         all.extend_from_slice(args);
