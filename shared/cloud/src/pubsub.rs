@@ -296,6 +296,36 @@ mod tests {
         conformance::an_assignment_travels_whole(queue("steppe:whole", Duration::from_secs(30)).await, sent).await;
     }
 
+    /// Delivered `max_receives` times (Pub/Sub's least is 5) without an
+    /// acknowledgement: the message goes to the dead-letter topic and is
+    /// reported once.
+    #[tokio::test]
+    async fn a_message_never_finished_goes_to_the_dead_letter_topic() {
+        let _emulator = PubSubEmulator::start();
+        let lease = Duration::from_secs(10);
+        let q = PubSubQueue::connect("steppe-test", "steppe:dlq", lease, &QueueOptions { max_receives: 5, ..QueueOptions::default() }).await.expect("connect");
+        q.push(a("doomed")).await.unwrap();
+        let mut deliveries = 0;
+        let t0 = std::time::Instant::now();
+        let dead = loop {
+            if let Some(got) = q.pop_within(Duration::from_millis(500)).await.unwrap() {
+                deliveries += 1;
+                // Taken and lost, as by a dead worker: not acknowledged, deadline cut short.
+                if let Some(m) = q.held.release(&got.id) {
+                    let _ = m.modify_ack_deadline(0).await;
+                }
+            }
+            let dead = q.dead_letters().await.unwrap();
+            if !dead.is_empty() {
+                break dead;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(90), "never dead-lettered after {deliveries} deliveries");
+        };
+        assert_eq!(deliveries, 5, "delivered max_receives times, then set aside");
+        assert!(dead[0].1.contains("dead-letter topic steppe-dlq-dead"), "{}", dead[0].1);
+        assert!(q.dead_letters().await.unwrap().is_empty(), "reported once");
+    }
+
     #[test]
     fn pubsub_urls() {
         assert_eq!(parse_url("pubsub://proj/steppe"), Ok(("proj".into(), "steppe".into())));
