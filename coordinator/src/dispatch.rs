@@ -466,4 +466,54 @@ mod tests {
         let r = waiter.await.expect("join");
         assert_eq!(r.stdout, "current");
     }
+
+    /// A queue that gives up on everything pushed to it, once taken, as a
+    /// dead-letter queue would after its deliveries ran out.
+    struct GivesUp {
+        inner: InProcessQueue,
+        dead: std::sync::Mutex<Vec<Assignment>>,
+    }
+
+    impl Queue for GivesUp {
+        fn push(&self, a: Assignment) -> steppe_runtime::queue::BoxFuture<'_, Result<(), steppe_runtime::queue::QueueError>> {
+            self.inner.push(a)
+        }
+        fn pop(&self) -> steppe_runtime::queue::BoxFuture<'_, Result<Assignment, steppe_runtime::queue::QueueError>> {
+            Box::pin(async move {
+                let a = self.inner.pop().await?;
+                self.dead.lock().expect("dead").push(a.clone());
+                Ok(a)
+            })
+        }
+        fn pop_within(&self, wait: std::time::Duration) -> steppe_runtime::queue::BoxFuture<'_, Result<Option<Assignment>, steppe_runtime::queue::QueueError>> {
+            self.inner.pop_within(wait)
+        }
+        fn ack(&self, id: &str) -> steppe_runtime::queue::BoxFuture<'_, Result<(), steppe_runtime::queue::QueueError>> {
+            self.inner.ack(id)
+        }
+        fn remove(&self, id: &str) -> steppe_runtime::queue::BoxFuture<'_, Result<bool, steppe_runtime::queue::QueueError>> {
+            self.inner.remove(id)
+        }
+        fn dead_letters(&self) -> steppe_runtime::queue::BoxFuture<'_, Result<Vec<(Assignment, String)>, steppe_runtime::queue::QueueError>> {
+            let dead: Vec<(Assignment, String)> = self.dead.lock().expect("dead").drain(..).map(|a| (a, "went to the dead-letter queue q-dead".to_string())).collect();
+            Box::pin(async move { Ok(dead) })
+        }
+    }
+
+    /// A dead letter of the current handing-out errors its step with the
+    /// queue's words, counted as an errored step.
+    #[tokio::test]
+    async fn a_dead_letter_errors_its_step_naming_the_queue() {
+        let q = Arc::new(GivesUp { inner: InProcessQueue::new(), dead: Default::default() });
+        let d = Dispatcher::start(Arc::new(Pools::in_process(q.clone())), None).await.expect("dispatcher");
+        let d2 = d.clone();
+        let waiter = tokio::spawn(async move { d2.dispatch(Assignment::command("r", "s", "true".into())).await });
+        let taken = q.pop().await.expect("taken");
+        let r = tokio::time::timeout(std::time::Duration::from_secs(10), waiter).await.expect("within the queue check").expect("join");
+        assert_eq!(r.assignment_id, taken.id);
+        let e = r.result.expect_err("errored");
+        assert_eq!(e.class, steppe_runtime::outcome::Class::Errored);
+        assert!(e.message.contains("dead-letter queue q-dead"), "{}", e.message);
+        assert_eq!(d.metrics.steps_finished.get_or_create(&steppe_worker::metrics::OutcomeLabel { outcome: "errored".into() }).get(), 1);
+    }
 }
