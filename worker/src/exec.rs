@@ -67,9 +67,9 @@ pub async fn execute(
     cancel: watch::Receiver<bool>,
 ) -> AssignmentResult {
     let fail = |e: StepError| AssignmentResult::of(a, Err(e));
-    if let Some(image) = &a.image {
+    if let Some(image) = a.image.as_ref().filter(|_| !crate::container::runs_in_image(a)) {
         return fail(StepError::errored(format!(
-            "{}: image \"{image}\": container steps are not supported by this build of steppe yet",
+            "{}: image \"{image}\": agent steps and resource stages in an image are not supported by this build of steppe yet (task steps are)",
             a.step
         )));
     }
@@ -246,6 +246,9 @@ async fn run_command(a: &Assignment, dir: &Path, sink: &Arc<dyn LineSink>, cance
         Some(data) => steppe_language::template::render(&a.command, data).map_err(|e| fail(StepError::errored(format!("{}: {e}", a.step))))?,
         None => a.command.clone(),
     };
+    if let Some(image) = &a.image {
+        return run_in_image(a, image, &command, dir, sink, cancel).await;
+    }
     let mut cancel = cancel.clone();
     let mut cmd = Command::new("sh");
     cmd.arg("-c").arg(&command).current_dir(dir).env_clear();
@@ -325,6 +328,53 @@ async fn run_command(a: &Assignment, dir: &Path, sink: &Arc<dyn LineSink>, cance
     Ok(res)
 }
 
+
+/// As [`run_command`], in a container of `image` on the Docker engine.
+async fn run_in_image(a: &Assignment, image: &str, command: &str, dir: &Path, sink: &Arc<dyn LineSink>, cancel: &watch::Receiver<bool>) -> Result<AssignmentResult, Box<AssignmentResult>> {
+    let running = crate::container::start(a, image, command, dir).await.map_err(|e| Box::new(AssignmentResult::of(a, Err(e))))?;
+    let mut cancel = cancel.clone();
+    let (out, err) = running.streams();
+    let out_task = tokio::spawn(read_stream(BufReader::new(out), a.run_id.clone(), a.step.clone(), Stream::Stdout, sink.clone(), a.stream));
+    let err_task = tokio::spawn(read_stream(BufReader::new(err), a.run_id.clone(), a.step.clone(), Stream::Stderr, sink.clone(), a.stream));
+    let deadline = async {
+        match a.timeout {
+            Some(t) => tokio::time::sleep(t).await,
+            None => std::future::pending().await,
+        }
+    };
+    let cancelled = async {
+        loop {
+            if *cancel.borrow() {
+                return;
+            }
+            if cancel.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    let mut stop: Option<StepError> = None;
+    let exit_code = tokio::select! {
+        c = running.wait() => c,
+        _ = deadline => {
+            stop = Some(StepError::timed_out(format!("{}: timed out after {}", a.step, steppe_language::duration::show(a.timeout.unwrap_or_default()))));
+            None
+        }
+        _ = cancelled => {
+            stop = Some(StepError::aborted(format!("{}: aborted", a.step)));
+            None
+        }
+    };
+    if stop.is_some() {
+        running.kill().await;
+    }
+    let collect = |t: tokio::task::JoinHandle<String>| async move { tokio::time::timeout(Duration::from_secs(2), t).await.ok().and_then(Result::ok).unwrap_or_default() };
+    let (stdout, stderr) = (collect(out_task).await, collect(err_task).await);
+    let mut res = AssignmentResult { exit_code, stdout, stderr, ..AssignmentResult::of(a, Ok(())) };
+    if let Some(e) = stop {
+        res.result = Err(e);
+    }
+    Ok(res)
+}
 
 /// Stores the declared outputs (or, for a get's `in`, the directory itself).
 async fn capture(a: &Assignment, dir: &Path, store: Arc<dyn ArtifactStore>, res: &mut AssignmentResult) {

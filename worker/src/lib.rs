@@ -9,6 +9,7 @@
 //! no directory with it.
 
 pub mod agent;
+pub mod container;
 pub mod exec;
 pub mod host_env;
 pub mod local;
