@@ -35,8 +35,9 @@ fn our_containers() -> String {
 }
 
 /// A task in an image sees only its inputs, its outputs reach the next step
-/// on the host, its failure fails the step; a timeout stops it; nothing is
-/// left on the engine; an image the engine lacks fails naming how to make it.
+/// on the host, its failure fails the step; a timeout stops it; an image the
+/// engine lacks fails naming how to make it; `user:` and `network: none`
+/// hold; nothing is left on the engine.
 #[test]
 fn tasks_run_in_an_image() {
     test_image();
@@ -45,7 +46,8 @@ fn tasks_run_in_an_image() {
     std::fs::write(
         work.join("p.yml"),
         format!(
-            "jobs:\n- name: j\n  plan:\n  - task: make\n    outputs: [o]\n    run: echo made-inside > o/f; ls\n  - task: inside\n    image: {IMAGE}\n    inputs: [o]\n    outputs: [p]\n    run: cat o/f; ls /; cat o/f > p/g\n  - task: host\n    inputs: [p]\n    run: cat p/g\n    assert:\n      stdout: made-inside\n- name: fails\n  plan:\n  - task: boom\n    image: {IMAGE}\n    run: echo about to fail; exit 3\n- name: slow\n  plan:\n  - task: nap\n    image: {IMAGE}\n    timeout: 1s\n    run: sleep 30\n- name: missing\n  plan:\n  - task: gone\n    image: steppe-no-such-image:0\n    run: echo never\n"
+            "jobs:\n- name: j\n  plan:\n  - task: make\n    outputs: [o]\n    run: echo made-inside > o/f; ls\n  - task: inside\n    image: {IMAGE}\n    inputs: [o]\n    outputs: [p]\n    run: cat o/f; ls /; cat o/f > p/g\n  - task: host\n    inputs: [p]\n    run: cat p/g\n    assert:\n      stdout: made-inside\n- name: fails\n  plan:\n  - task: boom\n    image: {IMAGE}\n    run: echo about to fail; exit 3\n- name: slow\n  plan:\n  - task: nap\n    image: {IMAGE}\n    timeout: 1s\n    run: sleep 30\n- name: missing\n  plan:\n  - task: gone\n    image: steppe-no-such-image:0\n    run: echo never\n\
+             - name: settings\n  plan:\n  - task: cut-off\n    image: {IMAGE}\n    user: \"4321:4321\"\n    network: none\n    run: echo uid $(id -u); ls /sys/class/net\n  - task: connected\n    image: {IMAGE}\n    run: ls /sys/class/net\n"
         ),
     )
     .expect("write");
@@ -63,5 +65,13 @@ fn tasks_run_in_an_image() {
     let out = steppe(&["run", "p.yml", "--job", "missing"], &work);
     assert_ne!(out.status.code(), Some(0));
     assert!(text(&out).contains("steppe-no-such-image:0") && text(&out).contains("docker load"), "{}", text(&out));
+    // user: and network: none: no interface but loopback; the default network has one.
+    let out = steppe(&["run", "p.yml", "--job", "settings"], &work);
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    assert!(said.contains("[cut-off] uid 4321"), "{said}");
+    let interfaces = |step: &str| said.lines().filter_map(|l| l.strip_prefix(&format!("[{step}] "))).filter(|l| !l.starts_with("uid")).map(str::to_string).collect::<Vec<_>>();
+    assert_eq!(interfaces("cut-off"), ["lo"], "{said}");
+    assert!(interfaces("connected").len() > 1, "{said}");
     wait_for("no container of ours left", std::time::Duration::from_secs(10), || our_containers().trim().is_empty());
 }

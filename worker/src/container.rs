@@ -57,7 +57,8 @@ pub async fn start(a: &Assignment, image: &str, command: &str, dir: &Path) -> Re
     let env: Vec<String> = a.env.iter().filter_map(|n| std::env::var(n).ok().map(|v| format!("{n}={v}"))).collect();
     // The invoking user's ids by default (as the reference on Linux): the
     // step's files stay the user's.
-    let user = format!("{}:{}", unsafe { libc::getuid() }, unsafe { libc::getgid() });
+    let c = &a.container;
+    let user = c.user.clone().unwrap_or_else(|| format!("{}:{}", unsafe { libc::getuid() }, unsafe { libc::getgid() }));
     let config = ContainerCreateBody {
         image: Some(image.to_string()),
         cmd: Some(vec!["sh".into(), "-c".into(), command.to_string()]),
@@ -67,7 +68,14 @@ pub async fn start(a: &Assignment, image: &str, command: &str, dir: &Path) -> Re
         labels: Some([(LABEL.to_string(), a.id.clone())].into()),
         attach_stdout: Some(true),
         attach_stderr: Some(true),
-        host_config: Some(HostConfig { binds: Some(vec![format!("{}:{WORKDIR}", dir.display())]), ..Default::default() }),
+        host_config: Some(HostConfig {
+            binds: Some(vec![format!("{}:{WORKDIR}", dir.display())]),
+            network_mode: c.network.clone(),
+            privileged: Some(c.privileged),
+            cpu_shares: c.cpu_shares,
+            memory: c.memory_bytes,
+            ..Default::default()
+        }),
         ..Default::default()
     };
     let created = docker.create_container(Some(CreateContainerOptionsBuilder::default().build()), config).await.map_err(|e| {

@@ -78,6 +78,20 @@ pub struct Assignment {
     /// A stand-in for an assignment too large for its queue's messages: only
     /// id, run, step, pool and epoch; the whole comes from the coordinator.
     pub by_reference: bool,
+    /// How its container runs (with `image`).
+    pub container: ContainerSettings,
+}
+
+/// A container's `user:`, `network:`, `privileged:` and `container_limits:`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ContainerSettings {
+    /// `uid[:gid]` or a name; None: the invoking user's ids.
+    pub user: Option<String>,
+    /// `none` cuts every connection; None: the engine's default.
+    pub network: Option<String>,
+    pub privileged: bool,
+    pub cpu_shares: Option<i64>,
+    pub memory_bytes: Option<i64>,
 }
 
 impl Assignment {
@@ -104,6 +118,7 @@ impl Assignment {
             agent: None,
             fix: None,
             by_reference: false,
+            container: ContainerSettings::default(),
         }
     }
 

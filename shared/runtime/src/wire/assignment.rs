@@ -9,7 +9,7 @@ use super::agent::{outcome_from_wire, outcome_to_wire, work_from_wire, work_to_w
 use super::json::{json_from_wire, json_to_wire};
 use super::WireError;
 use crate::artifacts::ArtifactRef;
-use crate::assignment::{Assignment, AssignmentResult, Cwd, Judge, OutputLine, OutputRecord};
+use crate::assignment::{Assignment, AssignmentResult, ContainerSettings, Cwd, Judge, OutputLine, OutputRecord};
 use crate::outcome::{Class, StepError};
 
 fn artifact_to_wire(r: &ArtifactRef) -> v1::ArtifactRef {
@@ -30,7 +30,7 @@ fn named_from_wire(v: Vec<v1::NamedArtifact>) -> Result<Vec<(String, ArtifactRef
 }
 
 pub fn assignment_to_wire(a: &Assignment) -> v1::Assignment {
-    let Assignment { id, run_id, step, attempt, pool, epoch, command, template, env, cwd, inputs, outputs, timeout, judge, image, stream, agent, fix, by_reference } = a;
+    let Assignment { id, run_id, step, attempt, pool, epoch, command, template, env, cwd, inputs, outputs, timeout, judge, image, stream, agent, fix, by_reference, container } = a;
     v1::Assignment {
         id: id.clone(),
         run_id: run_id.clone(),
@@ -56,6 +56,13 @@ pub fn assignment_to_wire(a: &Assignment) -> v1::Assignment {
         fix: fix.as_deref().map(|w| Box::new(work_to_wire(w))),
         template: template.as_ref().map(json_to_wire),
         by_reference: *by_reference,
+        container: Some(v1::ContainerSettings {
+            user: container.user.clone().unwrap_or_default(),
+            network: container.network.clone().unwrap_or_default(),
+            privileged: container.privileged,
+            cpu_shares: container.cpu_shares.unwrap_or(0),
+            memory_bytes: container.memory_bytes.unwrap_or(0),
+        }),
     }
 }
 
@@ -69,6 +76,16 @@ pub fn assignment_from_wire(a: v1::Assignment) -> Result<Assignment, WireError> 
         epoch: a.epoch,
         pool: a.pool,
         by_reference: a.by_reference,
+        container: a
+            .container
+            .map(|c| ContainerSettings {
+                user: Some(c.user).filter(|u| !u.is_empty()),
+                network: Some(c.network).filter(|n| !n.is_empty()),
+                privileged: c.privileged,
+                cpu_shares: Some(c.cpu_shares).filter(|n| *n > 0),
+                memory_bytes: Some(c.memory_bytes).filter(|n| *n > 0),
+            })
+            .unwrap_or_default(),
         command: a.command,
         env: a.env,
         cwd: match a.cwd.ok_or(WireError::Missing("Assignment.cwd"))? {
@@ -201,6 +218,7 @@ mod tests {
             agent: Some(Box::new(crate::wire::agent::tests::full_work(1))),
             fix: Some(Box::new(crate::wire::agent::tests::full_work(0))),
             by_reference: true,
+            container: ContainerSettings { user: Some("1000:1000".into()), network: Some("none".into()), privileged: true, cpu_shares: Some(512), memory_bytes: Some(1 << 28) },
         }
     }
 
