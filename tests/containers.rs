@@ -75,3 +75,27 @@ fn tasks_run_in_an_image() {
     assert!(interfaces("connected").len() > 1, "{said}");
     wait_for("no container of ours left", std::time::Duration::from_secs(10), || our_containers().trim().is_empty());
 }
+
+/// A run killed with -9 while its step's container runs leaves it running;
+/// the next steppe on this host removes it.
+#[test]
+fn a_dead_runs_container_is_removed_by_the_next() {
+    test_image();
+    let work = scratch("containers-orphan");
+    std::fs::write(work.join("p.yml"), format!("jobs:\n- name: long\n  plan:\n  - task: nap\n    image: {IMAGE}\n    run: sleep 120\n- name: quick\n  plan:\n  - task: t\n    run: echo quick\n")).expect("write");
+    let mut doomed = child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(["run", "p.yml", "--job", "long"]).current_dir(&work).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().expect("run");
+    let pid = doomed.id().to_string();
+    let mine = || {
+        let out = Command::new("docker").args(["ps", "-a", "--filter", "label=steppe.owner", "--format", "{{.ID}} {{.Label \"steppe.owner\"}}"]).output().expect("docker ps");
+        String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.split(' ').nth(1).and_then(|o| o.split(':').nth(1)) == Some(pid.as_str())).count()
+    };
+    wait_for("the step's container", std::time::Duration::from_secs(30), || mine() == 1);
+    doomed.kill().expect("kill -9");
+    let _ = doomed.wait();
+    // Killed with -9 it could not remove its container (which would sleep
+    // on for two minutes); the next steppe on this host removes it (so may
+    // one of another test running at the same time).
+    let out = steppe(&["run", "p.yml", "--job", "quick"], &work);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    wait_for("the orphan removed by the next run", std::time::Duration::from_secs(20), || mine() == 0);
+}

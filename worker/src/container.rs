@@ -18,6 +18,8 @@ use tokio::io::AsyncWriteExt;
 pub const WORKDIR: &str = "/workspace";
 /// Every container steppe starts carries this label (its assignment id).
 pub const LABEL: &str = "steppe.assignment";
+/// And this one: the process that started it (host:pid:start).
+pub const OWNER: &str = "steppe.owner";
 
 /// The engine, its API version negotiated (these machines speak 1.41).
 pub async fn engine() -> Result<Docker, String> {
@@ -65,7 +67,7 @@ pub async fn start(a: &Assignment, image: &str, command: &str, dir: &Path) -> Re
         working_dir: Some(WORKDIR.into()),
         env: Some(env),
         user: Some(user),
-        labels: Some([(LABEL.to_string(), a.id.clone())].into()),
+        labels: Some([(LABEL.to_string(), a.id.clone()), (OWNER.to_string(), steppe_runtime::store::this_owner().to_string())].into()),
         attach_stdout: Some(true),
         attach_stderr: Some(true),
         host_config: Some(HostConfig {
@@ -131,6 +133,31 @@ impl Running {
     pub async fn kill(&self) {
         let _ = self.docker.remove_container(&self.id, Some(RemoveContainerOptionsBuilder::default().force(true).build())).await;
     }
+}
+
+/// Removes the containers a process of this host left when it died (killed
+/// with -9, its machine's power cut): their owner's pid is gone. Returns how many.
+pub async fn sweep_orphans() -> usize {
+    let Ok(docker) = engine().await else { return 0 };
+    let filters: std::collections::HashMap<&str, Vec<&str>> = [("label", vec![OWNER])].into();
+    let Ok(found) = docker.list_containers(Some(bollard::query_parameters::ListContainersOptionsBuilder::default().all(true).filters(&filters).build())).await else { return 0 };
+    let host = steppe_runtime::store::this_owner().split(':').next().unwrap_or_default().to_string();
+    let mut removed = 0;
+    for c in found {
+        let owner = c.labels.as_ref().and_then(|l| l.get(OWNER)).cloned().unwrap_or_default();
+        let mut parts = owner.split(':');
+        let (Some(h), Some(pid)) = (parts.next(), parts.next().and_then(|p| p.parse::<i32>().ok())) else { continue };
+        // Another host's, or a live process's: not ours to touch.
+        if h != host || std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        if let Some(id) = c.id {
+            if docker.remove_container(&id, Some(RemoveContainerOptionsBuilder::default().force(true).build())).await.is_ok() {
+                removed += 1;
+            }
+        }
+    }
+    removed
 }
 
 /// Whether `a` is one this build runs in an image.
