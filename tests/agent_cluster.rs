@@ -9,21 +9,6 @@ use std::process::Output;
 
 use common::*;
 
-/// `tests/agents/SUB/*.yml`, each with its scenario.
-fn cases(sub: &str) -> Vec<(PathBuf, PathBuf)> {
-    let dir = repo("tests/agents").join(sub);
-    let mut v: Vec<(PathBuf, PathBuf)> = std::fs::read_dir(&dir)
-        .expect("tests/agents")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "yml"))
-        .map(|p| {
-            let s = p.with_extension("scenario.yaml");
-            (p, s)
-        })
-        .collect();
-    v.sort();
-    v
-}
 
 /// A cluster with no slots of its own: every step runs on one of two workers
 /// (one pulling from the Redis queue, one sent work over its session).
@@ -95,8 +80,8 @@ fn test_in(work: &Path, pipeline: &Path, scenario: &Path, coordinator: Option<&s
 fn every_agent_pipeline_ends_the_same_through_a_cluster() {
     let base = scratch("agent-parity");
     let cluster = Cluster::start(&base, "4");
-    let mut all = cases("");
-    all.extend(cases("failing"));
+    let mut all = agent_cases("");
+    all.extend(agent_cases("failing"));
     assert!(all.len() >= 30, "{all:?}");
     let compare = |(i, (p, s)): (usize, &(PathBuf, PathBuf))| -> Option<String> {
         let embedded = test_in(&base.join(format!("{i}-embedded")), p, s, None);

@@ -6,26 +6,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-use common::repo;
+use common::{agent_cases, repo};
 
-fn cases(sub: &str) -> Vec<(PathBuf, PathBuf)> {
-    let dir = repo("tests/agents").join(sub);
-    let mut v: Vec<(PathBuf, PathBuf)> = std::fs::read_dir(&dir)
-        .expect("tests/agents")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "yml"))
-        .map(|p| {
-            let s = p.with_extension("scenario.yaml");
-            (p, s)
-        })
-        .collect();
-    v.sort();
-    assert!(!v.is_empty());
-    v
-}
 
 fn run(pipeline: &Path, scenario: &Path, tag: &str) -> (i32, String) {
     let work = std::env::temp_dir().join(format!("steppe-agents-{tag}-{}", std::process::id()));
@@ -50,7 +35,7 @@ fn run(pipeline: &Path, scenario: &Path, tag: &str) -> (i32, String) {
 #[test]
 fn scripted_agent_pipelines_pass() {
     let mut failures = Vec::new();
-    for (p, s) in cases("") {
+    for (p, s) in agent_cases("") {
         let tag = p.file_stem().and_then(|n| n.to_str()).unwrap_or("x").to_string();
         let (code, text) = run(&p, &s, &tag);
         if code != 0 || !text.contains("passed") {
@@ -62,7 +47,7 @@ fn scripted_agent_pipelines_pass() {
 
 #[test]
 fn failing_agent_pipelines_fail_with_their_message() {
-    for (p, s) in cases("failing") {
+    for (p, s) in agent_cases("failing") {
         let body = std::fs::read_to_string(&p).expect("read");
         let tag = format!("f-{}", p.file_stem().and_then(|n| n.to_str()).unwrap_or("x"));
         let (code, text) = run(&p, &s, &tag);

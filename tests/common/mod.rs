@@ -263,3 +263,20 @@ pub fn without_durations(line: &str) -> String {
     out.push_str(rest);
     out
 }
+
+/// `tests/agents/SUB/*.yml`, each with its scenario (`NAME.scenario.yaml`), sorted.
+pub fn agent_cases(sub: &str) -> Vec<(PathBuf, PathBuf)> {
+    let dir = repo("tests/agents").join(sub);
+    let mut v: Vec<(PathBuf, PathBuf)> = std::fs::read_dir(&dir)
+        .expect("tests/agents")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yml"))
+        .map(|p| {
+            let s = p.with_extension("scenario.yaml");
+            (p, s)
+        })
+        .collect();
+    v.sort();
+    assert!(!v.is_empty(), "no pipelines in {}", dir.display());
+    v
+}

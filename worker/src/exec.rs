@@ -266,31 +266,11 @@ async fn run_command(a: &Assignment, dir: &Path, sink: &Arc<dyn LineSink>, cance
     let group = crate::process_group::Group::of(&child);
     let out_task = child.stdout.take().map(|s| tokio::spawn(read_stream(BufReader::new(s), a.run_id.clone(), a.step.clone(), Stream::Stdout, sink.clone(), a.stream)));
     let err_task = child.stderr.take().map(|s| tokio::spawn(read_stream(BufReader::new(s), a.run_id.clone(), a.step.clone(), Stream::Stderr, sink.clone(), a.stream)));
-    let deadline = async {
-        match a.timeout {
-            Some(t) => tokio::time::sleep(t).await,
-            None => std::future::pending().await,
-        }
-    };
-    let cancelled = async {
-        loop {
-            if *cancel.borrow() {
-                return;
-            }
-            if cancel.changed().await.is_err() {
-                std::future::pending::<()>().await;
-            }
-        }
-    };
     let mut stop: Option<StepError> = None;
     let status = tokio::select! {
         s = child.wait() => s.ok(),
-        _ = deadline => {
-            stop = Some(StepError::timed_out(format!("{}: timed out after {}", a.step, steppe_language::duration::show(a.timeout.unwrap_or_default()))));
-            None
-        }
-        _ = cancelled => {
-            stop = Some(StepError::aborted(format!("{}: aborted", a.step)));
+        e = stopped(a, &mut cancel) => {
+            stop = Some(e);
             None
         }
     };
@@ -329,13 +309,8 @@ async fn run_command(a: &Assignment, dir: &Path, sink: &Arc<dyn LineSink>, cance
 }
 
 
-/// As [`run_command`], in a container of `image` on the Docker engine.
-async fn run_in_image(a: &Assignment, image: &str, command: &str, dir: &Path, sink: &Arc<dyn LineSink>, cancel: &watch::Receiver<bool>) -> Result<AssignmentResult, Box<AssignmentResult>> {
-    let running = crate::container::start(a, image, command, dir).await.map_err(|e| Box::new(AssignmentResult::of(a, Err(e))))?;
-    let mut cancel = cancel.clone();
-    let (out, err) = running.streams();
-    let out_task = tokio::spawn(read_stream(BufReader::new(out), a.run_id.clone(), a.step.clone(), Stream::Stdout, sink.clone(), a.stream));
-    let err_task = tokio::spawn(read_stream(BufReader::new(err), a.run_id.clone(), a.step.clone(), Stream::Stderr, sink.clone(), a.stream));
+/// What stops a running command before it ends: its timeout, or a cancel.
+async fn stopped(a: &Assignment, cancel: &mut watch::Receiver<bool>) -> StepError {
     let deadline = async {
         match a.timeout {
             Some(t) => tokio::time::sleep(t).await,
@@ -352,15 +327,24 @@ async fn run_in_image(a: &Assignment, image: &str, command: &str, dir: &Path, si
             }
         }
     };
+    tokio::select! {
+        _ = deadline => StepError::timed_out(format!("{}: timed out after {}", a.step, steppe_language::duration::show(a.timeout.unwrap_or_default()))),
+        _ = cancelled => StepError::aborted(format!("{}: aborted", a.step)),
+    }
+}
+
+/// As [`run_command`], in a container of `image` on the Docker engine.
+async fn run_in_image(a: &Assignment, image: &str, command: &str, dir: &Path, sink: &Arc<dyn LineSink>, cancel: &watch::Receiver<bool>) -> Result<AssignmentResult, Box<AssignmentResult>> {
+    let running = crate::container::start(a, image, command, dir).await.map_err(|e| Box::new(AssignmentResult::of(a, Err(e))))?;
+    let mut cancel = cancel.clone();
+    let (out, err) = running.streams();
+    let out_task = tokio::spawn(read_stream(BufReader::new(out), a.run_id.clone(), a.step.clone(), Stream::Stdout, sink.clone(), a.stream));
+    let err_task = tokio::spawn(read_stream(BufReader::new(err), a.run_id.clone(), a.step.clone(), Stream::Stderr, sink.clone(), a.stream));
     let mut stop: Option<StepError> = None;
     let exit_code = tokio::select! {
         c = running.wait() => c,
-        _ = deadline => {
-            stop = Some(StepError::timed_out(format!("{}: timed out after {}", a.step, steppe_language::duration::show(a.timeout.unwrap_or_default()))));
-            None
-        }
-        _ = cancelled => {
-            stop = Some(StepError::aborted(format!("{}: aborted", a.step)));
+        e = stopped(a, &mut cancel) => {
+            stop = Some(e);
             None
         }
     };
