@@ -64,6 +64,11 @@ fn doc_examples_behave_as_documented() {
                 failures.push(format!("{doc}:{line}: documented as valid, rejected:\n{text}"));
             }
             if body.lines().any(|l| l.trim() == "# test: passes") {
+                // The images an example names are the suite's own small image, tagged so.
+                for name in body.lines().filter_map(|l| l.trim().strip_prefix("image:")).map(str::trim) {
+                    let tagged = Command::new("docker").args(["tag", common::test_image(), name]).output().expect("docker tag");
+                    assert!(tagged.status.success(), "{}", String::from_utf8_lossy(&tagged.stderr));
+                }
                 let out = Command::new(env!("CARGO_BIN_EXE_steppe"))
                     .args(["test", "example.yml", "-q"])
                     .current_dir(&dir)

@@ -15,11 +15,13 @@ pub struct WorkerInfo {
     pub slots: u32,
     pub remote: bool,
     pub pool: String,
+    /// It reached a Docker engine when it started (serves container steps).
+    pub containers: bool,
     pub last_seen_ago: Duration,
 }
 
 pub enum RegistryMsg {
-    Joined { name: String, slots: u32, remote: bool, pool: String },
+    Joined { name: String, slots: u32, remote: bool, pool: String, containers: bool },
     Heartbeat { name: String },
     Left { name: String, requeued: usize },
     /// Silent past its lease: fenced off, what it held requeued.
@@ -32,7 +34,7 @@ pub enum RegistryMsg {
 struct RegistryActor;
 
 pub struct RegistryState {
-    workers: BTreeMap<String, (u32, bool, Instant, String)>,
+    workers: BTreeMap<String, (WorkerInfo, Instant)>,
     hub: Arc<EventHub>,
 }
 
@@ -47,16 +49,18 @@ impl Actor for RegistryActor {
 
     async fn handle(&self, _me: ActorRef<RegistryMsg>, msg: RegistryMsg, st: &mut RegistryState) -> Result<(), ActorProcessingErr> {
         match msg {
-            RegistryMsg::Joined { name, slots, remote, pool } => {
+            RegistryMsg::Joined { name, slots, remote, pool, containers } => {
                 if remote {
                     let in_pool = if pool == steppe_runtime::queue::DEFAULT_POOL { String::new() } else { format!(", pool {pool}") };
-                    st.hub.note(&format!("worker {name} joined ({slots} slot(s){in_pool})"));
+                    let docker = if containers { ", runs containers" } else { ", no Docker engine: steps with an image go to other workers" };
+                    st.hub.note(&format!("worker {name} joined ({slots} slot(s){in_pool}{docker})"));
                 }
-                st.workers.insert(name, (slots, remote, Instant::now(), pool));
+                let info = WorkerInfo { name: name.clone(), slots, remote, pool, containers, last_seen_ago: Duration::ZERO };
+                st.workers.insert(name, (info, Instant::now()));
             }
             RegistryMsg::Heartbeat { name } => {
                 if let Some(w) = st.workers.get_mut(&name) {
-                    w.2 = Instant::now();
+                    w.1 = Instant::now();
                 }
             }
             RegistryMsg::Left { name, requeued } => {
@@ -75,7 +79,7 @@ impl Actor for RegistryActor {
                 let list = st
                     .workers
                     .iter()
-                    .map(|(name, (slots, remote, seen, pool))| WorkerInfo { name: name.clone(), slots: *slots, remote: *remote, pool: pool.clone(), last_seen_ago: seen.elapsed() })
+                    .map(|(_, (info, seen))| WorkerInfo { last_seen_ago: seen.elapsed(), ..info.clone() })
                     .collect();
                 let _ = reply.send(list);
             }
@@ -96,8 +100,8 @@ impl WorkerRegistry {
         Ok(WorkerRegistry { actor })
     }
 
-    pub fn joined(&self, name: &str, slots: u32, remote: bool, pool: &str) {
-        let _ = self.actor.cast(RegistryMsg::Joined { name: name.to_string(), slots, remote, pool: pool.to_string() });
+    pub fn joined(&self, name: &str, slots: u32, remote: bool, pool: &str, containers: bool) {
+        let _ = self.actor.cast(RegistryMsg::Joined { name: name.to_string(), slots, remote, pool: pool.to_string(), containers });
     }
 
     pub fn heartbeat(&self, name: &str) {
@@ -132,13 +136,13 @@ mod tests {
     async fn tracks_joins_heartbeats_and_leaves() {
         let hub = Arc::new(EventHub::start(true, None).await.unwrap());
         let r = WorkerRegistry::start(hub).await.unwrap();
-        r.joined("local", 2, false, "default");
-        r.joined("w1", 4, true, "gpu");
+        r.joined("local", 2, false, "default", false);
+        r.joined("w1", 4, true, "gpu", true);
         r.heartbeat("w1");
         let list = r.list().await;
         assert_eq!(
-            list.iter().map(|w| (w.name.as_str(), w.slots, w.remote, w.pool.as_str())).collect::<Vec<_>>(),
-            [("local", 2, false, "default"), ("w1", 4, true, "gpu")]
+            list.iter().map(|w| (w.name.as_str(), w.slots, w.remote, w.pool.as_str(), w.containers)).collect::<Vec<_>>(),
+            [("local", 2, false, "default", false), ("w1", 4, true, "gpu", true)]
         );
         r.left("w1", 1);
         assert_eq!(r.list().await.len(), 1);

@@ -99,6 +99,14 @@ impl Coordinator for WorkerService {
             return Err(Status::permission_denied(e));
         }
         let queue = self.dispatcher.pools.get(&pool).await.map_err(|e| Status::unavailable(e.to_string()))?;
+        // A worker that reaches a Docker engine also takes its pool's steps with an image.
+        // (A pulling one is told the container queue's stream, made here.)
+        let queue: Arc<dyn steppe_runtime::queue::Queue> = if hello.containers {
+            let boxed = self.dispatcher.pools.get(&steppe_runtime::queue::container_pool(&pool)).await.map_err(|e| Status::unavailable(e.to_string()))?;
+            Arc::new(steppe_runtime::queue::Merged::new(boxed, queue))
+        } else {
+            queue
+        };
         let (queue_key, queue_lease_ms) = match (&self.pull_queue, hello.pulls) {
             (Some((base, lease)), true) => (pool_key(base, &pool), u64::try_from(lease.as_millis()).unwrap_or(60_000)),
             (None, true) => {
@@ -108,7 +116,7 @@ impl Coordinator for WorkerService {
             }
             (_, false) => (String::new(), 0),
         };
-        self.registry.joined(&name, slots as u32, true, &pool);
+        self.registry.joined(&name, slots as u32, true, &pool, hello.containers);
         let (tx, rx) = mpsc::channel(256);
         let welcome = CoordinatorMessage {
             msg: Some(coordinator_message::Msg::Welcome(Welcome {
@@ -119,6 +127,10 @@ impl Coordinator for WorkerService {
                 queue_lease_ms,
                 ephemeral: self.ephemeral,
                 artifact_url: self.artifact_url.clone(),
+                container_queue_key: match (&self.pull_queue, hello.pulls && hello.containers) {
+                    (Some((base, _)), true) => pool_key(base, &steppe_runtime::queue::container_pool(&pool)),
+                    _ => String::new(),
+                },
             })),
         };
         tx.send(Ok(welcome)).await.map_err(|_| Status::aborted("session closed"))?;

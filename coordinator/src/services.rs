@@ -33,6 +33,8 @@ pub struct Services {
     pub slots: usize,
     /// The object store every worker uses directly, when artifacts live in one.
     pub object_store: Option<String>,
+    /// Whether the local worker loops reach a Docker engine (and why not).
+    pub docker: Result<(), String>,
 }
 
 /// What every Redis key of an installation starts with (`--redis-prefix`).
@@ -99,9 +101,18 @@ pub async fn start_services_with(state: &Path, runs: Arc<dyn steppe_runtime::sto
     }
     let dispatcher = dispatch::Dispatcher::start(pools, Some(out.clone())).await.context("starting the dispatcher")?;
     let registry = registry::WorkerRegistry::start(out.clone()).await.context("starting the worker registry")?;
-    steppe_worker::local::spawn_local_workers(slots, dispatcher.pools.default_pool().clone(), store.clone(), work, out.clone(), dispatcher.clone(), dispatcher.local.clone());
+    // Local loops that reach a Docker engine also take the steps with an image.
+    let docker = if slots > 0 { steppe_worker::container::engine().await.map(|_| ()) } else { Err("no local worker runs steps".to_string()) };
+    let containers = docker.is_ok();
+    let local_queue: Arc<dyn steppe_runtime::queue::Queue> = if containers {
+        let boxed = dispatcher.pools.get(&steppe_runtime::queue::container_pool(steppe_runtime::queue::DEFAULT_POOL)).await.context("opening the container queue")?;
+        Arc::new(steppe_runtime::queue::Merged::new(boxed, dispatcher.pools.default_pool().clone()))
+    } else {
+        dispatcher.pools.default_pool().clone()
+    };
+    steppe_worker::local::spawn_local_workers(slots, local_queue, store.clone(), work, out.clone(), dispatcher.clone(), dispatcher.local.clone());
     if slots > 0 {
-        registry.joined("local", slots as u32, false, steppe_runtime::queue::DEFAULT_POOL);
+        registry.joined("local", slots as u32, false, steppe_runtime::queue::DEFAULT_POOL, containers);
     }
     Ok(Arc::new(Services {
         store,
@@ -116,6 +127,7 @@ pub async fn start_services_with(state: &Path, runs: Arc<dyn steppe_runtime::sto
         local_store,
         slots,
         object_store,
+        docker,
     }))
 }
 
@@ -164,6 +176,7 @@ pub fn make_engine_with(
         submission: None,
         scratch: svc.scratch.clone(),
         scope,
+        docker: if svc.slots > 0 { engine::docker::Docker::Local(svc.docker.clone()) } else { engine::docker::Docker::Remote(svc.registry.clone()) },
     }
 }
 
@@ -193,7 +206,11 @@ pub async fn serve_metrics(svc: &Arc<Services>, addr: std::net::SocketAddr) -> s
             for pool in pools {
                 let label = PoolLabel { pool: pool.clone() };
                 let f = figures.iter().find(|f| f.pool == pool).cloned().unwrap_or_default();
-                let serving: Vec<_> = workers.iter().filter(|w| w.pool == pool).collect();
+                // A pool's container queue is served by its workers that run containers.
+                let serving: Vec<_> = match pool.strip_suffix(steppe_runtime::queue::CONTAINERS) {
+                    Some(base) => workers.iter().filter(|w| w.pool == base && w.containers).collect(),
+                    None => workers.iter().filter(|w| w.pool == pool).collect(),
+                };
                 let slots: i64 = serving.iter().map(|w| i64::from(w.slots)).sum();
                 m.backlog.get_or_create(&label).set(f.waiting);
                 m.in_flight.get_or_create(&label).set(f.in_flight);

@@ -280,3 +280,34 @@ pub fn agent_cases(sub: &str) -> Vec<(PathBuf, PathBuf)> {
     assert!(!v.is_empty(), "no pipelines in {}", dir.display());
     v
 }
+
+/// The image container tests and the docs' container examples run in:
+/// made from this host's own `sh`, `bash`, coreutils it needs and their
+/// libraries (`docker import`; there is no registry), once per engine.
+pub const TEST_IMAGE: &str = "steppe-test-sh:3";
+
+pub fn test_image() -> &'static str {
+    let present = Command::new("docker").args(["image", "inspect", TEST_IMAGE]).output().expect("docker (the machine's engine)");
+    if present.status.success() {
+        return TEST_IMAGE;
+    }
+    let root = scratch("image-root");
+    let script = "set -e; for b in /bin/sh /bin/bash /bin/cat /bin/ls /bin/mkdir /bin/echo /bin/id /bin/sleep /usr/bin/touch; do \
+        mkdir -p \"root$(dirname $b)\"; cp -L $b \"root$b\"; \
+        for l in $(ldd $b | grep -o '/[^ ]*'); do mkdir -p \"root$(dirname $l)\"; cp -L $l \"root$l\"; done; done; \
+        mkdir -p root/tmp root/workspace root/etc; tar -C root -cf rootfs.tar .";
+    let made = Command::new("sh").args(["-c", script]).current_dir(&root).output().expect("sh");
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let imported = Command::new("docker").args(["import", "rootfs.tar", TEST_IMAGE]).current_dir(&root).output().expect("docker import");
+    // Another test may have imported it at the same time.
+    assert!(imported.status.success() || Command::new("docker").args(["image", "inspect", TEST_IMAGE]).output().expect("docker").status.success(), "{}", String::from_utf8_lossy(&imported.stderr));
+    let _ = std::fs::remove_dir_all(&root);
+    TEST_IMAGE
+}
+
+/// Containers of steppe's still on the engine whose step's name starts
+/// with `prefix` (tests name their steps so; others run at the same time).
+pub fn steppe_containers(prefix: &str) -> Vec<String> {
+    let out = Command::new("docker").args(["ps", "-a", "--filter", "label=steppe.assignment", "--format", "{{.Label \"steppe.step\"}}\t{{.ID}} {{.Status}}"]).output().expect("docker ps");
+    String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.starts_with(prefix)).map(str::to_string).collect()
+}

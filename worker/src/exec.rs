@@ -69,7 +69,7 @@ pub async fn execute(
     let fail = |e: StepError| AssignmentResult::of(a, Err(e));
     if let Some(image) = a.image.as_ref().filter(|_| !crate::container::runs_in_image(a)) {
         return fail(StepError::errored(format!(
-            "{}: image \"{image}\": agent steps and resource stages in an image are not supported by this build of steppe yet (task steps are)",
+            "{}: image \"{image}\": only a command in a fresh step directory runs in an image (this assignment names a host directory)",
             a.step
         )));
     }
@@ -190,6 +190,12 @@ async fn repair(
     let reason = failed.result.as_ref().err().map(|e| e.message.clone()).unwrap_or_default();
     sink.line(&a.run_id, &a.step, Stream::Stdout, &format!("task \"{}\" failed (exit {exit}); invoking fix agent \"{}\"", a.step, fix.agent));
     let mut work = fix.clone();
+    // Its shell, custom tools and rerun run in the failing task's image.
+    if let Some(image) = &a.image {
+        work.image = Some(image.clone());
+        work.container = a.container.clone();
+        work.env = a.env.clone();
+    }
     let mut block = format!("exit code: {exit}\n");
     if a.judge.is_assert() {
         block.push_str(&format!("assert: {reason}\n"));
@@ -335,7 +341,7 @@ async fn stopped(a: &Assignment, cancel: &mut watch::Receiver<bool>) -> StepErro
 
 /// As [`run_command`], in a container of `image` on the Docker engine.
 async fn run_in_image(a: &Assignment, image: &str, command: &str, dir: &Path, sink: &Arc<dyn LineSink>, cancel: &watch::Receiver<bool>) -> Result<AssignmentResult, Box<AssignmentResult>> {
-    let running = crate::container::start(a, image, command, dir).await.map_err(|e| Box::new(AssignmentResult::of(a, Err(e))))?;
+    let running = crate::container::start(a, image, command, dir, sink).await.map_err(|e| Box::new(AssignmentResult::of(a, Err(e))))?;
     let mut cancel = cancel.clone();
     let (out, err) = running.streams();
     let out_task = tokio::spawn(read_stream(BufReader::new(out), a.run_id.clone(), a.step.clone(), Stream::Stdout, sink.clone(), a.stream));

@@ -293,6 +293,8 @@ pub struct WorkerConfig {
     pub exit_when_idle: Option<Duration>,
     /// Serve /metrics, /healthz and /readyz here.
     pub metrics: Option<std::net::SocketAddr>,
+    /// It reaches a Docker engine (found out at start, [`crate::container::reachable`]).
+    pub containers: bool,
 }
 
 /// Serves one coordinator until it closes the session.
@@ -384,7 +386,7 @@ async fn serve_metrics(addr: std::net::SocketAddr, stats: Arc<Stats>, config: &W
 
 /// One session with the coordinator, from Hello to its end.
 async fn session(config: &WorkerConfig, reconnecting: bool, stats: &Arc<Stats>) -> Result<End, WorkerError> {
-    let WorkerConfig { url, slots, name, work_root, token, stream_artifacts, tls_ca, queue, pool, exit_when_idle, .. } = config;
+    let WorkerConfig { url, slots, name, work_root, token, stream_artifacts, tls_ca, queue, pool, exit_when_idle, containers, .. } = config;
     let (slots, stream_artifacts, pool, work_root) = (*slots, *stream_artifacts, pool.clone(), work_root.clone());
     let (url, name) = (url.as_str(), name.as_str());
     let channel = connect(url, tls_ca.as_deref()).await?;
@@ -392,7 +394,7 @@ async fn session(config: &WorkerConfig, reconnecting: bool, stats: &Arc<Stats>) 
     let mut client = CoordinatorClient::with_interceptor(channel.clone(), with_token.clone());
     let (tx, rx) = mpsc::channel::<WorkerMessage>(1024);
     let _ = tx
-        .send(WorkerMessage { msg: Some(worker_message::Msg::Hello(Hello { worker: name.to_string(), slots, pulls: queue.is_some(), pool })) })
+        .send(WorkerMessage { msg: Some(worker_message::Msg::Hello(Hello { worker: name.to_string(), slots, pulls: queue.is_some(), pool, containers: *containers })) })
         .await;
     let mut inbound = client.session(ReceiverStream::new(rx)).await?.into_inner();
     let welcome = match inbound.message().await? {
@@ -441,7 +443,12 @@ async fn session(config: &WorkerConfig, reconnecting: bool, stats: &Arc<Stats>) 
             let lease = Duration::from_millis(welcome.queue_lease_ms.max(1000));
             // The coordinator made the pool's queue before it said welcome.
             let options = steppe_cloud::queues::QueueOptions { create: false, ..Default::default() };
-            let q: Arc<dyn Queue> = steppe_cloud::queues::connect(queue_url, &welcome.queue_key, name, lease, &options).await.map_err(WorkerError::Queue)?;
+            let mut q: Arc<dyn Queue> = steppe_cloud::queues::connect(queue_url, &welcome.queue_key, name, lease, &options).await.map_err(WorkerError::Queue)?;
+            if !welcome.container_queue_key.is_empty() {
+                // It reaches a Docker engine: its pool's steps with an image too.
+                let boxed = steppe_cloud::queues::connect(queue_url, &welcome.container_queue_key, name, lease, &options).await.map_err(WorkerError::Queue)?;
+                q = Arc::new(steppe_runtime::queue::Merged::new(boxed, q));
+            }
             tokio::spawn(pull(q.clone(), slots as usize, pulled_tx, stop_pulling.clone()));
             // What this worker took stays its own while it runs.
             let renew = q.clone();

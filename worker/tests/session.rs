@@ -74,6 +74,7 @@ async fn an_unreadable_assignment_is_reported_errored_and_the_session_goes_on() 
         reconnect_for: Duration::ZERO,
         exit_when_idle: None,
         metrics: None,
+        containers: false,
     }));
     let mut got = Vec::new();
     while got.len() < 2 {

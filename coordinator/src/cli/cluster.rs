@@ -239,6 +239,11 @@ pub struct WorkerArgs {
     /// (ready while it has a session with the coordinator).
     #[arg(long, value_name = "ADDR")]
     metrics: Option<std::net::SocketAddr>,
+    /// Take no steps with an image even if a Docker engine is reachable
+    /// (by default a worker that reaches one takes its pool's container
+    /// steps too; one that does not never gets them).
+    #[arg(long)]
+    no_containers: bool,
 }
 
 impl WorkerArgs {
@@ -248,7 +253,7 @@ impl WorkerArgs {
 }
 
 fn worker(args: WorkerArgs) -> Result<ExitCode> {
-    let WorkerArgs { coordinator: url, slots, token_file, stream_artifacts, tls_ca, queue, redis_password_file, pool, reconnect_for, exit_when_idle, metrics } = args;
+    let WorkerArgs { coordinator: url, slots, token_file, stream_artifacts, tls_ca, queue, redis_password_file, pool, reconnect_for, exit_when_idle, metrics, no_containers } = args;
     let (queue, _) = with_redis_password(queue, None, redis_password_file.as_deref())?;
     steppe_runtime::queue::check_pool_name(&pool).map_err(|e| anyhow::anyhow!("--pool {e}"))?;
     if let Some(q) = queue.as_deref().filter(|q| !steppe_cloud::queues::is_queue_url(q)) {
@@ -260,8 +265,16 @@ fn worker(args: WorkerArgs) -> Result<ExitCode> {
     let name = format!("{}:{}", std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".into()), std::process::id());
     let scratch = steppe_runtime::scratch::Scratch::create("worker").context("creating a scratch directory under the system's temp dir")?;
     let work = scratch.path().to_path_buf();
-    warn!("steppe worker {name}: connecting to {url} with {slots} slot(s)");
-    let config = steppe_worker::remote::WorkerConfig { url, slots, name: name.clone(), work_root: work.clone(), token, stream_artifacts, tls_ca, queue, pool, reconnect_for, exit_when_idle, metrics };
+    let containers = !no_containers && match rt.block_on(steppe_worker::container::engine()) {
+        Ok(_) => true,
+        Err(e) => {
+            warn!("steppe worker {name}: {e}; steps with an image go to other workers");
+            false
+        }
+    };
+    let docker = if containers { ", runs containers" } else { "" };
+    warn!("steppe worker {name}: connecting to {url} with {slots} slot(s){docker}");
+    let config = steppe_worker::remote::WorkerConfig { url, slots, name: name.clone(), work_root: work.clone(), token, stream_artifacts, tls_ca, queue, pool, reconnect_for, exit_when_idle, metrics, containers };
     rt.block_on(steppe_worker::remote::run(config))?;
     warn!("steppe worker {name}: stopped");
     Ok(ExitCode::SUCCESS)

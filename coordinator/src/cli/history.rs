@@ -331,6 +331,9 @@ fn runs(h: &History, job: Option<&str>, limit: usize, steps: bool, run: Option<&
                 let field = |k: &str| shown(d.get(k).and_then(|v| v.as_str()).unwrap_or_default()).into_owned();
                 say!("    denied: {} {} — {}", field("tool"), field("path"), field("reason"));
             }
+            for (tool, what, why) in failed_tool_calls(&detail) {
+                say!("    tool failed: {} {} — {}", shown(&tool), shown(&what), shown(&why));
+            }
         }
     }
     if let Some(view) = &logs {
@@ -428,4 +431,38 @@ fn runs_events(h: &History, job: Option<&str>, run: Option<&str>) -> Result<Exit
         say!("{kind:<8} {:<30} {}", shown(&step), shown(&message));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The tool calls of an agent step's transcript that failed (an error, or
+/// a command's non-zero exit — what a container refused shows up here):
+/// (tool, its command or arguments, the first line of why).
+fn failed_tool_calls(detail: &serde_json::Value) -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    let mut last_args = String::new();
+    // A refusal of the sandbox is listed as its denial, not again here.
+    let refusals: Vec<&str> = detail.get("denials").and_then(|d| d.as_array()).into_iter().flatten().filter_map(|d| d.get("reason").and_then(|r| r.as_str())).filter(|r| !r.is_empty()).collect();
+    for e in detail.get("transcript").and_then(|t| t.as_array()).into_iter().flatten() {
+        let field = |k: &str| e.get(k).and_then(|v| v.as_str()).unwrap_or_default();
+        match field("kind") {
+            "call" => {
+                let args: serde_json::Value = serde_json::from_str(field("content")).unwrap_or_default();
+                last_args = args.get("command").and_then(|c| c.as_str()).map(str::to_string).unwrap_or_else(|| field("content").to_string());
+            }
+            "result" => {
+                let r: serde_json::Value = serde_json::from_str(field("content")).unwrap_or_default();
+                let first_line = |v: Option<&serde_json::Value>| v.and_then(|s| s.as_str()).and_then(|s| s.lines().find(|l| !l.trim().is_empty())).map(str::to_string);
+                let why = match (r.get("error"), r.get("exit_code").and_then(|c| c.as_i64())) {
+                    (Some(err), _) => Some(err.as_str().map(str::to_string).unwrap_or_else(|| err.to_string())),
+                    (None, Some(code)) if code != 0 => Some(format!("exit {code}: {}", first_line(r.get("stderr")).or_else(|| first_line(r.get("stdout"))).unwrap_or_default())),
+                    _ => None,
+                };
+                if let Some(why) = why.filter(|w| !refusals.iter().any(|r| w.contains(r))) {
+                    let what: String = last_args.chars().take(120).collect();
+                    out.push((field("name").to_string(), what, why.lines().next().unwrap_or_default().chars().take(200).collect()));
+                }
+            }
+            _ => {}
+        }
+    }
+    out
 }

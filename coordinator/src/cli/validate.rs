@@ -16,7 +16,8 @@ use super::load_reporting;
 /// *_file fields read, every rule checked — and reports every problem at once,
 /// each with its file, line, column and key path. Without --syntax-only it also
 /// checks this machine: API key variables set, stdio MCP commands and CLI agent
-/// binaries on PATH. Nothing runs and no state is written.
+/// binaries on PATH, a Docker engine and the images steps name. Nothing runs
+/// and no state is written.
 ///
 /// Exit status: 0 valid, 2 invalid (or the file cannot be read).
 ///
@@ -28,7 +29,7 @@ use super::load_reporting;
 pub struct ValidateArgs {
     /// The pipeline file.
     pipeline: PathBuf,
-    /// Check the file only, not this machine (keys, PATH).
+    /// Check the file only, not this machine (keys, PATH, Docker images).
     #[arg(long)]
     syntax_only: bool,
     #[command(flatten)]
@@ -48,7 +49,18 @@ fn validate(path: &Path, syntax_only: bool, vars: &VarArgs) -> Result<ExitCode> 
         Err(code) => return Ok(code),
     };
     if !syntax_only {
-        let problems = machine::check(&loaded, opts.env_model.as_deref());
+        // Images on this machine's Docker engine (asked only when the file names one).
+        let rt = super::runtime()?;
+        let mut engine = None;
+        let mut unreachable_said = false;
+        let mut image_problem = |image: &str| {
+            let engine = engine.get_or_insert_with(|| rt.block_on(steppe_worker::container::engine()));
+            if engine.is_err() && std::mem::replace(&mut unreachable_said, true) {
+                return None;
+            }
+            rt.block_on(steppe_worker::container::images::problem(engine, image))
+        };
+        let problems = machine::check(&loaded, opts.env_model.as_deref(), &mut image_problem);
         if !problems.is_empty() {
             for d in &problems {
                 warn!("{d}");

@@ -64,27 +64,6 @@ fn grant(tools: Option<&[ToolGrant]>) -> (Vec<(String, ToolDef)>, Vec<String>) {
     (out, skipped)
 }
 
-/// An agent (or agent step) that asks for a container must never run its
-/// tools on the worker's host instead, as if it had not asked: until
-/// container sandboxes exist it fails before it starts, saying why.
-fn refuse_unconfined(name: &str, def: &AgentDef, s: &Step) -> Result<(), StepError> {
-    let asked = [
-        ("image", def.image.as_deref().or(s.image.as_deref()).map(str::to_string)),
-        ("network", def.network.as_deref().or(s.network.as_deref()).map(str::to_string)),
-        ("user", def.user.as_deref().or(s.user.as_deref()).map(str::to_string)),
-        ("privileged", (def.privileged == Some(true) || s.privileged == Some(true)).then(|| "true".to_string())),
-        ("container_limits", (def.container_limits.is_some() || s.container_limits.is_some()).then(|| "set".to_string())),
-    ];
-    let set: Vec<String> = asked.iter().filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}: {v}"))).collect();
-    if set.is_empty() {
-        return Ok(());
-    }
-    Err(StepError::errored(format!(
-        "agent \"{name}\" declares {}, but this build of steppe cannot confine agent tools to a container yet; refusing to run its tools on the worker's host with less confinement than declared (remove those keys to run it on the host)",
-        set.join(", ")
-    )))
-}
-
 impl JobRun {
     pub(super) fn agent_def(&self, name: &str) -> Option<&AgentDef> {
         self.engine.pipeline.agents.iter().find(|a| a.name == name)
@@ -106,7 +85,6 @@ impl JobRun {
     fn resolve_at(&self, s: &Step, cell: &Cell, vocab: Option<&[String]>, depth: usize) -> Result<AgentWork, StepError> {
         let name = s.agent.clone().unwrap_or_default();
         let def = self.agent_def(&name).ok_or_else(|| StepError::errored(format!("agent \"{name}\" is not declared")))?;
-        refuse_unconfined(&name, def, s)?;
         let model = def
             .source
             .as_ref()
@@ -142,6 +120,7 @@ impl JobRun {
                 .collect(),
         };
         let render = |t: &str| self.subst(t).and_then(|t| render_cell(&t, cell)).map_err(|e| StepError::errored(format!("{name}: {e}")));
+        let (image, container) = self.resolved_image(s, cell).map_err(|e| StepError::errored(format!("{name}: {}", e.message)))?;
         let mut messages = Vec::new();
         for m in &s.resolved_messages {
             messages.push(match m {
@@ -231,6 +210,9 @@ impl JobRun {
             answers: self.engine.answers.clone(),
             max_questions: s.max_questions.or(def.max_questions).unwrap_or(3).max(0) as u32,
             ask: self.ask_spec(def, s, depth)?,
+            image,
+            container,
+            env: s.env.clone().or_else(|| def.env.clone()).unwrap_or_default(),
         })
     }
 

@@ -76,6 +76,9 @@ impl JobRun {
     }
 
     pub(super) async fn run_inner(self: &Arc<Self>) -> JobResult {
+        if let Err(e) = self.containers_ready().await {
+            return JobResult { result: Err(e), build_ok: false, log: Vec::new() };
+        }
         let job_timeout = self.job.timeout.and_then(|t| t.to_std());
         let started = Instant::now();
         let (mut result, mut log) = self.walk_plan(0, job_timeout, started).await;

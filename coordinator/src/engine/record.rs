@@ -62,7 +62,9 @@ impl JobRun {
             let grace = Duration::from_secs(60);
             a.timeout = Some(a.timeout.map_or(grace, |t| t.min(grace)));
         }
-        a.pool = self.engine.pool.clone();
+        // Steps with an image go to the pool's container queue, which only
+        // workers that reach a Docker engine take from.
+        a.pool = if a.uses_containers() { steppe_runtime::queue::container_pool(&self.engine.pool) } else { self.engine.pool.clone() };
         let step = a.step.clone();
         let r = self.engine.dispatcher.dispatch(a).await;
         self.engine.out.record_output(&self.run_id, &step, &r.output);

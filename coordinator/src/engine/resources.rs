@@ -12,9 +12,10 @@ use steppe_runtime::outcome::StepError;
 use steppe_language::expr::{compile, eval, Env, Stage};
 
 use super::run::{Done, JobRun};
+use super::containers::fields_of;
 
 impl JobRun {
-    fn resource(&self, name: &str) -> Result<(&Resource, &ResourceType), StepError> {
+    pub(super) fn resource(&self, name: &str) -> Result<(&Resource, &ResourceType), StepError> {
         let p = &self.engine.pipeline;
         let r = p.resources.iter().find(|r| r.name == name).ok_or_else(|| StepError::errored(format!("resource \"{name}\" is not declared")))?;
         let t = p.resource_types.iter().find(|t| t.name == r.type_).ok_or_else(|| StepError::errored(format!("resource type \"{}\" is not declared", r.type_)))?;
@@ -77,11 +78,15 @@ impl JobRun {
             env: Self::env_of(r, t),
             cwd: Cwd::Host(self.engine.dir.clone()),
             image: t.image.clone(),
+            container: super::containers::settings(fields_of!(t), Default::default()),
             stream: false,
             template: Some(data),
             ..Assignment::command(&self.run_id, &format!("{name} (check)"), check)
         };
         let res = match &self.engine.submission {
+            // In the type's image: on a worker, in an empty directory (the
+            // image holds what the check needs).
+            _ if a.image.is_some() => self.dispatch(Assignment { cwd: Cwd::StepDir, ..a }).await,
             // A submitted pipeline's check runs on a worker, in a copy of
             // the submission: never on the coordinator's host.
             Some(sub) => {
@@ -215,6 +220,7 @@ impl JobRun {
             cwd: Cwd::CaptureSelf,
             timeout: s.timeout.and_then(|t| t.to_std()),
             image: t.image.clone(),
+            container: super::containers::settings(fields_of!(t), Default::default()),
             template: Some(data),
             ..Assignment::command(&self.run_id, name, in_cmd)
         };
@@ -250,6 +256,7 @@ impl JobRun {
             inputs: self.input_refs(&names, None),
             timeout: s.timeout.and_then(|t| t.to_std()),
             image: t.image.clone(),
+            container: super::containers::settings(fields_of!(t), Default::default()),
             template: Some(data),
             ..Assignment::command(&self.run_id, &label, out)
         };

@@ -59,6 +59,8 @@ pub struct Engine {
     pub scratch: PathBuf,
     /// Whose history its runs are: the team and the pipeline's name.
     pub scope: steppe_runtime::store::Scope,
+    /// Where its steps with an image run.
+    pub docker: super::docker::Docker,
 }
 
 impl Engine {

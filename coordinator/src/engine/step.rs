@@ -98,11 +98,14 @@ impl JobRun {
     /// Runs a `when:` guard in a space holding the step's inputs.
     pub(super) async fn guard(self: &Arc<Self>, s: &Step, cmd: &str, cell: &Cell) -> Result<bool, StepError> {
         let inputs = self.input_refs(&self.step_inputs(s), s.input_mapping.as_ref());
+        let (image, container) = self.resolved_image(s, cell)?;
         let a = Assignment {
             env: s.env.clone().unwrap_or_default(),
             cwd: Cwd::StepDir,
             inputs,
             stream: false,
+            image,
+            container,
             ..Assignment::command(&self.run_id, &format!("{} (when)", s.name().unwrap_or("step")), render_cell(&self.subst(cmd).map_err(StepError::errored)?, cell).map_err(StepError::errored)?)
         };
         let r = self.dispatch(a).await;

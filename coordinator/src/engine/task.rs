@@ -21,22 +21,11 @@ impl JobRun {
             Err(e) => return self.finish_err(&label, StepError::errored(format!("{label}: {e}"))),
         };
         let outputs = s.outputs.clone().or_else(|| entry.and_then(|e| e.outputs.clone())).unwrap_or_default();
-        let image = s.image.clone().filter(|i| !i.is_empty()).or_else(|| entry.and_then(|e| e.image.clone()));
-        let image = match image.map(|i| self.subst(&i).and_then(|i| render_cell(&i, cell))).transpose() {
+        let (image, container) = match self.resolved_image(s, cell) {
             Ok(i) => i,
-            Err(e) => return self.finish_err(&label, StepError::errored(format!("{label}: {e}"))),
+            Err(e) => return self.finish_err(&label, StepError::errored(format!("{label}: {}", e.message))),
         };
         let env = s.env.clone().or_else(|| entry.and_then(|e| e.env.clone())).unwrap_or_default();
-        // Over a tasks: entry, user and network non-empty-win, privileged true-wins.
-        let non_empty = |v: &Option<String>| v.clone().filter(|x| !x.is_empty());
-        let limits = s.container_limits.as_ref().or_else(|| entry.and_then(|e| e.container_limits.as_ref()));
-        let container = steppe_runtime::assignment::ContainerSettings {
-            user: non_empty(&s.user).or_else(|| entry.and_then(|e| non_empty(&e.user))),
-            network: non_empty(&s.network).or_else(|| entry.and_then(|e| non_empty(&e.network))),
-            privileged: s.privileged == Some(true) || entry.is_some_and(|e| e.privileged == Some(true)),
-            cpu_shares: limits.and_then(|l| l.cpu).filter(|c| *c > 0),
-            memory_bytes: limits.and_then(|l| l.memory.as_ref()).and_then(|m| m.bytes()).and_then(|b| i64::try_from(b).ok()),
-        };
         let timeout = s.timeout.or_else(|| entry.and_then(|e| e.timeout)).and_then(|t| t.to_std());
         let judge = s.assert.as_ref().map(|a| Judge { stdout: a.stdout.clone(), code: a.code, files: a.files.clone().unwrap_or_default() }).unwrap_or_default();
         let fix = match s.fix.as_ref().or_else(|| entry.and_then(|e| e.fix.as_ref())) {

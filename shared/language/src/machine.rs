@@ -1,6 +1,7 @@
 //! Checks of this machine against a loaded pipeline (`steppe validate` without
 //! `--syntax-only`): API key variables set, stdio MCP commands and CLI agent
-//! binaries on PATH.
+//! binaries on PATH, and (through the caller, which knows a Docker engine)
+//! the images steps name.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -66,10 +67,42 @@ fn env_set(name: &str) -> bool {
     std::env::var_os(name).is_some_and(|v| !v.is_empty())
 }
 
-/// Runs the machine checks, reporting into a fresh report of `loaded`'s files.
-pub fn check(loaded: &Loaded, env_model: Option<&str>) -> Vec<crate::source::Diagnostic> {
+/// Every image the file names as written (an image made of `{{ .vars }}`
+/// or `((vars))` is known only at run time), with the key path naming it.
+pub fn named_images(p: &Pipeline) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut add = |image: &Option<String>, path: String| {
+        if let Some(i) = image.as_ref().filter(|i| !i.is_empty() && !i.contains("{{") && !i.contains("((")) {
+            out.push((i.clone(), path));
+        }
+    };
+    for (i, t) in p.resource_types.iter().enumerate() {
+        add(&t.image, format!("resource_types[{i}].image"));
+    }
+    for (i, t) in p.tasks.iter().enumerate() {
+        add(&t.image, format!("tasks[{i}].image"));
+    }
+    for (i, a) in p.agents.iter().enumerate() {
+        add(&a.image, format!("agents[{i}].image"));
+    }
+    each_step(p, &mut |s: &Step, path| add(&s.image, format!("{path}.image")));
+    out
+}
+
+/// Runs the machine checks, reporting into a fresh report of `loaded`'s
+/// files; `image_problem` says what is wrong with an image on this machine
+/// (None: nothing), asked once per distinct image.
+pub fn check(loaded: &Loaded, env_model: Option<&str>, image_problem: &mut dyn FnMut(&str) -> Option<String>) -> Vec<crate::source::Diagnostic> {
     let p = &loaded.pipeline;
     let mut r = Report::new(&loaded.files, &loaded.source_map);
+    let mut asked = BTreeSet::new();
+    for (image, path) in named_images(p) {
+        if asked.insert(image.clone()) {
+            if let Some(problem) = image_problem(&image) {
+                r.err(&path, problem);
+            }
+        }
+    }
     let reached = reached_agents(p);
     let mut servers = BTreeSet::new();
     for (i, a) in p.agents.iter().enumerate() {

@@ -55,6 +55,34 @@ pub struct AgentWork {
     pub max_questions: u32,
     /// The ask_user grant's settings, when ask_user is granted.
     pub ask: Option<Box<AskSpec>>,
+    /// Where its shell and custom tools run: one container of this image
+    /// for the conversation; None: the worker's host.
+    pub image: Option<String>,
+    pub container: ContainerSettings,
+    /// Host variables its tools' commands may read (`env:`).
+    pub env: Vec<String>,
+}
+
+impl AgentWork {
+    /// Whether its tools, or those of an agent it delegates to (or that
+    /// answers its questions), run in a container.
+    pub fn uses_containers(&self) -> bool {
+        self.image.is_some()
+            || self.sub_agents.iter().any(|s| s.work.uses_containers())
+            || self.ask.as_ref().and_then(|a| a.answered_by.as_ref()).is_some_and(|s| s.work.uses_containers())
+    }
+}
+
+/// A container's `user:`, `network:`, `privileged:` and `container_limits:`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ContainerSettings {
+    /// `uid[:gid]` or a name; None: the invoking user's ids.
+    pub user: Option<String>,
+    /// `none` cuts every connection; None: the engine's default.
+    pub network: Option<String>,
+    pub privileged: bool,
+    pub cpu_shares: Option<i64>,
+    pub memory_bytes: Option<i64>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]

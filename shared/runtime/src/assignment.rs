@@ -82,19 +82,15 @@ pub struct Assignment {
     pub container: ContainerSettings,
 }
 
-/// A container's `user:`, `network:`, `privileged:` and `container_limits:`.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct ContainerSettings {
-    /// `uid[:gid]` or a name; None: the invoking user's ids.
-    pub user: Option<String>,
-    /// `none` cuts every connection; None: the engine's default.
-    pub network: Option<String>,
-    pub privileged: bool,
-    pub cpu_shares: Option<i64>,
-    pub memory_bytes: Option<i64>,
-}
+pub use crate::agent_work::ContainerSettings;
 
 impl Assignment {
+    /// Whether running it needs a Docker engine: a command in an image, or
+    /// an agent (or one it delegates to) whose tools run in one.
+    pub fn uses_containers(&self) -> bool {
+        self.image.is_some() || self.agent.as_deref().is_some_and(AgentWork::uses_containers)
+    }
+
     /// A command in a fresh step directory, judged by exit code, output streamed;
     /// callers set what differs with struct update syntax.
     pub fn command(run_id: &str, step: &str, command: String) -> Self {

@@ -19,6 +19,9 @@ impl Scratch {
         sweep(&base, kind);
         let path = base.join(format!("steppe-{kind}-{}", std::process::id()));
         std::fs::create_dir_all(&path)?;
+        // The process's own: step directories (and what they hold) are
+        // nobody else's on this host, whatever modes are set inside.
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
         Ok(Scratch { path })
     }
 

@@ -303,7 +303,18 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
         return Err(StepError::errored(format!("{label}: dir {} does not exist", work.dir.as_deref().unwrap_or("."))));
     }
     let policy = SandboxPolicy::new(root, &[]).map_err(|e| StepError::errored(format!("{label}: {e}")))?;
-    let space = Space { policy, cwd: cwd.canonicalize().unwrap_or(cwd.clone()), env: Vec::new() };
+    // With an image, one container for every shell and custom tool call of
+    // this conversation, holding the step's directory (removed with it).
+    let toolbox = match &work.image {
+        Some(image) => {
+            let host_root = root.canonicalize().unwrap_or(root.to_path_buf());
+            let say = |line: &str| conv.say(line);
+            let tb = crate::container::toolbox::Toolbox::start(&label, &conv.run_id, image, &work.container, &work.env, &host_root, &say).await;
+            Some(std::sync::Arc::new(tb.map_err(|e| StepError::errored(format!("{label}: {e}")))?))
+        }
+        None => None,
+    };
+    let space = Space { policy, cwd: cwd.canonicalize().unwrap_or(cwd.clone()), env: work.env.clone(), toolbox };
     let mut user_messages = Vec::new();
     for m in &work.messages {
         match m {

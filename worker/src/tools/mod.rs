@@ -20,6 +20,8 @@ pub struct Space {
     /// The working directory (`dir:` applied).
     pub cwd: PathBuf,
     pub env: Vec<String>,
+    /// The step's container (`image:`): shell and custom tools run in it.
+    pub toolbox: Option<std::sync::Arc<crate::container::toolbox::Toolbox>>,
 }
 
 pub fn error(msg: impl Into<String>) -> Value {
@@ -276,6 +278,16 @@ impl Space {
     /// dropped); each stream kept up to the spill limit and capped at `cap`
     /// bytes inline.
     pub async fn shell(&self, cmd: &str, timeout: Option<Duration>, cap: usize) -> Value {
+        if let Some(tb) = &self.toolbox {
+            return match tb.run(cmd, &self.cwd, timeout, KEEP).await {
+                Ok(r) => json!({
+                    "stdout": self.spill(&r.stdout.0, r.stdout.1, cap),
+                    "stderr": self.spill(&r.stderr.0, r.stderr.1, cap),
+                    "exit_code": r.exit_code,
+                }),
+                Err(e) => error(e),
+            };
+        }
         let mut c = tokio::process::Command::new("sh");
         c.arg("-c").arg(cmd).current_dir(&self.cwd).env_clear().stdin(std::process::Stdio::null());
         c.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).process_group(0).kill_on_drop(true);
@@ -509,7 +521,7 @@ mod tests {
         std::fs::create_dir_all(d.join("src")).unwrap();
         std::fs::write(d.join("src/main.rs"), "fn main() {\n    println!(\"hi\");\n}\n").unwrap();
         let policy = SandboxPolicy::new(&d, &[]).unwrap();
-        (Space { policy, cwd: d.canonicalize().unwrap(), env: vec![] }, d)
+        (Space { policy, cwd: d.canonicalize().unwrap(), env: vec![], toolbox: None }, d)
     }
 
     fn b(name: &str) -> ToolDef {

@@ -80,6 +80,9 @@ pub fn check_pool_name(name: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) {
         return Err(format!("pool {name:?}: a pool name is 1 to 64 letters, digits, '-', '_' or '.'"));
     }
+    if name.ends_with(CONTAINERS) {
+        return Err(format!("pool {name:?}: names ending in \"{CONTAINERS}\" are the container queues of pools (a worker that reaches a Docker engine serves its pool's)"));
+    }
     if name == "refused" {
         return Err("pool \"refused\": the name is taken by the queue's stream of refused entries".to_string());
     }
@@ -174,9 +177,11 @@ impl Pools {
 #[doc(hidden)]
 pub mod conformance;
 mod in_process;
+mod merged;
 mod redis;
 
 pub use in_process::InProcessQueue;
+pub use merged::{container_pool, Merged, CONTAINERS};
 pub(crate) use self::redis::connection_lost;
 pub use self::redis::RedisQueue;
 

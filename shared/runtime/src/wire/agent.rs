@@ -4,7 +4,7 @@ use steppe_proto::v1;
 
 use super::json::{json_from_wire, json_to_wire, object_to_wire};
 use super::WireError;
-use crate::agent_work::{AgentAssert, AgentMessage, AgentOutcome, AgentWork, AskSpec, DenialRecord, Endpoint, SubAgent, ToolDef, TrajectoryEntry, TranscriptEvent};
+use crate::agent_work::{AgentAssert, AgentMessage, AgentOutcome, AgentWork, AskSpec, ContainerSettings, DenialRecord, Endpoint, SubAgent, ToolDef, TrajectoryEntry, TranscriptEvent};
 
 pub fn work_to_wire(w: &AgentWork) -> v1::AgentWork {
     // Taken apart whole: a field added to AgentWork cannot be forgotten here.
@@ -38,6 +38,9 @@ pub fn work_to_wire(w: &AgentWork) -> v1::AgentWork {
         upstream,
         sub_agents,
         fallbacks,
+        image,
+        container,
+        env,
         answers,
         max_questions,
         ask,
@@ -77,6 +80,9 @@ pub fn work_to_wire(w: &AgentWork) -> v1::AgentWork {
             let answered_by = a.answered_by.as_ref().map(|s| Box::new(sub_agent_to_wire(s)));
             Box::new(v1::AskSpec { answered_by, default: a.default.clone(), options_required: a.options_required })
         }),
+        image: image.clone(),
+        container: Some(container_to_wire(container)),
+        env: env.clone(),
     }
 }
 
@@ -113,6 +119,9 @@ pub fn work_from_wire(w: v1::AgentWork) -> Result<AgentWork, WireError> {
         max_questions,
         ask,
         across_counter,
+        image,
+        container,
+        env,
     } = w;
     let job_counter = job_budget.as_ref().map(|b| b.counter.clone()).filter(|c| !c.is_empty());
     Ok(AgentWork {
@@ -155,7 +164,30 @@ pub fn work_from_wire(w: v1::AgentWork) -> Result<AgentWork, WireError> {
                 options_required: a.options_required,
             })),
         },
+        image,
+        container: container.map(container_from_wire).unwrap_or_default(),
+        env,
     })
+}
+
+pub fn container_to_wire(c: &ContainerSettings) -> v1::ContainerSettings {
+    v1::ContainerSettings {
+        user: c.user.clone().unwrap_or_default(),
+        network: c.network.clone().unwrap_or_default(),
+        privileged: c.privileged,
+        cpu_shares: c.cpu_shares.unwrap_or(0),
+        memory_bytes: c.memory_bytes.unwrap_or(0),
+    }
+}
+
+pub fn container_from_wire(c: v1::ContainerSettings) -> ContainerSettings {
+    ContainerSettings {
+        user: Some(c.user).filter(|u| !u.is_empty()),
+        network: Some(c.network).filter(|n| !n.is_empty()),
+        privileged: c.privileged,
+        cpu_shares: Some(c.cpu_shares).filter(|n| *n > 0),
+        memory_bytes: Some(c.memory_bytes).filter(|n| *n > 0),
+    }
 }
 
 fn sub_agent_to_wire(s: &SubAgent) -> v1::SubAgent {
@@ -358,6 +390,9 @@ pub(crate) mod tests {
                 default: Some("no".into()),
                 options_required: true,
             })),
+            image: Some("python:3.12".into()),
+            container: ContainerSettings { user: Some("0".into()), network: Some("none".into()), privileged: false, cpu_shares: Some(256), memory_bytes: None },
+            env: vec!["GOFLAGS".into()],
         }
     }
 

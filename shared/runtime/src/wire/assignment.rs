@@ -5,11 +5,11 @@ use std::time::Duration;
 
 use steppe_proto::v1;
 
-use super::agent::{outcome_from_wire, outcome_to_wire, work_from_wire, work_to_wire};
+use super::agent::{container_from_wire, container_to_wire, outcome_from_wire, outcome_to_wire, work_from_wire, work_to_wire};
 use super::json::{json_from_wire, json_to_wire};
 use super::WireError;
 use crate::artifacts::ArtifactRef;
-use crate::assignment::{Assignment, AssignmentResult, ContainerSettings, Cwd, Judge, OutputLine, OutputRecord};
+use crate::assignment::{Assignment, AssignmentResult, Cwd, Judge, OutputLine, OutputRecord};
 use crate::outcome::{Class, StepError};
 
 fn artifact_to_wire(r: &ArtifactRef) -> v1::ArtifactRef {
@@ -56,13 +56,7 @@ pub fn assignment_to_wire(a: &Assignment) -> v1::Assignment {
         fix: fix.as_deref().map(|w| Box::new(work_to_wire(w))),
         template: template.as_ref().map(json_to_wire),
         by_reference: *by_reference,
-        container: Some(v1::ContainerSettings {
-            user: container.user.clone().unwrap_or_default(),
-            network: container.network.clone().unwrap_or_default(),
-            privileged: container.privileged,
-            cpu_shares: container.cpu_shares.unwrap_or(0),
-            memory_bytes: container.memory_bytes.unwrap_or(0),
-        }),
+        container: Some(container_to_wire(container)),
     }
 }
 
@@ -76,16 +70,7 @@ pub fn assignment_from_wire(a: v1::Assignment) -> Result<Assignment, WireError> 
         epoch: a.epoch,
         pool: a.pool,
         by_reference: a.by_reference,
-        container: a
-            .container
-            .map(|c| ContainerSettings {
-                user: Some(c.user).filter(|u| !u.is_empty()),
-                network: Some(c.network).filter(|n| !n.is_empty()),
-                privileged: c.privileged,
-                cpu_shares: Some(c.cpu_shares).filter(|n| *n > 0),
-                memory_bytes: Some(c.memory_bytes).filter(|n| *n > 0),
-            })
-            .unwrap_or_default(),
+        container: a.container.map(container_from_wire).unwrap_or_default(),
         command: a.command,
         env: a.env,
         cwd: match a.cwd.ok_or(WireError::Missing("Assignment.cwd"))? {
@@ -195,6 +180,7 @@ fn record_from_wire(o: v1::OutputRecord) -> OutputRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::assignment::ContainerSettings;
     use crate::wire::through_bytes;
 
     fn full_assignment(cwd: Cwd, template: Option<serde_json::Value>) -> Assignment {
