@@ -116,6 +116,33 @@ fn a_fix_agent_works_in_the_failing_tasks_image() {
     wait_for("no container of these steps left", Duration::from_secs(10), || steppe_containers("f7-").is_empty());
 }
 
+/// An image the engine lacks is pulled before the job starts when a
+/// registry answers (a registry of the suite's image on loopback,
+/// `tests/support/registry.py`), its progress said; the step then runs in it.
+#[test]
+fn a_missing_image_is_pulled_when_a_registry_answers() {
+    test_image();
+    let work = scratch("containers-pull");
+    let saved = work.join("saved.tar");
+    let out = Command::new("docker").args(["save", TEST_IMAGE, "-o"]).arg(&saved).output().expect("docker save");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut registry = child_of_this_test("python3").arg(repo("tests/support/registry.py")).arg(&saved).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::null()).spawn().expect("python3");
+    let mut port = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(registry.stdout.take().expect("stdout")), &mut port).expect("the registry's port");
+    let image = format!("localhost:{}/steppe-pulled-{}:1", port.trim(), std::process::id());
+    let _ = Command::new("docker").args(["rmi", &image]).output();
+    std::fs::write(work.join("p.yml"), format!("jobs:\n- name: j\n  plan:\n  - task: u8-pulled\n    image: {image}\n    run: echo ran in the pulled image\n")).expect("write");
+    let out = steppe(&["validate", "p.yml"], &work);
+    assert!(text(&out).contains("a run pulls it if a registry answers"), "{}", text(&out));
+    let out = steppe(&["run", "p.yml"], &work);
+    let said = text(&out);
+    let _ = Command::new("docker").args(["rmi", &image]).output();
+    stop([&mut registry]);
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    assert!(said.contains(&format!("pulling image {image}")) && said.contains("[u8-pulled] ran in the pulled image"), "{said}");
+    wait_for("no container of these steps left", Duration::from_secs(10), || steppe_containers("u8-").is_empty());
+}
+
 /// `steppe validate` checks the images a file names against this machine's
 /// engine, positioned at the key naming each.
 #[test]
