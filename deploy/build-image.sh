@@ -43,6 +43,10 @@ fi
 tmp="" context=""
 trap 'rm -rf ${tmp:+"$tmp"} ${context:+"$context"}' EXIT
 
+# One debootstrap at a time on this host (tests build images concurrently):
+# whoever waited finds the base made.
+exec 9>"${TMPDIR:-/tmp}/steppe-base-$suite.lock"
+command -v flock >/dev/null && flock 9
 if ! docker image inspect "steppe-base:$suite" >/dev/null 2>&1; then
   command -v debootstrap >/dev/null || { apt-get update -qq && apt-get install -y -qq debootstrap; }
   tmp=$(mktemp -d)
@@ -50,6 +54,7 @@ if ! docker image inspect "steppe-base:$suite" >/dev/null 2>&1; then
   debootstrap --variant=minbase --include=redis-server,ca-certificates "$suite" "$tmp/root" "$mirror" >&2
   tar -C "$tmp/root" -c . | docker import - "steppe-base:$suite"
 fi
+exec 9>&-
 
 image=${IMAGE:-steppe:latest}
 binary=${STEPPE_BINARY:-}

@@ -71,25 +71,39 @@ fn tasks_run_in_an_image() {
     wait_for("no container of these steps left", Duration::from_secs(10), || steppe_containers("t1-").is_empty());
 }
 
-/// The same pipeline in an image and on the host ends the same: outcomes,
-/// the execution log and what its outputs held.
+/// The project's base image (`deploy/build-image.sh`: Debian by
+/// debootstrap, nothing pulled) with this build's binary, tagged as the
+/// pipelines here name it.
+fn debian_image() -> &'static str {
+    const NAME: &str = "steppe-test/debian:1";
+    let built = Command::new("sh").arg(repo("deploy/build-image.sh")).env("STEPPE_BINARY", env!("CARGO_BIN_EXE_steppe")).env("IMAGE", NAME).output().expect("sh");
+    assert!(built.status.success(), "deploy/build-image.sh: {}", String::from_utf8_lossy(&built.stderr));
+    NAME
+}
+
+/// The same pipeline in a Debian image made from the project's base and on
+/// the host ends the same: outcomes, the execution log and what its
+/// outputs held (real tools: sort, sed, grep, tar, sha256sum).
 #[test]
 fn the_same_pipeline_ends_the_same_in_an_image_and_on_the_host() {
-    let image = test_image();
+    let image = debian_image();
     let work = scratch("containers-parity");
     std::fs::write(
         work.join("p.yml"),
-        "jobs:\n- name: parity\n  plan:\n  - task: p6-make\n    image: ((image))\n    outputs: [a, b]\n    run: echo one > a/x; mkdir b/deep; echo two > b/deep/y\n  - in_parallel:\n    - task: p6-left\n      image: ((image))\n      inputs: [a]\n      outputs: [c]\n      run: cat a/x a/x > c/z\n    - try:\n        task: p6-fails\n        image: ((image))\n        run: echo failing; exit 4\n  - task: p6-show\n    image: ((image))\n    inputs: [b, c]\n    run: cat b/deep/y c/z; ls b c\n    assert:\n      stdout: \"two\\none\\none\\n\"\n  assert:\n    execution: [p6-make, p6-left, p6-fails, p6-show]\n    outcome: succeeded\n",
+        "jobs:\n- name: parity\n  plan:\n  - task: p6-make\n    image: ((image))\n    outputs: [a, b]\n    run: printf 'pear\\napple\\nfig\\n' > a/fruit; mkdir b/deep; echo two > b/deep/y\n  - in_parallel:\n    - task: p6-sort\n      image: ((image))\n      inputs: [a]\n      outputs: [c]\n      run: sort a/fruit | sed 's/^/- /' > c/sorted; grep -c . a/fruit\n    - try:\n        task: p6-fails\n        image: ((image))\n        run: echo failing; exit 4\n  - task: p6-show\n    image: ((image))\n    inputs: [b, c]\n    run: cat c/sorted b/deep/y; tar -cf - -C c sorted | tar -tf -; sha256sum c/sorted | cut -c1-16\n    assert:\n      stdout: \"- apple\\n- fig\\n- pear\\ntwo\\nsorted\\n\"\n  assert:\n    execution: [p6-make, p6-sort, p6-fails, p6-show]\n    outcome: succeeded\n",
     )
     .expect("write");
     let ends = |img: &str| {
         let out = steppe(&["test", "p.yml", "--var", &format!("image={img}")], &work);
         let said = text(&out);
-        let shown: Vec<String> = said.lines().filter(|l| l.starts_with("[p6-") || l.starts_with("PASS") || l.starts_with("FAIL")).map(str::to_string).collect();
+        let mut shown: Vec<String> = said.lines().filter(|l| l.starts_with("[p6-") || l.starts_with("PASS") || l.starts_with("FAIL")).map(str::to_string).collect();
+        // Parallel steps' lines interleave as they come; each step's stay in order.
+        shown.sort_by_key(|l| l.split(']').next().unwrap_or_default().to_string());
         (out.status.code(), shown)
     };
     let (host, in_image) = (ends(""), ends(image));
     assert_eq!(host.0, Some(0), "{host:?}");
+    assert!(host.1.iter().any(|l| l.starts_with("[p6-show] ") && l.len() == "[p6-show] ".len() + 16), "the digest line: {host:?}");
     assert_eq!(host, in_image);
     wait_for("no container of these steps left", Duration::from_secs(10), || steppe_containers("p6-").is_empty());
 }
@@ -221,8 +235,10 @@ fn agent_tools_run_in_the_steps_container() {
         format!(
             "agents:\n- name: prober\n  source: {{model: openrouter/x/y}}\n  tools: [run_shell, write_file]\n  image: {image}\n  network: none\n\
              - name: dialer\n  source: {{model: openrouter/x/y}}\n  tools: [run_shell]\n  image: {image}\n\
+             - name: sleeper\n  source: {{model: openrouter/x/y}}\n  tools: [{{builtin: run_shell, timeout: 1s}}]\n  image: {image}\n\
              jobs:\n- name: a3-probe\n  plan:\n  - agent: prober\n    outputs: [out]\n    messages: [Probe the sandbox.]\n  - task: a3-after\n    inputs: [out]\n    run: cat out/made\n    assert:\n      stdout: made-inside\n\
-             - name: a3-dial\n  plan:\n  - agent: dialer\n    messages: [Dial the host.]\n"
+             - name: a3-dial\n  plan:\n  - agent: dialer\n    messages: [Dial the host.]\n\
+             - name: a3-slow\n  plan:\n  - agent: sleeper\n    messages: [Take your time.]\n"
         ),
     )
     .expect("write");
@@ -254,7 +270,14 @@ fn agent_tools_run_in_the_steps_container() {
     let out = steppe(&["run", "p.yml", "--job", "a3-dial", "--script", "dial.yaml"], &work);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     wait_for("the host's server reached", Duration::from_secs(5), || accepted.load(std::sync::atomic::Ordering::SeqCst) > 0);
-    wait_for("no container of these steps left", Duration::from_secs(10), || steppe_containers("prober").is_empty() && steppe_containers("dialer").is_empty());
+    // A call past its timeout restarts the container: what it started is
+    // gone, the step's files stay, and the next call runs.
+    std::fs::write(work.join("slow.yaml"), format!("model:\n  turns:\n{}{}    - say: rested\n", call("echo kept > kept; sleep 30 & sleep 20"), call("cat kept; echo after-restart"))).expect("write");
+    let out = steppe(&["run", "p.yml", "--job", "a3-slow", "--script", "slow.yaml"], &work);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let transcript = text(&steppe(&["runs", "p.yml", "--job", "a3-slow", "--transcript"], &work));
+    assert!(transcript.contains("timed out after 1s") && transcript.contains("restarted") && transcript.contains("kept\\nafter-restart"), "{transcript}");
+    wait_for("no container of these steps left", Duration::from_secs(10), || steppe_containers("prober").is_empty() && steppe_containers("dialer").is_empty() && steppe_containers("sleeper").is_empty());
 }
 
 /// Through a cluster: steps with an image, and agents whose tools run in
@@ -319,20 +342,31 @@ fn container_steps_go_only_to_workers_that_run_containers() {
     wait_for("no container of these steps left", Duration::from_secs(10), || steppe_containers("c5-").is_empty());
 }
 
-/// A run killed with -9 while its step's container runs leaves it running;
-/// the next steppe on this host removes it.
+/// Ctrl-C stops a run's container and removes it; a run killed with -9
+/// while its step's container runs leaves it running, and the next steppe
+/// on this host removes it.
 #[test]
 fn a_dead_runs_container_is_removed_by_the_next() {
     let image = test_image();
     let work = scratch("containers-orphan");
     std::fs::write(work.join("p.yml"), format!("jobs:\n- name: long\n  plan:\n  - task: o4-nap\n    image: {image}\n    run: sleep 120\n- name: quick\n  plan:\n  - task: o4-t\n    run: echo quick\n")).expect("write");
-    let mut doomed = child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(["run", "p.yml", "--job", "long"]).current_dir(&work).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().expect("run");
-    let pid = doomed.id().to_string();
-    let mine = || {
+    let start = || child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(["run", "p.yml", "--job", "long"]).current_dir(&work).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().expect("run");
+    let of = |pid: &str| {
         let out = Command::new("docker").args(["ps", "-a", "--filter", "label=steppe.owner", "--format", "{{.ID}} {{.Label \"steppe.owner\"}}"]).output().expect("docker ps");
-        String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.split(' ').nth(1).and_then(|o| o.split(':').nth(1)) == Some(pid.as_str())).count()
+        String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.split(' ').nth(1).and_then(|o| o.split(':').nth(1)) == Some(pid)).count()
     };
-    wait_for("the step's container", Duration::from_secs(30), || mine() == 1);
+    // Ctrl-C: the run ends, its container with it.
+    let mut interrupted = start();
+    let pid = interrupted.id().to_string();
+    wait_for("the step's container", Duration::from_secs(30), || of(&pid) == 1);
+    // SAFETY: signalling a child this test started.
+    unsafe { libc::kill(interrupted.id() as i32, libc::SIGINT) };
+    let status = interrupted.wait().expect("wait");
+    assert_ne!(status.code(), Some(0));
+    wait_for("the interrupted run's container removed", Duration::from_secs(10), || of(&pid) == 0);
+    let mut doomed = start();
+    let pid = doomed.id().to_string();
+    wait_for("the step's container", Duration::from_secs(30), || of(&pid) == 1);
     doomed.kill().expect("kill -9");
     let _ = doomed.wait();
     // Killed with -9 it could not remove its container (which would sleep
@@ -340,5 +374,5 @@ fn a_dead_runs_container_is_removed_by_the_next() {
     // one of another test running at the same time).
     let out = steppe(&["run", "p.yml", "--job", "quick"], &work);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    wait_for("the orphan removed by the next run", Duration::from_secs(20), || mine() == 0);
+    wait_for("the orphan removed by the next run", Duration::from_secs(20), || of(&pid) == 0);
 }

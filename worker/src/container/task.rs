@@ -35,7 +35,9 @@ pub async fn start(a: &Assignment, image: &str, command: &str, dir: &Path, sink:
     super::open_for(c, dir, &a.outputs);
     let config = ContainerCreateBody {
         image: Some(image.to_string()),
-        cmd: Some(vec!["sh".into(), "-c".into(), command.to_string()]),
+        // `sh -c` whatever the image's own entrypoint (`steppe`'s image has one).
+        entrypoint: Some(vec!["sh".into(), "-c".into()]),
+        cmd: Some(vec![command.to_string()]),
         working_dir: Some(WORKDIR.into()),
         env: Some(env_of(&a.env)),
         user: Some(user_of(c)),

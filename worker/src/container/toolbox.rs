@@ -56,7 +56,8 @@ impl Toolbox {
             image: Some(image.to_string()),
             // Kept alive by a shell waiting on a stdin nobody writes to: no
             // binary but `sh` is needed in the image.
-            cmd: Some(vec!["sh".into(), "-c".into(), "read forever".into()]),
+            entrypoint: Some(vec!["sh".into(), "-c".into()]),
+            cmd: Some(vec!["read forever".into()]),
             open_stdin: Some(true),
             working_dir: Some(WORKDIR.into()),
             user: Some(user.clone()),
