@@ -76,6 +76,9 @@ fn tasks_run_in_an_image() {
 /// pipelines here name it.
 fn debian_image() -> &'static str {
     const NAME: &str = "steppe-test/debian:1";
+    if Command::new("docker").args(["image", "inspect", NAME]).output().expect("docker").status.success() {
+        return NAME;
+    }
     let built = Command::new("sh").arg(repo("deploy/build-image.sh")).env("STEPPE_BINARY", env!("CARGO_BIN_EXE_steppe")).env("IMAGE", NAME).output().expect("sh");
     assert!(built.status.success(), "deploy/build-image.sh: {}", String::from_utf8_lossy(&built.stderr));
     NAME
@@ -282,29 +285,31 @@ fn agent_tools_run_in_the_steps_container() {
 
 /// Through a cluster: steps with an image, and agents whose tools run in
 /// one, go only to a worker that reaches a Docker engine (here a pulling
-/// one); a worker started with --no-containers says so when it joins and
-/// gets none of them. With no such worker connected, a run says so.
+/// one); one that reaches none (its DOCKER_HOST leads nowhere) and one
+/// started with --no-containers say so when they join and get none of
+/// them. With no such worker connected, a run says so.
 #[test]
 fn container_steps_go_only_to_workers_that_run_containers() {
     let image = test_image();
     let work = scratch("containers-cluster");
     let (redis, redis_url) = redis_server();
     let (coord, url, log) = serving_logged(&["coordinator", "--listen", "127.0.0.1:0", "--workers", "0", "--state", "state", "--queue", &redis_url, "--store", &redis_url], &work);
-    let worker = |tag: &str, extra: &[&str]| {
-        child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
-            .args(["worker", "--coordinator", &url, "--slots", "2"])
-            .args(extra)
-            .env("WORKER_TAG", tag)
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("spawn worker")
+    let worker = |tag: &str, extra: &[&str], docker_host: &str| {
+        let mut c = child_of_this_test(env!("CARGO_BIN_EXE_steppe"));
+        c.args(["worker", "--coordinator", &url, "--slots", "2"]).args(extra).env("WORKER_TAG", tag).stderr(std::process::Stdio::null());
+        if !docker_host.is_empty() {
+            c.env("DOCKER_HOST", docker_host);
+        }
+        c.spawn().expect("spawn worker")
     };
-    let mut plain = worker("plain", &["--no-containers"]);
-    let mut boxed = worker("boxed", &["--queue", &redis_url]);
+    let mut plain = worker("plain", &[], "unix:///nonexistent/docker.sock");
+    let mut opted_out = worker("plain", &["--no-containers"], "");
+    let mut boxed = worker("boxed", &["--queue", &redis_url], "");
     let joined = || log.lock().map(|l| l.matches(" joined (").count()).unwrap_or(0);
-    wait_for("both workers joined", Duration::from_secs(30), || joined() == 2);
+    wait_for("the workers joined", Duration::from_secs(30), || joined() == 3);
     let said = log.lock().map(|l| l.clone()).unwrap_or_default();
-    assert!(said.contains("runs containers") && said.contains("no Docker engine: steps with an image go to other workers"), "{said}");
+    assert_eq!(said.matches("runs containers").count(), 1, "{said}");
+    assert_eq!(said.matches("no Docker engine: steps with an image go to other workers").count(), 2, "{said}");
     let mut plan = String::from("  - in_parallel:\n");
     for i in 0..6 {
         plan.push_str(&format!("    - task: c5-host-{i}\n      env: [WORKER_TAG]\n      run: sleep 0.3; echo on-$WORKER_TAG\n"));
@@ -336,7 +341,7 @@ fn container_steps_go_only_to_workers_that_run_containers() {
     let lines = std::io::BufRead::lines(std::io::BufReader::new(submit.stdout.take().expect("stdout")));
     let note = lines.map_while(Result::ok).find(|l| l.contains("no connected worker of pool default reaches a Docker engine"));
     assert!(note.is_some_and(|n| n.contains("c5-waits") || n.contains(image)), "the run says why it waits");
-    stop([&mut submit, &mut plain]);
+    stop([&mut submit, &mut plain, &mut opted_out]);
     let mut rest = [redis, coord];
     stop(rest.iter_mut());
     wait_for("no container of these steps left", Duration::from_secs(10), || steppe_containers("c5-").is_empty());

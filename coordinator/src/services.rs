@@ -33,8 +33,6 @@ pub struct Services {
     pub slots: usize,
     /// The object store every worker uses directly, when artifacts live in one.
     pub object_store: Option<String>,
-    /// Whether the local worker loops reach a Docker engine (and why not).
-    pub docker: Result<(), String>,
 }
 
 /// What every Redis key of an installation starts with (`--redis-prefix`).
@@ -101,9 +99,10 @@ pub async fn start_services_with(state: &Path, runs: Arc<dyn steppe_runtime::sto
     }
     let dispatcher = dispatch::Dispatcher::start(pools, Some(out.clone())).await.context("starting the dispatcher")?;
     let registry = registry::WorkerRegistry::start(out.clone()).await.context("starting the worker registry")?;
-    // Local loops that reach a Docker engine also take the steps with an image.
-    let docker = if slots > 0 { steppe_worker::container::engine().await.map(|_| ()) } else { Err("no local worker runs steps".to_string()) };
-    let containers = docker.is_ok();
+    // Local loops take the steps with an image too: a job with one starts
+    // only once this process reached a Docker engine and has its images
+    // (`engine::containers`), so no probe slows a run that has none.
+    let containers = slots > 0;
     let local_queue: Arc<dyn steppe_runtime::queue::Queue> = if containers {
         let boxed = dispatcher.pools.get(&steppe_runtime::queue::container_pool(steppe_runtime::queue::DEFAULT_POOL)).await.context("opening the container queue")?;
         Arc::new(steppe_runtime::queue::Merged::new(boxed, dispatcher.pools.default_pool().clone()))
@@ -127,7 +126,6 @@ pub async fn start_services_with(state: &Path, runs: Arc<dyn steppe_runtime::sto
         local_store,
         slots,
         object_store,
-        docker,
     }))
 }
 
@@ -176,7 +174,7 @@ pub fn make_engine_with(
         submission: None,
         scratch: svc.scratch.clone(),
         scope,
-        docker: if svc.slots > 0 { engine::docker::Docker::Local(svc.docker.clone()) } else { engine::docker::Docker::Remote(svc.registry.clone()) },
+        docker: if svc.slots > 0 { engine::docker::Docker::Local } else { engine::docker::Docker::Remote(svc.registry.clone()) },
     }
 }
 

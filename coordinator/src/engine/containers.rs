@@ -114,12 +114,10 @@ impl super::run::JobRun {
         }
         let listed = || images.iter().map(|(i, p)| format!("{i} ({p})")).collect::<Vec<_>>().join(", ");
         match &self.engine.docker {
-            Docker::Local(Err(e)) => Err(StepError::errored(format!(
-                "steps of this job run in images ({}), but {e}: start the Docker engine, or run the job on a cluster whose workers reach one",
-                listed()
-            ))),
-            Docker::Local(Ok(())) => {
-                let docker = steppe_worker::container::engine().await.map_err(|e| StepError::errored(format!("steps of this job run in images ({}), but {e}", listed())))?;
+            Docker::Local => {
+                let docker = steppe_worker::container::engine().await.map_err(|e| {
+                    StepError::errored(format!("steps of this job run in images ({}), but {e}: start the Docker engine, or run the job on a cluster whose workers reach one", listed()))
+                })?;
                 for (image, path) in &images {
                     let say = |line: &str| self.engine.out.run_note(&self.run_id, line);
                     steppe_worker::container::images::ensure(&docker, image, &say).await.map_err(|e| StepError::errored(format!("{path}: {e}")))?;

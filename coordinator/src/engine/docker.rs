@@ -3,8 +3,9 @@
 
 #[derive(Clone)]
 pub enum Docker {
-    /// On this process's own worker loops: whether they reach an engine.
-    Local(Result<(), String>),
+    /// On this process's own worker loops (which reach the engine this
+    /// process does).
+    Local,
     /// On remote workers only: the registry says which reach one.
     Remote(crate::registry::WorkerRegistry),
 }

@@ -26,9 +26,10 @@ pub const OWNER: &str = "steppe.owner";
 pub const RUN: &str = "steppe.run";
 pub const STEP: &str = "steppe.step";
 
-/// The engine, its API version negotiated (these machines speak 1.41).
+/// The engine (`$DOCKER_HOST`: unix:// or tcp://, else the local socket),
+/// its API version negotiated (these machines speak 1.41).
 pub async fn engine() -> Result<Docker, String> {
-    let d = Docker::connect_with_socket_defaults().map_err(|e| format!("no Docker engine: {e}"))?;
+    let d = Docker::connect_with_defaults().map_err(|e| format!("no Docker engine: {e}"))?;
     let d = d.negotiate_version().await.map_err(|e| format!("the Docker engine does not answer: {e}"))?;
     d.ping().await.map_err(|e| format!("the Docker engine does not answer: {e}"))?;
     Ok(d)

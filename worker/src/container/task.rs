@@ -54,9 +54,9 @@ pub async fn start(a: &Assignment, image: &str, command: &str, dir: &Path, sink:
     let removed = Removed { docker: docker.clone(), id: created.id.clone() };
     // Attached before it starts, as `docker run` does: a logs request made
     // after a quick command exits can miss what the engine had not yet
-    // written to its log.
+    // written to its log (and attaching with the log replayed can repeat a line).
     let attached = docker
-        .attach_container(&created.id, Some(AttachContainerOptionsBuilder::default().stream(true).stdout(true).stderr(true).logs(true).build()))
+        .attach_container(&created.id, Some(AttachContainerOptionsBuilder::default().stream(true).stdout(true).stderr(true).build()))
         .await
         .map_err(|e| StepError::errored(format!("{}: image \"{image}\": attaching to its container: {e}", a.step)))?;
     docker.start_container(&created.id, None).await.map_err(|e| StepError::errored(format!("{}: image \"{image}\": starting its container: {e}", a.step)))?;
