@@ -29,6 +29,7 @@ fn tasks_run_in_an_image() {
              - name: slow\n  plan:\n  - task: t1-nap\n    image: {image}\n    timeout: 1s\n    run: sleep 30\n\
              - name: missing\n  plan:\n  - task: t1-before\n    run: echo ran-before-the-image-check\n  - task: t1-gone\n    image: steppe-no-such-image:0\n    run: echo never\n  on_failure:\n    task: t1-hook\n    run: echo job-hook-ran\n\
              - name: settings\n  plan:\n  - task: t1-cut-off\n    image: {image}\n    user: \"4321:4321\"\n    network: none\n    outputs: [w]\n    run: echo uid $(id -u); ls /sys/class/net; echo written > w/by-4321\n  - task: t1-connected\n    image: {image}\n    run: ls /sys/class/net\n\
+             - name: limited\n  plan:\n  - task: t1-limits\n    image: {image}\n    container_limits: {{cpu: 512, memory: 64m}}\n    run: sleep 3\n\
              - name: guarded\n  plan:\n  - task: t1-guard-in-image\n    image: {image}\n    when: '[ ! -e {here}/p.yml ]'\n    run: echo the guard ran in the image\n  - task: t1-guard-on-host\n    when: '[ ! -e {here}/p.yml ]'\n    run: echo the guard ran in the image\n",
             here = work.display()
         ),
@@ -62,6 +63,22 @@ fn tasks_run_in_an_image() {
     let interfaces = |step: &str| said.lines().filter_map(|l| l.strip_prefix(&format!("[{step}] "))).filter(|l| !l.starts_with("uid")).map(str::to_string).collect::<Vec<_>>();
     assert_eq!(interfaces("t1-cut-off"), ["lo"], "{said}");
     assert!(interfaces("t1-connected").len() > 1, "{said}");
+    // container_limits: reach the engine (read off the running container).
+    // (This engine refuses privileged containers outright, so privileged: is not run here.)
+    let mut limited = child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(["run", "p.yml", "--job", "limited"]).current_dir(&work).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().expect("run");
+    let mut seen = String::new();
+    wait_for("the limited step's container", Duration::from_secs(20), || {
+        let id = Command::new("docker").args(["ps", "-q", "--filter", "label=steppe.step=t1-limits"]).output().expect("docker ps");
+        let id = String::from_utf8_lossy(&id.stdout).lines().next().unwrap_or_default().to_string();
+        if id.is_empty() {
+            return false;
+        }
+        let o = Command::new("docker").args(["inspect", "-f", "{{.HostConfig.CpuShares}} {{.HostConfig.Memory}}", &id]).output().expect("docker inspect");
+        seen = String::from_utf8_lossy(&o.stdout).trim().to_string();
+        !seen.is_empty()
+    });
+    assert_eq!(seen, format!("512 {}", 64 << 20));
+    assert_eq!(limited.wait().expect("wait").code(), Some(0));
     // A guard runs where its step does: in the image (no Debian there), and on this Debian host.
     let out = steppe(&["run", "p.yml", "--job", "guarded"], &work);
     let said = text(&out);
