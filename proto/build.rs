@@ -2,6 +2,7 @@
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
+        "steppe/v1/trace.proto",
         "steppe/v1/json.proto",
         "steppe/v1/artifacts.proto",
         "steppe/v1/agent.proto",

@@ -58,6 +58,9 @@ impl History for HistoryService {
                     let pipeline = nonempty(&q.pipeline);
                     Reply::Approvals(v1::ApprovalList { approvals: store.pending_approvals(who.team_filter(), pipeline.as_deref())?.into_iter().map(approval_to_wire).collect() })
                 }
+                What::Spans(id) => Reply::Spans(v1::SpanList {
+                    spans: if visible(&id)? { store.spans(&id)?.iter().map(steppe_runtime::wire::trace::span_to_wire).collect() } else { Vec::new() },
+                }),
                 What::Pipelines(_) => Reply::Pipelines(v1::PipelineList { pipelines: store.pipelines(who.team_filter())?.into_iter().map(pipeline_to_wire).collect() }),
             })
         })
@@ -186,6 +189,15 @@ impl Store for RemoteStore {
         match self.ask(What::Steps(run_id.to_string()))? {
             Reply::Steps(l) => Ok(l.steps.into_iter().map(step_from_wire).collect()),
             other => Err(self.unexpected("steps", &other)),
+        }
+    }
+    fn add_spans(&self, _: &str, _: &[steppe_runtime::trace::SpanRecord]) -> Result<(), StoreError> {
+        Err(self.read_only())
+    }
+    fn spans(&self, run_id: &str) -> Result<Vec<steppe_runtime::trace::SpanRecord>, StoreError> {
+        match self.ask(What::Spans(run_id.to_string()))? {
+            Reply::Spans(l) => Ok(l.spans.into_iter().map(steppe_runtime::wire::trace::span_from_wire).collect()),
+            other => Err(self.unexpected("spans", &other)),
         }
     }
     fn logs(&self, run_id: &str) -> Result<Vec<LogLine>, StoreError> {

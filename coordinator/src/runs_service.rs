@@ -29,6 +29,9 @@ pub struct RunService {
     /// reach this coordinator on (an unspecified one is taken by each
     /// worker as the host it dialled).
     pub model_host: std::net::IpAddr,
+    /// The submitter's span (W3C `traceparent` of its request), for the
+    /// runs of the submission being handled.
+    pub trace_parent: Option<String>,
 }
 
 type Lines = mpsc::UnboundedSender<String>;
@@ -137,6 +140,7 @@ impl RunService {
         let (cancel_tx, cancel_rx) = tokio::sync::watch::channel(false);
         let mut engine = crate::services::make_engine_with(&self.svc, &loaded, scope, answers, scripted, Arc::new(cancel_tx), cancel_rx);
         engine.decide_with = "--coordinator URL".into();
+        engine.trace_parent = self.trace_parent.clone();
         engine.submission = Some(Arc::new(crate::engine::Submission::new(root.to_path_buf(), sub_dir, self.svc.store.clone())));
         if !req.pool.is_empty() {
             if let Err(e) = steppe_runtime::queue::check_pool_name(&req.pool) {
@@ -275,6 +279,8 @@ impl Runs for RunService {
 
     async fn submit(&self, req: Request<SubmitRequest>) -> Result<Response<Self::SubmitStream>, Status> {
         let who = submitter(Identity::of(&req))?;
+        // Its runs join the submitter's trace (a malformed one is ignored).
+        let trace_parent = req.metadata().get("traceparent").and_then(|v| v.to_str().ok()).filter(|t| steppe_runtime::trace::parse_traceparent(t).is_some()).map(str::to_string);
         let req = req.into_inner();
         let (tx, rx) = mpsc::channel(1024);
         let (ltx, mut lrx) = mpsc::unbounded_channel::<String>();
@@ -303,7 +309,7 @@ impl Runs for RunService {
                 }
             }
         });
-        let me = RunService { svc: self.svc.clone(), active: self.active.clone(), callers: self.callers.clone(), model_host: self.model_host };
+        let me = RunService { svc: self.svc.clone(), active: self.active.clone(), callers: self.callers.clone(), model_host: self.model_host, trace_parent };
         tokio::spawn(async move {
             use futures::FutureExt;
             let root = me.svc.state.join("submissions").join(crate::run_actor::run_id());

@@ -175,6 +175,7 @@ pub fn make_engine_with(
         scratch: svc.scratch.clone(),
         scope,
         docker: if svc.slots > 0 { engine::docker::Docker::Local } else { engine::docker::Docker::Remote(svc.registry.clone()) },
+        trace_parent: None,
     }
 }
 

@@ -111,6 +111,11 @@ pub fn serving_logged(args: &[&str], dir: &Path) -> (std::process::Child, String
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("spawn steppe");
+    serving_child_logged(child)
+}
+
+/// As [`serving_logged`], for a child the caller started (stdout and stderr piped).
+pub fn serving_child_logged(child: std::process::Child) -> (std::process::Child, String, Log) {
     let (mut child, url, lines) = serving_child(child);
     let log = Log::default();
     let stderr = child.stderr.take().expect("stderr");

@@ -57,8 +57,43 @@ pub async fn execute_isolated(a: &Assignment, store: Arc<dyn ArtifactStore>, wor
     }
 }
 
-/// Runs `a`; `cancel` turning true kills the command (aborted).
+/// Runs `a` in spans of the run's trace (its queue wait, its execution)
+/// under the attempt that dispatched it; its result carries this process's
+/// spans of the run.
 pub async fn execute(
+    a: &Assignment,
+    store: Arc<dyn ArtifactStore>,
+    work_root: &Path,
+    sink: Arc<dyn LineSink>,
+    ledger: Option<Arc<dyn Ledger>>,
+    cancel: watch::Receiver<bool>,
+) -> AssignmentResult {
+    use crate::telemetry;
+    use opentelemetry::KeyValue;
+    let parent = telemetry::remote(&a.trace_parent);
+    let pool = KeyValue::new("pool", if a.pool.is_empty() { steppe_runtime::queue::DEFAULT_POOL.to_string() } else { a.pool.clone() });
+    let worker = KeyValue::new("worker", telemetry::process());
+    if a.enqueued_unix_ns > 0 {
+        let waited = telemetry::start(&parent, &a.run_id, "queue wait", vec![pool.clone(), worker.clone()], Some(telemetry::at_unix_ns(a.enqueued_unix_ns)));
+        telemetry::end(&waited, None);
+    }
+    let cx = telemetry::start(&parent, &a.run_id, format!("execute {}", a.step), vec![KeyValue::new("step", a.step.clone()), pool, worker, KeyValue::new("attempt", i64::from(a.attempt))], None);
+    let mut r = opentelemetry::context::FutureExt::with_context(execute_untraced(a, store, work_root, sink, ledger, cancel), cx.clone()).await;
+    let mut attrs = Vec::new();
+    if let Some(code) = r.exit_code {
+        attrs.push(KeyValue::new("exit_code", i64::from(code)));
+    }
+    if let Some(o) = &r.agent {
+        attrs.push(KeyValue::new("tokens", i64::try_from(o.tokens).unwrap_or(i64::MAX)));
+    }
+    attrs.push(KeyValue::new("outcome", steppe_runtime::outcome::Outcome::of(&r.result).word().to_string()));
+    telemetry::set(&cx, attrs);
+    telemetry::end(&cx, r.result.as_ref().err().map(|e| e.message.as_str()));
+    r.spans = telemetry::take(&a.run_id);
+    r
+}
+
+async fn execute_untraced(
     a: &Assignment,
     store: Arc<dyn ArtifactStore>,
     work_root: &Path,

@@ -20,5 +20,6 @@ pub mod provider;
 pub mod remote;
 pub mod sandbox;
 pub mod sink;
+pub mod telemetry;
 pub mod tools;
 pub mod transfer;

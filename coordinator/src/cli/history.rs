@@ -62,6 +62,11 @@ pub struct RunsArgs {
     /// Show the run's events (steps started and ended, notes) in order.
     #[arg(long)]
     events: bool,
+    /// Show the run's trace as a waterfall: every span (the run, its job,
+    /// steps, attempts, queue waits, executions on workers, agent turns,
+    /// model and tool calls) under its parent, on one time line.
+    #[arg(long)]
+    trace: bool,
     /// The pipeline whose runs to show (default: the file's own, named
     /// after it; with --coordinator, every pipeline your token sees).
     #[arg(long = "pipeline", value_name = "NAME")]
@@ -72,9 +77,11 @@ pub struct RunsArgs {
 
 impl RunsArgs {
     pub fn run(self) -> Result<ExitCode> {
-        let RunsArgs { pipeline, job, limit, steps, run, logs, full, step, cost, transcript, events, name, remote } = self;
+        let RunsArgs { pipeline, job, limit, steps, run, logs, full, step, cost, transcript, events, trace, name, remote } = self;
         let h = History::open(pipeline.as_deref(), name.as_deref(), &remote)?;
-        if events {
+        if trace {
+            runs_trace(&h, job.as_deref(), run.as_deref())
+        } else if events {
             runs_events(&h, job.as_deref(), run.as_deref())
         } else if cost {
             runs_cost(&h, job.as_deref(), limit, run.as_deref())
@@ -429,6 +436,22 @@ fn runs_events(h: &History, job: Option<&str>, run: Option<&str>) -> Result<Exit
     };
     for (kind, step, message) in store.events(&id)? {
         say!("{kind:<8} {:<30} {}", shown(&step), shown(&message));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn runs_trace(h: &History, job: Option<&str>, run: Option<&str>) -> Result<ExitCode> {
+    let Some(store) = &h.store else {
+        say!("no runs recorded for {}", h.label);
+        return Ok(ExitCode::SUCCESS);
+    };
+    let record = match run {
+        Some(id) => store.run(id)?.with_context(|| format!("no run {id} in the history of {}", h.label))?,
+        None => h.runs(store.as_ref(), job, 1)?.into_iter().next().with_context(|| format!("no runs recorded for {}", h.label))?,
+    };
+    say!("run {} of job {} ({})", record.id, shown(&record.job), record.outcome.as_deref().unwrap_or("running"));
+    for line in super::trace::waterfall(&store.spans(&record.id)?, 40) {
+        say!("{line}");
     }
     Ok(ExitCode::SUCCESS)
 }

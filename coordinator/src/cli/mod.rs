@@ -17,6 +17,7 @@ pub mod scripted_model;
 pub mod submit;
 pub mod test;
 pub mod token;
+pub mod trace;
 pub mod validate;
 
 #[derive(Subcommand, Debug)]
@@ -97,10 +98,35 @@ fn scratch() -> Result<steppe_runtime::scratch::Scratch> {
     steppe_runtime::scratch::Scratch::create("work").context("creating a scratch directory under the system's temp dir")
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime> {
+/// The command's async runtime, with this process's tracing started on it
+/// (its spans exported when it is dropped, while the runtime still runs).
+struct Runtime(Option<tokio::runtime::Runtime>);
+
+impl std::ops::Deref for Runtime {
+    type Target = tokio::runtime::Runtime;
+    fn deref(&self) -> &tokio::runtime::Runtime {
+        self.0.as_ref().expect("the runtime lives until dropped")
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        steppe_worker::telemetry::shutdown();
+        drop(self.0.take());
+    }
+}
+
+fn runtime() -> Result<Runtime> {
     // The plan walker recurses once per nested block (at most yaml::MAX_DEPTH
     // deep): room for that on every worker thread, not tokio's default 2 MiB.
-    tokio::runtime::Builder::new_multi_thread().enable_all().thread_stack_size(32 << 20).build().context("starting the async runtime")
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().thread_stack_size(32 << 20).build().context("starting the async runtime")?;
+    {
+        let _inside = rt.enter();
+        // The subcommand names the process's role in its spans.
+        let role = std::env::args().nth(1).unwrap_or_else(|| "steppe".into());
+        steppe_worker::telemetry::init(&role);
+    }
+    Ok(Runtime(Some(rt)))
 }
 
 fn cores() -> usize {

@@ -218,6 +218,12 @@ pub async fn submit(remote: &Remote, path: &Path, o: SubmitOptions) -> anyhow::R
     // hooks run with their grace); a second one leaves at once. Caught from
     // before the submission goes, so none falls to the default handler.
     let mut ctrl_c = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    // The submission's span: the runs it starts go under it, one trace.
+    let span = steppe_worker::telemetry::start(&opentelemetry::Context::current(), "", format!("submit {}", path.display()), vec![opentelemetry::KeyValue::new("coordinator", remote.url.clone())], None);
+    let mut req = tonic::Request::new(req);
+    if let Ok(tp) = steppe_worker::telemetry::parent_of(&span).parse() {
+        req.metadata_mut().insert("traceparent", tp);
+    }
     let mut stream = client.submit(req).await.map_err(|s| anyhow::anyhow!("the coordinator refused the submission: {}{}", s.message(), remote.hint(&s)))?.into_inner();
     let mut started: Vec<String> = Vec::new();
     let mut requests: Vec<String> = Vec::new();

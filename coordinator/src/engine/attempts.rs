@@ -19,7 +19,9 @@ impl JobRun {
         let mut last = None;
         for n in 1..=attempts {
             a.attempt = n;
-            let r = self.dispatch(a.clone()).await;
+            let cx = self.span(format!("attempt {n}"), vec![opentelemetry::KeyValue::new("attempt", i64::from(n))]);
+            let r = opentelemetry::context::FutureExt::with_context(self.dispatch(a.clone()), cx.clone()).await;
+            super::spans::end_with(&cx, &r.result, false);
             let timed_out = matches!(&r.result, Err(e) if e.timed_out);
             let aborted = matches!(&r.result, Err(e) if e.class == Class::Aborted);
             let ok = r.result.is_ok();

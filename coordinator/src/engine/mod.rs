@@ -16,6 +16,7 @@ mod run;
 mod record;
 mod resources;
 mod step;
+mod spans;
 mod submission;
 mod task;
 mod temp;

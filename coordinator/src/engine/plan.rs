@@ -22,7 +22,8 @@ impl JobRun {
                 self.engine.out.run_note(&self.run_id, &format!("steppe: recording the run: {e}"));
             }
         }
-        let r = self.run_inner().await;
+        let spans = self.run_spans();
+        let r = opentelemetry::context::FutureExt::with_context(self.run_inner(), spans.1.clone()).await;
         let usage = self.usage.lock().map(|u| u.clone()).unwrap_or_default();
         if !usage.is_empty() {
             let total: u64 = usage.iter().map(|(_, t)| t).sum();
@@ -38,6 +39,7 @@ impl JobRun {
                 self.engine.out.run_note(&self.run_id, &format!("  {step}: {} {} — {}", d.tool, d.path, d.reason));
             }
         }
+        self.end_run_spans(spans, Outcome::of(&r.result).word(), &r.result);
         self.engine.out.flush().await;
         if let (Some(s), true) = (self.engine.out.store(), r.build_ok) {
             for (res, v) in self.fetched.lock().map(|f| f.clone()).unwrap_or_default() {

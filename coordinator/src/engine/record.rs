@@ -65,8 +65,12 @@ impl JobRun {
         // Steps with an image go to the pool's container queue, which only
         // workers that reach a Docker engine take from.
         a.pool = if a.uses_containers() { steppe_runtime::queue::container_pool(&self.engine.pool) } else { self.engine.pool.clone() };
+        // The worker's spans join the run's trace under the current span (the attempt's).
+        a.trace_parent = steppe_worker::telemetry::parent_of(&opentelemetry::Context::current());
+        a.enqueued_unix_ns = steppe_worker::telemetry::now_ns();
         let step = a.step.clone();
-        let r = self.engine.dispatcher.dispatch(a).await;
+        let mut r = self.engine.dispatcher.dispatch(a).await;
+        self.engine.out.record_spans(&self.run_id, std::mem::take(&mut r.spans));
         self.engine.out.record_output(&self.run_id, &step, &r.output);
         r
     }

@@ -96,7 +96,9 @@ impl JobRun {
             // Embedded: in the pipeline's own directory, in this process.
             None => {
                 let sink: Arc<dyn steppe_worker::sink::LineSink> = self.engine.out.clone();
-                steppe_worker::exec::execute(&a, self.engine.store.clone(), &self.engine.dir, sink, None, self.engine.cancel.clone()).await
+                let mut r = steppe_worker::exec::execute(&a, self.engine.store.clone(), &self.engine.dir, sink, None, self.engine.cancel.clone()).await;
+                self.engine.out.record_spans(&self.run_id, std::mem::take(&mut r.spans));
+                r
             }
         };
         if let Err(e) = res.result {

@@ -61,6 +61,9 @@ pub struct Engine {
     pub scope: steppe_runtime::store::Scope,
     /// Where its steps with an image run.
     pub docker: super::docker::Docker,
+    /// The submitter's span (W3C traceparent from its request): its runs'
+    /// spans go under it.
+    pub trace_parent: Option<String>,
 }
 
 impl Engine {

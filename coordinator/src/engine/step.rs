@@ -10,8 +10,25 @@ use super::run::*;
 use super::across::{render_cell, Cell};
 
 impl JobRun {
-    /// Runs one step with its `when:` guard, attempts, hooks and `try:` tolerance.
+    /// Runs one step with its `when:` guard, attempts, hooks and `try:`
+    /// tolerance, in a span of its own.
     pub fn step<'a>(self: &'a Arc<Self>, s: &'a Step, cell: Cell, in_hook: bool) -> BoxFut<'a, Done> {
+        let kind = s.kind().map(|k| k.key()).unwrap_or("step");
+        // Blocks are named by their kind (a try's name is its step's).
+        let name = match s.kind() {
+            Some(StepKind::Do | StepKind::Try | StepKind::InParallel | StepKind::Race) | None => kind.to_string(),
+            Some(_) => s.name().unwrap_or(kind).to_string(),
+        };
+        let label = if cell.is_empty() { name } else { super::across::cell_label(&name, &cell) };
+        let cx = self.span(format!("step {label}"), vec![opentelemetry::KeyValue::new("step", label.clone()), opentelemetry::KeyValue::new("kind", kind), opentelemetry::KeyValue::new("hook", in_hook)]);
+        Box::pin(async move {
+            let d = opentelemetry::context::FutureExt::with_context(self.step_in_span(s, cell, in_hook), cx.clone()).await;
+            super::spans::end_with(&cx, &d.result, d.skipped);
+            d
+        })
+    }
+
+    fn step_in_span<'a>(self: &'a Arc<Self>, s: &'a Step, cell: Cell, in_hook: bool) -> BoxFut<'a, Done> {
         Box::pin(async move {
             let Some(kind) = s.kind() else {
                 return Done::err(StepError::errored("step has no kind"), Vec::new());

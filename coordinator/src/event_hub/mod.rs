@@ -52,6 +52,8 @@ pub enum Event {
     /// A step's output record, for the store.
     Output { run_id: String, lines: Vec<LogLine> },
     Step(StepRecord),
+    /// Spans of a run (the coordinator's, or a worker's from its result), for the store.
+    Spans { run_id: String, spans: Vec<steppe_runtime::trace::SpanRecord> },
     /// Reply once everything before it is shown and in the store.
     Flush(RpcReplyPort<()>),
     /// Also send a run's lines here (a `steppe submit` following it).
@@ -153,6 +155,13 @@ impl Actor for HubActor {
                     st.batch.extend(lines.into_iter().map(|l| (run_id.clone(), l)));
                     if st.batch.len() >= 500 {
                         st.flush_logs();
+                    }
+                }
+            }
+            Event::Spans { run_id, spans } => {
+                if let Some(s) = &st.store {
+                    if let Err(e) = s.add_spans(&run_id, &spans) {
+                        store_failed(&e);
                     }
                 }
             }
@@ -277,6 +286,21 @@ impl EventHub {
             l
         });
         let _ = self.actor.cast(Event::Output { run_id: run_id.to_string(), lines: lines.collect() });
+    }
+
+    /// Keeps spans of a run (credentials in their words masked).
+    pub fn record_spans(&self, run_id: &str, mut spans: Vec<steppe_runtime::trace::SpanRecord>) {
+        if self.store.is_none() || spans.is_empty() {
+            return;
+        }
+        for s in &mut spans {
+            s.name = masked(std::mem::take(&mut s.name));
+            s.error = s.error.take().map(masked);
+            for (_, v) in &mut s.attributes {
+                *v = masked(std::mem::take(v));
+            }
+        }
+        let _ = self.actor.cast(Event::Spans { run_id: run_id.to_string(), spans });
     }
 
     pub fn record_step(&self, mut rec: StepRecord) {

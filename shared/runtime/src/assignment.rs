@@ -80,6 +80,11 @@ pub struct Assignment {
     pub by_reference: bool,
     /// How its container runs (with `image`).
     pub container: ContainerSettings,
+    /// W3C traceparent of the span that dispatched it (its attempt);
+    /// empty: not traced.
+    pub trace_parent: String,
+    /// When it was handed to the queue (Unix ns; 0: unknown).
+    pub enqueued_unix_ns: u64,
 }
 
 pub use crate::agent_work::ContainerSettings;
@@ -115,6 +120,8 @@ impl Assignment {
             fix: None,
             by_reference: false,
             container: ContainerSettings::default(),
+            trace_parent: String::new(),
+            enqueued_unix_ns: 0,
         }
     }
 
@@ -169,6 +176,8 @@ pub struct AssignmentResult {
     pub agent: Option<AgentOutcome>,
     /// What the step wrote, as the store keeps it.
     pub output: OutputRecord,
+    /// The worker's spans of it (for the run's store).
+    pub spans: Vec<crate::trace::SpanRecord>,
 }
 
 impl AssignmentResult {
@@ -189,6 +198,7 @@ impl AssignmentResult {
             result,
             agent: None,
             output: OutputRecord::default(),
+            spans: Vec::new(),
         }
     }
 }

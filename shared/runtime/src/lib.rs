@@ -18,4 +18,5 @@ pub mod queue;
 pub mod scratch;
 pub mod secrets;
 pub mod store;
+pub mod trace;
 pub mod wire;

@@ -179,6 +179,7 @@ impl Conversation<'_> {
             body["reasoning_effort"] = json!(r.to_lowercase());
         }
         self.job_budget_left().await?;
+        let call_cx = crate::telemetry::start(&opentelemetry::Context::current(), &self.run_id, format!("model call {}", self.model), vec![opentelemetry::KeyValue::new("model", self.model.clone())], None);
         let resp = loop {
             match chat(&self.base_url, self.key.as_deref(), &body, self.work.attempts).await {
                 Ok(r) => break r,
@@ -208,6 +209,8 @@ impl Conversation<'_> {
             .or_else(|| usage.map(|u| u.get("prompt_tokens").and_then(Value::as_u64).unwrap_or(0) + u.get("completion_tokens").and_then(Value::as_u64).unwrap_or(0)))
             .unwrap_or(0);
         self.out.tokens += tokens;
+        crate::telemetry::set(&call_cx, vec![opentelemetry::KeyValue::new("model", self.model.clone()), opentelemetry::KeyValue::new("tokens", i64::try_from(tokens).unwrap_or(i64::MAX))]);
+        crate::telemetry::end(&call_cx, None);
         let job_total = self.charge(tokens).await?;
         if let Some(cap) = self.work.budget_tokens {
             if self.out.tokens > cap {
@@ -427,7 +430,9 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
         }
         turn += 1;
         conv.out.turns = turn;
-        let msg = conv.request(true, forced.as_deref()).await?;
+        // The turn's span ends with this iteration (its context dropped).
+        let turn_cx = crate::telemetry::start(&opentelemetry::Context::current(), &conv.run_id, format!("agent turn {turn}"), vec![opentelemetry::KeyValue::new("agent", conv.work.agent.clone())], None);
+        let msg = opentelemetry::context::FutureExt::with_context(conv.request(true, forced.as_deref()), turn_cx.clone()).await?;
         let text = msg.get("content").and_then(Value::as_str).unwrap_or_default().to_string();
         let calls: Vec<Value> = msg.get("tool_calls").and_then(Value::as_array).cloned().unwrap_or_default();
         let mut assistant = json!({"role": "assistant"});
@@ -504,6 +509,7 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
         ignored_forces = 0;
         let mut turn_sigs: Vec<(String, String)> = Vec::new();
         for (id, name, args) in parsed {
+            let tool_cx = crate::telemetry::start(&turn_cx, &conv.run_id, format!("tool {name}"), vec![opentelemetry::KeyValue::new("tool", name.clone())], None);
             conv.say(&format!("→ {name} {args}"));
             conv.record("call", &name, &args.to_string());
             let result = if name == "verdict" && !work.verdicts.is_empty() {
@@ -624,6 +630,7 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
                 }
             };
             let ok = ok_result(&result);
+            crate::telemetry::end(&tool_cx, (!ok).then(|| result.get("error").and_then(Value::as_str).unwrap_or("the call failed")));
             if ok {
                 if let Some(done) = required.get_mut(&name) {
                     *done = true;

@@ -159,6 +159,10 @@ pub trait Store: Send + Sync {
     fn run(&self, id: &str) -> Result<Option<RunRecord>, StoreError>;
     fn steps(&self, run_id: &str) -> Result<Vec<StepRecord>, StoreError>;
     fn logs(&self, run_id: &str) -> Result<Vec<LogLine>, StoreError>;
+    /// Adds finished spans of a run, whichever process made them.
+    fn add_spans(&self, run_id: &str, spans: &[crate::trace::SpanRecord]) -> Result<(), StoreError>;
+    /// A run's spans, in the order they were added.
+    fn spans(&self, run_id: &str) -> Result<Vec<crate::trace::SpanRecord>, StoreError>;
     /// Appends a run event (a step started or ended, a note), stamped now.
     fn record_event(&self, run_id: &str, kind: &str, step: &str, message: &str) -> Result<(), StoreError>;
     /// A run's events in order: (kind, step, message).
@@ -241,6 +245,23 @@ pub(crate) mod tests {
         let omitted = Some(Omitted { full: "f".repeat(64), head: 1, lines: 10, bytes: 100, tail: 0 });
         s.append_logs("r1", &[LogLine::new("compile", false, "ok"), LogLine::new("compile", true, "warn"), LogLine { omitted: omitted.clone(), ..LogLine::new("compile", false, "…") }]).unwrap();
         s.finish_run(&RunRecord { finished_ms: Some(30), outcome: Some("succeeded".into()), ..run("r1", &ci, "build", 10) }).unwrap();
+        // Spans of a run, from any process, in the order they came.
+        let span = |id: &str, parent: &str| crate::trace::SpanRecord {
+            trace_id: "4bf92f3577b34da6a3ce929d0e0e4736".into(),
+            span_id: id.into(),
+            parent_id: parent.into(),
+            name: format!("span {id}"),
+            start_ns: 1,
+            end_ns: 2,
+            attributes: vec![("steppe.run".into(), "r1".into()), ("worker".into(), "w<1>".into())],
+            error: (id == "b").then(|| "exit 3".to_string()),
+            process: "worker w1".into(),
+        };
+        s.add_spans("r1", &[span("a", ""), span("b", "a")]).unwrap();
+        s.add_spans("r1", &[span("c", "a")]).unwrap();
+        s.add_spans("r1", &[]).unwrap();
+        assert_eq!(s.spans("r1").unwrap(), [span("a", ""), span("b", "a"), span("c", "a")]);
+        assert!(s.spans("r2").unwrap().is_empty());
         let runs = s.runs(&all(10)).unwrap();
         assert_eq!(runs.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["r2", "r1"], "newest first");
         assert_eq!(s.runs(&all(1)).unwrap().len(), 1);

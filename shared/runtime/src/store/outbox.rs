@@ -17,6 +17,7 @@ enum Write {
     FinishRun(RunRecord),
     Step(StepRecord),
     Logs(String, Vec<LogLine>),
+    Spans(String, Vec<crate::trace::SpanRecord>),
     Event(String, String, String, String),
     Versions(Scope, String, Vec<serde_json::Value>),
     Green(Scope, String, String, serde_json::Value),
@@ -27,6 +28,7 @@ impl Write {
     fn weight(&self) -> usize {
         64 + match self {
             Write::Logs(_, lines) => lines.iter().map(|l| l.line.len() + l.step.len() + 32).sum(),
+            Write::Spans(_, spans) => spans.iter().map(|s| 128 + s.name.len() + s.attributes.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()).sum(),
             Write::Step(s) => s.message.len() + s.detail.as_ref().map_or(0, String::len),
             Write::FinishRun(r) => r.message.len(),
             Write::Event(_, _, _, m) => m.len(),
@@ -53,6 +55,7 @@ impl<S: Store> Outbox<S> {
             Write::FinishRun(r) => self.inner.finish_run(r),
             Write::Step(s) => self.inner.record_step(s),
             Write::Logs(r, l) => self.inner.append_logs(r, l),
+            Write::Spans(r, s) => self.inner.add_spans(r, s),
             Write::Event(r, k, s, m) => self.inner.record_event(r, k, s, m),
             Write::Versions(sc, r, v) => self.inner.record_versions(sc, r, v),
             Write::Green(sc, j, r, v) => self.inner.record_green(sc, j, r, v),
@@ -121,6 +124,9 @@ impl<S: Store> Store for Outbox<S> {
     fn append_logs(&self, run_id: &str, lines: &[LogLine]) -> Result<(), StoreError> {
         self.write(Write::Logs(run_id.into(), lines.to_vec()))
     }
+    fn add_spans(&self, run_id: &str, spans: &[crate::trace::SpanRecord]) -> Result<(), StoreError> {
+        self.write(Write::Spans(run_id.into(), spans.to_vec()))
+    }
     fn record_event(&self, run_id: &str, kind: &str, step: &str, message: &str) -> Result<(), StoreError> {
         self.write(Write::Event(run_id.into(), kind.into(), step.into(), message.into()))
     }
@@ -149,6 +155,10 @@ impl<S: Store> Store for Outbox<S> {
     fn logs(&self, run_id: &str) -> Result<Vec<LogLine>, StoreError> {
         self.settle();
         self.inner.logs(run_id)
+    }
+    fn spans(&self, run_id: &str) -> Result<Vec<crate::trace::SpanRecord>, StoreError> {
+        self.settle();
+        self.inner.spans(run_id)
     }
     fn events(&self, run_id: &str) -> Result<Vec<(String, String, String)>, StoreError> {
         self.settle();
@@ -224,6 +234,8 @@ mod tests {
         fn run(&self, _: &str) -> Result<Option<RunRecord>, StoreError> { Ok(None) }
         fn steps(&self, _: &str) -> Result<Vec<StepRecord>, StoreError> { Ok(vec![]) }
         fn logs(&self, _: &str) -> Result<Vec<LogLine>, StoreError> { Ok(vec![]) }
+        fn add_spans(&self, _: &str, _: &[crate::trace::SpanRecord]) -> Result<(), StoreError> { self.up() }
+        fn spans(&self, _: &str) -> Result<Vec<crate::trace::SpanRecord>, StoreError> { Ok(vec![]) }
         fn record_event(&self, _: &str, kind: &str, _: &str, _: &str) -> Result<(), StoreError> {
             self.up()?;
             self.events.lock().unwrap().push(kind.to_string());

@@ -230,6 +230,21 @@ impl Store for RedisStore {
         Ok(steps)
     }
 
+    fn add_spans(&self, run_id: &str, spans: &[crate::trace::SpanRecord]) -> Result<(), StoreError> {
+        if spans.is_empty() {
+            return Ok(());
+        }
+        let key = self.k(&["spans", run_id]);
+        let encoded: Vec<String> = spans.iter().map(Self::encode).collect();
+        self.with(|c| c.rpush(&key, &encoded))
+    }
+
+    fn spans(&self, run_id: &str) -> Result<Vec<crate::trace::SpanRecord>, StoreError> {
+        let key = self.k(&["spans", run_id]);
+        let raw: Vec<String> = self.with(|c| c.lrange(&key, 0, -1))?;
+        raw.iter().map(|r| self.decode(r)).collect()
+    }
+
     fn logs(&self, run_id: &str) -> Result<Vec<LogLine>, StoreError> {
         let key = self.k(&["logs", run_id]);
         let raw: Vec<String> = self.with(|c| c.lrange(&key, 0, -1))?;

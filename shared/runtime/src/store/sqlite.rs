@@ -28,6 +28,9 @@ CREATE TABLE IF NOT EXISTS logs (
   run_id TEXT NOT NULL, seq INTEGER PRIMARY KEY AUTOINCREMENT, step TEXT NOT NULL,
   stderr INTEGER NOT NULL, line TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS logs_run ON logs (run_id, seq);
+CREATE TABLE IF NOT EXISTS spans (
+  run_id TEXT NOT NULL, seq INTEGER PRIMARY KEY AUTOINCREMENT, span TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS spans_run ON spans (run_id, seq);
 CREATE INDEX IF NOT EXISTS runs_job ON runs (job, started_ms);
 CREATE TABLE IF NOT EXISTS events (
   run_id TEXT NOT NULL, seq INTEGER PRIMARY KEY AUTOINCREMENT, at_ms INTEGER NOT NULL,
@@ -383,6 +386,28 @@ impl Store for SqliteStore {
             let rows = st.query_map(params![scope.team, scope.pipeline, job, resource], |r| r.get::<_, String>(0))?;
             rows.map(|r| r.map(|t| serde_json::from_str(&t).unwrap_or(serde_json::Value::Null))).collect()
         })
+    }
+
+    fn add_spans(&self, run_id: &str, spans: &[crate::trace::SpanRecord]) -> Result<(), StoreError> {
+        self.with(|c| {
+            let tx = c.transaction()?;
+            {
+                let mut st = tx.prepare_cached("INSERT INTO spans (run_id, span) VALUES (?1, ?2)")?;
+                for s in spans {
+                    st.execute(params![run_id, serde_json::to_string(s).unwrap_or_default()])?;
+                }
+            }
+            tx.commit()
+        })
+    }
+
+    fn spans(&self, run_id: &str) -> Result<Vec<crate::trace::SpanRecord>, StoreError> {
+        let raw: Vec<String> = self.with(|c| {
+            let mut st = c.prepare("SELECT span FROM spans WHERE run_id = ?1 ORDER BY seq")?;
+            let rows = st.query_map(params![run_id], |r| r.get(0))?;
+            rows.collect()
+        })?;
+        Ok(raw.iter().filter_map(|r| serde_json::from_str(r).ok()).collect())
     }
 
     fn logs(&self, run_id: &str) -> Result<Vec<LogLine>, StoreError> {

@@ -30,7 +30,7 @@ fn named_from_wire(v: Vec<v1::NamedArtifact>) -> Result<Vec<(String, ArtifactRef
 }
 
 pub fn assignment_to_wire(a: &Assignment) -> v1::Assignment {
-    let Assignment { id, run_id, step, attempt, pool, epoch, command, template, env, cwd, inputs, outputs, timeout, judge, image, stream, agent, fix, by_reference, container } = a;
+    let Assignment { id, run_id, step, attempt, pool, epoch, command, template, env, cwd, inputs, outputs, timeout, judge, image, stream, agent, fix, by_reference, container, trace_parent, enqueued_unix_ns } = a;
     v1::Assignment {
         id: id.clone(),
         run_id: run_id.clone(),
@@ -57,6 +57,8 @@ pub fn assignment_to_wire(a: &Assignment) -> v1::Assignment {
         template: template.as_ref().map(json_to_wire),
         by_reference: *by_reference,
         container: Some(container_to_wire(container)),
+        trace_parent: trace_parent.clone(),
+        enqueued_unix_ns: *enqueued_unix_ns,
     }
 }
 
@@ -71,6 +73,8 @@ pub fn assignment_from_wire(a: v1::Assignment) -> Result<Assignment, WireError> 
         pool: a.pool,
         by_reference: a.by_reference,
         container: a.container.map(container_from_wire).unwrap_or_default(),
+        trace_parent: a.trace_parent,
+        enqueued_unix_ns: a.enqueued_unix_ns,
         command: a.command,
         env: a.env,
         cwd: match a.cwd.ok_or(WireError::Missing("Assignment.cwd"))? {
@@ -123,6 +127,7 @@ pub fn result_to_wire(r: &AssignmentResult) -> v1::AssignmentResult {
         payload: None,
         output: Some(record_to_wire(&r.output)),
         timed_out,
+        spans: r.spans.iter().map(super::trace::span_to_wire).collect(),
     }
 }
 
@@ -146,6 +151,7 @@ pub fn result_from_wire(r: v1::AssignmentResult) -> Result<AssignmentResult, Wir
         agent: r.agent.map(|o| outcome_from_wire(*o)).transpose()?,
         // None from a result made without running anything.
         output: r.output.map(record_from_wire).unwrap_or_default(),
+        spans: r.spans.into_iter().map(super::trace::span_from_wire).collect(),
     })
 }
 
@@ -205,6 +211,8 @@ mod tests {
             fix: Some(Box::new(crate::wire::agent::tests::full_work(0))),
             by_reference: true,
             container: ContainerSettings { user: Some("1000:1000".into()), network: Some("none".into()), privileged: true, cpu_shares: Some(512), memory_bytes: Some(1 << 28) },
+            trace_parent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
+            enqueued_unix_ns: 1_700_000_000_000_000_000,
         }
     }
 
@@ -273,6 +281,7 @@ mod tests {
                 omitted_bytes: 70,
                 full: Some(ArtifactRef { digest: "d".repeat(64) }),
             },
+            spans: vec![crate::trace::SpanRecord { trace_id: "t".into(), span_id: "s".into(), name: "execute".into(), attributes: vec![("worker".into(), "w1".into())], ..Default::default() }],
         };
         let back = result_from_wire(through_bytes(result_to_wire(&r))).unwrap();
         assert_eq!(format!("{back:?}"), format!("{r:?}"));

@@ -85,6 +85,7 @@ pub fn reply_kind(r: &v1::history_reply::Reply) -> &'static str {
         Reply::Approval(_) => "an approval",
         Reply::Approvals(_) => "approvals",
         Reply::Pipelines(_) => "pipelines",
+        Reply::Spans(_) => "spans",
     }
 }
 

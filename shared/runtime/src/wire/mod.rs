@@ -6,6 +6,7 @@ mod agent;
 mod assignment;
 pub mod history;
 pub mod json;
+pub mod trace;
 
 use steppe_proto::v1;
 
