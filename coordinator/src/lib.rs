@@ -22,3 +22,4 @@ pub mod service;
 pub mod server;
 pub mod services;
 pub mod text;
+pub mod web;

@@ -49,17 +49,19 @@ pub struct ServeOptions {
     /// The Redis stream of the default pool, told to workers that take
     /// from the queue themselves.
     pub queue_key: String,
+    /// Serve the dashboard here too (signing in with the same tokens).
+    pub web: Option<std::net::SocketAddr>,
 }
 
 impl Default for ServeOptions {
     fn default() -> Self {
-        ServeOptions { auth: Auth::default(), tls: None, worker_lease: DEFAULT_WORKER_LEASE, long_lived: false, queue_key: queue_key(DEFAULT_REDIS_PREFIX) }
+        ServeOptions { auth: Auth::default(), tls: None, worker_lease: DEFAULT_WORKER_LEASE, long_lived: false, queue_key: queue_key(DEFAULT_REDIS_PREFIX), web: None }
     }
 }
 
 /// Binds `addr` and serves the services there until the process ends.
 pub fn serve(svc: &Arc<Services>, addr: std::net::SocketAddr, opts: ServeOptions) -> Result<()> {
-    let ServeOptions { auth, tls, worker_lease, long_lived, queue_key } = opts;
+    let ServeOptions { auth, tls, worker_lease, long_lived, queue_key, web } = opts;
     let callers: Callers = Arc::new(std::sync::RwLock::new(auth.load()?));
     if auth.file.is_some() {
         reload_on_sighup(auth, callers.clone(), svc.out.clone());
@@ -74,6 +76,12 @@ pub fn serve(svc: &Arc<Services>, addr: std::net::SocketAddr, opts: ServeOptions
     let bound = listener.local_addr()?;
     let scheme = if tls.is_some() { "https" } else { "http" };
     svc.out.note(&format!("serving workers on {bound}{}", if tls.is_some() { " (TLS)" } else { "" }));
+    if let Some(addr) = web {
+        let fleet = crate::web::Fleet { registry: svc.registry.clone(), dispatcher: svc.dispatcher.clone() };
+        let web = crate::web::Web::new(history_store.clone(), Some(callers.clone()), Some(fleet))?;
+        let bound = crate::web::serve(addr, web).with_context(|| format!("--web {addr}"))?;
+        svc.out.note(&format!("dashboard on http://{bound}/"));
+    }
     if slots == 0 {
         let (registry, out) = (svc.registry.clone(), svc.out.clone());
         tokio::spawn(async move {

@@ -110,11 +110,16 @@ pub struct CoordinatorArgs {
     /// and /readyz for probes. An autoscaler (KEDA) scales workers on them.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<std::net::SocketAddr>,
+    /// Serve the dashboard on http://ADDR/: runs, live run views, logs,
+    /// transcripts, traces, approvals and the fleet, for the team of the
+    /// token a person signs in with (the CLI's tokens).
+    #[arg(long, value_name = "ADDR")]
+    web: Option<std::net::SocketAddr>,
 }
 
 impl CoordinatorArgs {
     pub fn run(self) -> Result<ExitCode> {
-        let CoordinatorArgs { listen, workers, state, token_file, auth, queue, queue_lease, no_create_queues, max_receives, store, redis_password_file, redis_prefix, worker_lease, artifacts, tls_cert, tls_key, metrics } = self;
+        let CoordinatorArgs { listen, workers, state, token_file, auth, queue, queue_lease, no_create_queues, max_receives, store, redis_password_file, redis_prefix, worker_lease, artifacts, tls_cert, tls_key, metrics, web } = self;
         let queue_key = steppe_cloud::queues::base_key(queue.as_deref().unwrap_or_default(), &queue_key(&redis_prefix));
         let (queue, store) = with_redis_password(queue, store, redis_password_file.as_deref())?;
         let auth = Auth { file: auth, admin_token: read_token(token_file.as_deref())? };
@@ -148,7 +153,7 @@ impl CoordinatorArgs {
                 None => Arc::new(steppe_runtime::store::SqliteStore::open(&state.join("steppe.db"))?),
             };
             let svc = start_services_with(&state, runs, scratch.path(), workers, false, true, ClusterOptions { pools, artifacts: artifacts.as_deref().filter(|a| !a.starts_with("s3://")).map(PathBuf::from), object_store: artifacts.filter(|a| a.starts_with("s3://")) }).await?;
-            serve(&svc, listen, ServeOptions { auth, tls, worker_lease, long_lived: true, queue_key })?;
+            serve(&svc, listen, ServeOptions { auth, tls, worker_lease, long_lived: true, queue_key, web })?;
             if let Some(addr) = metrics {
                 let bound = crate::services::serve_metrics(&svc, addr).await.with_context(|| format!("--metrics {addr}"))?;
                 svc.out.note(&format!("metrics on http://{bound}/metrics"));

@@ -19,6 +19,7 @@ pub mod test;
 pub mod token;
 pub mod trace;
 pub mod validate;
+pub mod web;
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
@@ -40,6 +41,7 @@ pub enum Command {
     Cancel(submit::CancelArgs),
     Schema(validate::SchemaArgs),
     Token(token::TokenArgs),
+    Web(web::WebArgs),
 }
 
 impl Command {
@@ -60,6 +62,7 @@ impl Command {
             Command::Cancel(a) => a.run(),
             Command::Schema(a) => a.run(),
             Command::Token(a) => a.run(),
+            Command::Web(a) => a.run(),
         }
     }
 }

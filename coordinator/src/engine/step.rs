@@ -24,6 +24,8 @@ impl JobRun {
         Box::pin(async move {
             let d = opentelemetry::context::FutureExt::with_context(self.step_in_span(s, cell, in_hook), cx.clone()).await;
             super::spans::end_with(&cx, &d.result, d.skipped);
+            // The store (and a dashboard watching) gets the step's spans as it ends.
+            self.engine.out.record_spans(&self.run_id, steppe_worker::telemetry::take(&self.run_id));
             d
         })
     }

@@ -138,18 +138,20 @@ impl TokenCheck {
     }
 }
 
+/// Who `token` is among `callers` (every caller an admin when there are no
+/// tokens); None for an unknown token or none where one is needed.
+pub fn identify(callers: &Callers, token: Option<&str>) -> Option<Identity> {
+    let callers = callers.read().unwrap_or_else(|p| p.into_inner());
+    match callers.as_ref() {
+        None => Some(Identity::admin()),
+        Some(file) => token.and_then(|g| file.lookup(g)).map(|e| Identity { pools: e.pools.clone(), ..e.identity.clone() }),
+    }
+}
+
 impl tonic::service::Interceptor for TokenCheck {
     fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
-        let identity = {
-            let callers = self.callers.read().unwrap_or_else(|p| p.into_inner());
-            match callers.as_ref() {
-                None => Some(Identity::admin()),
-                Some(file) => {
-                    let got = req.metadata().get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-                    got.and_then(|g| file.lookup(g)).map(|e| Identity { pools: e.pools.clone(), ..e.identity.clone() })
-                }
-            }
-        };
+        let got = req.metadata().get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).map(str::to_string);
+        let identity = identify(&self.callers, got.as_deref());
         match identity {
             Some(id) => {
                 req.extensions_mut().insert(id);

@@ -87,7 +87,7 @@ impl SqliteStore {
             std::fs::create_dir_all(dir).map_err(|source| StoreError::Io { path: p.clone(), source })?;
         }
         let conn = Connection::open(path).map_err(|source| StoreError::Sqlite { path: p.clone(), source })?;
-        conn.execute_batch("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=5000;")
+        conn.execute_batch("PRAGMA busy_timeout=5000; PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;")
             .and_then(|_| conn.execute_batch(SCHEMA))
             .map_err(|source| StoreError::Sqlite { path: p.clone(), source })?;
         // Columns added after the first schema; an existing store gains them.
