@@ -108,7 +108,10 @@ fn a_run_through_a_cluster_is_one_trace_across_its_processes() {
     // The run's spans from the submitter, the coordinator and both workers.
     let processes = || got.0.lock().map(|g| g.iter().map(|s| s.process.split(':').next().unwrap_or_default().to_string()).collect::<HashSet<_>>()).unwrap_or_default();
     wait_for("spans from the submitter and both workers", Duration::from_secs(20), || ["submitter", "w-one", "w-two"].iter().all(|p| processes().contains(*p)));
-    wait_for("the run's own span", Duration::from_secs(20), || got.0.lock().is_ok_and(|g| g.iter().any(|s| s.name == "run spread")));
+    // Each process exports in its own batches: wait for the run's span and every step's execution.
+    wait_for("the run's own span and every execution", Duration::from_secs(20), || {
+        got.0.lock().is_ok_and(|g| ["run spread", "execute a", "execute b", "execute c", "execute d"].iter().all(|n| g.iter().any(|s| s.name == *n)))
+    });
     let spans = got.0.lock().expect("lock").clone();
     let traces: HashSet<&str> = spans.iter().map(|s| s.trace.as_str()).collect();
     assert_eq!(traces.len(), 1, "one trace: {spans:#?}");
