@@ -188,3 +188,19 @@ fn a_grant_that_cannot_be_served_fails_before_the_step_starts() {
     assert!(t.contains("PASS narrowed"), "a step that leaves the server out runs: {t}");
     assert!(t.contains("mcp_servers: warning: mcp_servers: is not honoured"), "{t}");
 }
+
+/// A model that fails a request is retried, and the retry is said: why, the
+/// wait and which attempt — not a silent pause.
+#[test]
+fn model_retries_are_said_with_their_reason_and_wait() {
+    let work = std::env::temp_dir().join(format!("steppe-agents-retry-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).expect("mkdir");
+    std::fs::write(work.join("p.yml"), "agents:\n- name: a\n  source: {model: openrouter/x/y}\n  tools: [read_file]\njobs:\n- name: j\n  plan:\n  - agent: a\n    messages: [Hello.]\n").expect("write");
+    std::fs::write(work.join("s.yaml"), "model:\n  turns:\n    - status: 503\n    - say: recovered\n").expect("write");
+    let o = Command::new(env!("CARGO_BIN_EXE_steppe")).args(["run", "p.yml", "--script", "s.yaml"]).current_dir(&work).env_remove("STEPPE_MODEL").output().expect("run");
+    let t = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(t.contains("model request failed (") && t.contains("HTTP 503") && t.contains("retrying in 500ms (attempt 2 of 3)"), "{t}");
+    assert!(t.contains("recovered"), "{t}");
+}

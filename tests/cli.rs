@@ -136,3 +136,49 @@ fn keys_not_honoured_yet_are_warned_about_with_positions() {
     let (_, _, err) = steppe(&["validate", "--syntax-only", "ok.yml"], &d);
     assert!(!err.contains("warning"), "a pipeline without such keys loads quietly: {err}");
 }
+
+/// `test --job` runs one job (the pipeline's assert.execution, which names
+/// every job, is not checked then); an unknown job is named with the ones
+/// there are; `steppe jobs` lists the jobs with their last run.
+#[test]
+fn one_job_tested_and_every_job_listed() {
+    let d = scratch("jobs");
+    std::fs::write(
+        d.join("p.yml"),
+        "jobs:\n- name: build\n  plan:\n  - task: hi\n    run: echo built\n- name: deploy\n  plan:\n  - task: no\n    run: exit 1\nassert:\n  execution: [build, deploy]\n",
+    )
+    .expect("write");
+    let (code, out, err) = steppe(&["test", "p.yml", "--job", "build"], &d);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("PASS build") && !out.contains("deploy") && out.contains("1/1 passed"), "{out}");
+    let (code, _, err) = steppe(&["test", "p.yml", "--job", "ship"], &d);
+    assert_eq!(code, 2);
+    assert!(err.contains("job \"ship\" is not in p.yml; its jobs: build, deploy"), "{err}");
+    let (code, out, _) = steppe(&["jobs", "p.yml"], &d);
+    assert_eq!(code, 0, "{out}");
+    let line = |job: &str| out.lines().find(|l| l.starts_with(job)).unwrap_or_default().to_string();
+    assert!(line("build").contains("succeeded") && line("build").contains("r-"), "{out}");
+    assert!(line("deploy").contains("never run"), "{out}");
+}
+
+/// A coordinator's URL without its scheme says which to add, once.
+#[test]
+fn a_url_without_a_scheme_says_how_to_write_it() {
+    let d = scratch("scheme");
+    for args in [&["runs", "--coordinator", "127.0.0.1:9"][..], &["worker", "--coordinator", "127.0.0.1:9"][..]] {
+        let (code, _, err) = steppe(args, &d);
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains("http://127.0.0.1:9") && err.matches("scheme").count() == 1, "{err}");
+    }
+}
+
+/// A failed step comes first, the job assert's verdict after it, each on a line of its own.
+#[test]
+fn a_failing_jobs_last_lines_name_the_cause_first() {
+    let d = scratch("cause");
+    std::fs::write(d.join("p.yml"), "jobs:\n- name: j\n  plan:\n  - task: boom\n    run: exit 3\n  assert:\n    execution: [boom, never]\n").expect("write");
+    let (code, out, _) = steppe(&["run", "p.yml"], &d);
+    assert_eq!(code, 1, "{out}");
+    let tail: Vec<&str> = out.lines().rev().take(4).collect::<Vec<_>>().into_iter().rev().collect();
+    assert_eq!(tail, ["job j failed: boom: exit status 3", "  assert.execution mismatch", "    want: [boom, never]", "    got:  [boom]"], "{out}");
+}

@@ -20,6 +20,7 @@ pub struct Remote {
 
 impl Remote {
     pub fn new(url: &str, token_file: Option<&Path>, tls_ca: Option<&Path>) -> anyhow::Result<Remote> {
+        check_url(url)?;
         Ok(Remote { url: url.to_string(), token: read_token(token_file)?, tls_ca: tls_ca.map(Path::to_path_buf) })
     }
 
@@ -43,4 +44,12 @@ impl Remote {
             ""
         }
     }
+}
+
+/// A coordinator's URL names its scheme; without one, says which to add.
+pub fn check_url(url: &str) -> anyhow::Result<()> {
+    if !url.contains("://") {
+        anyhow::bail!("--coordinator {url}: a coordinator's URL starts with its scheme: http://{url} (or https://{url} when it serves TLS)");
+    }
+    Ok(())
 }

@@ -191,13 +191,21 @@ impl RunService {
             }
         };
         if req.test {
+            let only = Some(req.job.as_str()).filter(|j| !j.is_empty());
+            let jobs = match crate::services::pick_jobs(&jobs, only, &req.pipeline) {
+                Ok(j) => j,
+                Err(e) => {
+                    let _ = lines.send(format!("steppe: error: {e}"));
+                    return 2;
+                }
+            };
             let mut failures = Vec::new();
             for job in &jobs {
                 let r = run(job.clone()).await;
                 match r.result {
                     Ok(()) => drop(lines.send(format!("PASS {}", shown(&job.name)))),
                     Err(e) => {
-                        let _ = lines.send(format!("FAIL {}: {}", shown(&job.name), shown(&e.message)));
+                        let _ = lines.send(format!("FAIL {}: {}", shown(&job.name), crate::text::shown_lines(&e.message)));
                         if e.class == Class::Aborted {
                             return 130;
                         }
@@ -205,7 +213,7 @@ impl RunService {
                     }
                 }
             }
-            if let Some(want) = loaded.pipeline.assert.as_ref().and_then(|a| a.execution.as_ref()) {
+            if let Some(want) = loaded.pipeline.assert.as_ref().and_then(|a| a.execution.as_ref()).filter(|_| only.is_none()) {
                 let got: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
                 if want != &got {
                     let _ = lines.send(format!("steppe: error: pipeline assert.execution mismatch\n  want: [{}]\n  got:  [{}]", want.join(", "), got.join(", ")));
@@ -242,7 +250,7 @@ impl RunService {
         let outcome = Outcome::of(&r.result);
         match &r.result {
             Ok(()) => drop(lines.send(format!("job {} succeeded", shown(&job.name)))),
-            Err(e) => drop(lines.send(format!("job {} {}: {}", shown(&job.name), outcome.word(), shown(&e.message)))),
+            Err(e) => drop(lines.send(format!("job {} {}: {}", shown(&job.name), outcome.word(), crate::text::shown_lines(&e.message)))),
         }
         i32::from(outcome.exit_code())
     }

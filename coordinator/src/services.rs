@@ -179,6 +179,20 @@ pub fn make_engine_with(
     }
 }
 
+/// The jobs `only` picks (all of them without it), or why it picks none.
+pub fn pick_jobs(jobs: &[steppe_language::model::Job], only: Option<&str>, pipeline: &str) -> Result<Vec<steppe_language::model::Job>, String> {
+    match only {
+        None => Ok(jobs.to_vec()),
+        Some(name) => match jobs.iter().find(|j| j.name == name) {
+            Some(j) => Ok(vec![j.clone()]),
+            None => {
+                let names: Vec<String> = jobs.iter().map(|j| crate::text::shown(&j.name).into_owned()).collect();
+                Err(format!("job \"{}\" is not in {pipeline}; its jobs: {}", crate::text::shown(name), names.join(", ")))
+            }
+        },
+    }
+}
+
 pub fn parse_answers(answers: &[String]) -> Result<Vec<(String, String)>> {
     answers
         .iter()

@@ -42,7 +42,8 @@ fn retryable(status: u16) -> bool {
 }
 
 /// POSTs `body` to `<base_url>chat/completions`; returns the parsed response.
-pub async fn chat(base_url: &str, key: Option<&str>, body: &Value, attempts: u32) -> Result<Value, ProviderError> {
+/// `retrying` hears each retry: why, and how long it waits first.
+pub async fn chat(base_url: &str, key: Option<&str>, body: &Value, attempts: u32, retrying: &(dyn Fn(&str) + Sync)) -> Result<Value, ProviderError> {
     let url = format!("{base_url}chat/completions");
     let attempts = attempts.max(1);
     let mut last = String::new();
@@ -67,7 +68,9 @@ pub async fn chat(base_url: &str, key: Option<&str>, body: &Value, attempts: u32
             Err(e) => last = format!("{url}: {e}"),
         }
         if n < attempts {
-            tokio::time::sleep(Duration::from_millis(500 * u64::from(n))).await;
+            let wait = Duration::from_millis(500 * u64::from(n));
+            retrying(&format!("model request failed ({}); retrying in {} (attempt {} of {attempts})", last, steppe_language::duration::show(wait), n + 1));
+            tokio::time::sleep(wait).await;
         }
     }
     Err(ProviderError::Unwell(last))

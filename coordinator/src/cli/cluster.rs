@@ -153,7 +153,16 @@ impl CoordinatorArgs {
                 None => Arc::new(steppe_runtime::store::SqliteStore::open(&state.join("steppe.db"))?),
             };
             let svc = start_services_with(&state, runs, scratch.path(), workers, false, true, ClusterOptions { pools, artifacts: artifacts.as_deref().filter(|a| !a.starts_with("s3://")).map(PathBuf::from), object_store: artifacts.filter(|a| a.starts_with("s3://")) }).await?;
+            let open = auth.file.is_none() && auth.admin_token.is_none();
             serve(&svc, listen, ServeOptions { auth, tls, worker_lease, long_lived: true, queue_key, web })?;
+            // What it works with, said once (credentials masked).
+            let mask = |u: &str| steppe_runtime::secrets::mask_urls(u).into_owned();
+            svc.out.note(&format!("queue: {}", queue.as_deref().map(mask).unwrap_or_else(|| "in this process's memory (workers are sent their steps)".into())));
+            svc.out.note(&format!("store: {}", store.as_deref().map(mask).unwrap_or_else(|| state.join("steppe.db").display().to_string())));
+            svc.out.note(&format!("artifacts: {}", svc.object_store.as_deref().map(mask).unwrap_or_else(|| svc.artifact_dir.display().to_string())));
+            if open {
+                svc.out.note("WARNING: no --auth or --token-file: anyone who reaches this address can submit pipelines, run commands on its workers and read every run's history");
+            }
             if let Some(addr) = metrics {
                 let bound = crate::services::serve_metrics(&svc, addr).await.with_context(|| format!("--metrics {addr}"))?;
                 svc.out.note(&format!("metrics on http://{bound}/metrics"));
@@ -259,6 +268,7 @@ impl WorkerArgs {
 
 fn worker(args: WorkerArgs) -> Result<ExitCode> {
     let WorkerArgs { coordinator: url, slots, token_file, stream_artifacts, tls_ca, queue, redis_password_file, pool, reconnect_for, exit_when_idle, metrics, no_containers } = args;
+    crate::remote::check_url(&url)?;
     let (queue, _) = with_redis_password(queue, None, redis_password_file.as_deref())?;
     steppe_runtime::queue::check_pool_name(&pool).map_err(|e| anyhow::anyhow!("--pool {e}"))?;
     if let Some(q) = queue.as_deref().filter(|q| !steppe_cloud::queues::is_queue_url(q)) {

@@ -11,6 +11,7 @@ pub mod args;
 pub mod cluster;
 pub mod format;
 pub mod history;
+pub mod jobs;
 pub mod run;
 pub mod scenario;
 pub mod scripted_model;
@@ -32,6 +33,7 @@ pub enum Command {
     Coordinator(cluster::CoordinatorArgs),
     Submit(submit::SubmitArgs),
     Runs(history::RunsArgs),
+    Jobs(jobs::JobsArgs),
     Approvals(history::ApprovalsArgs),
     Pipelines(history::PipelinesArgs),
     /// Approve a parked approval: the run continues.
@@ -55,6 +57,7 @@ impl Command {
             Command::Coordinator(a) => a.run(),
             Command::Submit(a) => a.run(),
             Command::Runs(a) => a.run(),
+            Command::Jobs(a) => a.run(),
             Command::Approvals(a) => a.run(),
             Command::Pipelines(a) => a.run(),
             Command::Approve(a) => a.run(true),
@@ -73,10 +76,25 @@ pub fn exit(result: Result<ExitCode>) -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            warn!("steppe: error: {}", steppe_runtime::secrets::mask_urls(&format!("{e:#}")));
+            warn!("steppe: error: {}", steppe_runtime::secrets::mask_urls(&causes(&e)));
             ExitCode::from(2)
         }
     }
+}
+
+/// An error and its causes, each said once: a cause whose words its
+/// parent already holds (a transport error wrapping a transport error, a URL
+/// error quoting itself) is left out.
+pub fn causes(e: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for c in e.chain() {
+        let t = c.to_string();
+        if t.is_empty() || parts.iter().any(|p| p.contains(&t)) {
+            continue;
+        }
+        parts.push(t);
+    }
+    parts.join(": ")
 }
 
 /// Loads the pipeline; prints what it loaded but will not act on (warnings),

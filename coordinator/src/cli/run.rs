@@ -97,7 +97,7 @@ fn run_job(path: &Path, job: Option<&str>, script: &ScriptArgs, exec: &ExecArgs,
     match &result.result {
         Ok(()) => say!("job {} succeeded", shown(&job.name)),
         Err(e) => {
-            say!("job {} {}: {}", shown(&job.name), outcome.word(), shown(&e.message));
+            say!("job {} {}: {}", shown(&job.name), outcome.word(), crate::text::shown_lines(&e.message));
         }
     }
     if let Some(m) = &model {

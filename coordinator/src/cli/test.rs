@@ -17,13 +17,23 @@ use crate::text::shown;
 /// Run every job once, in order, and check the pipeline's asserts.
 ///
 /// Prints PASS <job> or FAIL <job>: <error> per job, checks the pipeline-level
-/// assert.execution against the job names, then N/N passed.
-/// Exit status: 0 only when every job passed; 2 otherwise.
+/// assert.execution against the job names, then N/N passed. With --job, only
+/// that job runs (its own asserts still checked; the pipeline-level
+/// assert.execution, which names every job, is not).
+/// Exit status: 0 only when every job passed; 130 after Ctrl-C; 2 otherwise.
+///
+/// Examples:
+///   steppe test ci.yml
+///   steppe test ci.yml --job build
+///   steppe test agents.yml --script scenario.yaml
 #[derive(Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct TestArgs {
     /// The pipeline file.
     pipeline: PathBuf,
+    /// Only this job.
+    #[arg(long)]
+    job: Option<String>,
     #[command(flatten)]
     script: ScriptArgs,
     #[command(flatten)]
@@ -34,14 +44,14 @@ pub struct TestArgs {
 
 impl TestArgs {
     pub fn run(self) -> Result<ExitCode> {
-        test(&self.pipeline, &self.script, &self.exec, &self.vars)
+        test(&self.pipeline, self.job.as_deref(), &self.script, &self.exec, &self.vars)
     }
 }
 
-fn test(path: &Path, script: &ScriptArgs, exec: &ExecArgs, vars: &VarArgs) -> Result<ExitCode> {
+fn test(path: &Path, only: Option<&str>, script: &ScriptArgs, exec: &ExecArgs, vars: &VarArgs) -> Result<ExitCode> {
     let mut vars_v = vars.resolve()?;
     let scenario = script.prepare(path, &mut vars_v)?;
-    if let Some(code) = exec.submit(path, None, true, vars_v.clone(), scenario.as_ref())? {
+    if let Some(code) = exec.submit(path, only, true, vars_v.clone(), scenario.as_ref())? {
         return Ok(code);
     }
     let loaded = match load_reporting(path, &LoadOptions::from_env(vars_v)) {
@@ -56,7 +66,13 @@ fn test(path: &Path, script: &ScriptArgs, exec: &ExecArgs, vars: &VarArgs) -> Re
     let targets = model.as_ref().map(|m| m.targets());
     let scratch = scratch()?;
     let engine = rt.block_on(engine(&loaded, exec, scratch.path(), targets))?;
-    let jobs = loaded.pipeline.jobs.clone();
+    let jobs = match crate::services::pick_jobs(&loaded.pipeline.jobs, only, &path.display().to_string()) {
+        Ok(j) => j,
+        Err(e) => {
+            warn!("steppe: error: {e}");
+            return Ok(ExitCode::from(2));
+        }
+    };
     let mut failures: Vec<(String, String)> = Vec::new();
     let mut aborted = false;
     for job in &jobs {
@@ -65,7 +81,7 @@ fn test(path: &Path, script: &ScriptArgs, exec: &ExecArgs, vars: &VarArgs) -> Re
             Ok(()) => say!("PASS {}", shown(&job.name)),
             Err(e) => {
                 aborted |= e.class == steppe_runtime::outcome::Class::Aborted;
-                say!("FAIL {}: {}", shown(&job.name), shown(&e.message));
+                say!("FAIL {}: {}", shown(&job.name), crate::text::shown_lines(&e.message));
                 failures.push((job.name.clone(), e.message));
             }
         }
@@ -73,7 +89,7 @@ fn test(path: &Path, script: &ScriptArgs, exec: &ExecArgs, vars: &VarArgs) -> Re
             return Ok(ExitCode::from(130));
         }
     }
-    if let Some(want) = loaded.pipeline.assert.as_ref().and_then(|a| a.execution.as_ref()) {
+    if let Some(want) = loaded.pipeline.assert.as_ref().and_then(|a| a.execution.as_ref()).filter(|_| only.is_none()) {
         let got: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
         if want != &got {
             warn!("steppe: error: pipeline assert.execution mismatch\n  want: [{}]\n  got:  [{}]", want.join(", "), got.join(", "));

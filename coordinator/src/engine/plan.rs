@@ -108,12 +108,13 @@ impl JobRun {
         if let Some(a) = &self.job.assert {
             if let Some(want) = &a.execution {
                 if want != &log {
-                    let e = StepError::failed(format!(
-                        "assert.execution mismatch\n  want: [{}]\n  got:  [{}]",
-                        want.join(", "),
-                        log.join(", ")
-                    ));
-                    return JobResult { result: Err(e), build_ok, log };
+                    let mismatch = format!("assert.execution mismatch\n  want: [{}]\n  got:  [{}]", want.join(", "), log.join(", "));
+                    // The cause first: the step that failed, then what the assert made of it.
+                    let message = match &result {
+                        Err(cause) => format!("{}\n{mismatch}", cause.message),
+                        Ok(()) => mismatch,
+                    };
+                    return JobResult { result: Err(StepError::failed(message)), build_ok, log };
                 }
                 if a.outcome.as_deref() != Some("succeeded") {
                     result = Ok(());

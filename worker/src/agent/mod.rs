@@ -181,7 +181,9 @@ impl Conversation<'_> {
         self.job_budget_left().await?;
         let call_cx = crate::telemetry::start(&opentelemetry::Context::current(), &self.run_id, format!("model call {}", self.model), vec![opentelemetry::KeyValue::new("model", self.model.clone())], None);
         let resp = loop {
-            match chat(&self.base_url, self.key.as_deref(), &body, self.work.attempts).await {
+            let say = |line: &str| self.say(line);
+            let answer = chat(&self.base_url, self.key.as_deref(), &body, self.work.attempts, &say).await;
+            match answer {
                 Ok(r) => break r,
                 Err(ProviderError::Unwell(m)) if self.next_fallback < self.work.fallbacks.len() => {
                     // Resume the same conversation on the next source: same history, same tools.
