@@ -13,7 +13,6 @@ use steppe_runtime::outcome::StepError;
 use tokio::sync::watch;
 
 use crate::sink::{LineSink, Stream};
-use crate::provider::{chat, ProviderError};
 use crate::sandbox::SandboxPolicy;
 use crate::tools::{custom, custom_params, error, Space};
 
@@ -158,88 +157,6 @@ impl Conversation<'_> {
         }
     }
 
-    async fn request(&mut self, with_tools: bool, forced: Option<&str>) -> Result<Value, StepError> {
-        let mut body = json!({"model": self.model, "messages": self.messages});
-        if with_tools && !self.tools.is_empty() {
-            body["tools"] = json!(self.tools);
-        }
-        if let Some(f) = forced {
-            body["tool_choice"] = if self.string_tool_choice { json!("required") } else { json!({"type": "function", "function": {"name": f}}) };
-        }
-        if let Some(t) = self.work.temperature {
-            body["temperature"] = json!(t);
-        }
-        if let Some(t) = self.work.top_p {
-            body["top_p"] = json!(t);
-        }
-        if let Some(t) = self.work.max_tokens.filter(|t| *t > 0) {
-            body["max_tokens"] = json!(t);
-        }
-        if let Some(r) = &self.work.reasoning_effort {
-            body["reasoning_effort"] = json!(r.to_lowercase());
-        }
-        self.job_budget_left().await?;
-        let call_cx = crate::telemetry::start(&opentelemetry::Context::current(), &self.run_id, format!("model call {}", self.model), vec![opentelemetry::KeyValue::new("model", self.model.clone())], None);
-        let resp = loop {
-            let say = |line: &str| self.say(line);
-            let answer = chat(&self.base_url, self.key.as_deref(), &body, self.work.attempts, &say).await;
-            match answer {
-                Ok(r) => break r,
-                Err(ProviderError::Unwell(m)) if self.next_fallback < self.work.fallbacks.len() => {
-                    // Resume the same conversation on the next source: same history, same tools.
-                    let fb = self.work.fallbacks[self.next_fallback].clone();
-                    self.next_fallback += 1;
-                    self.say(&format!("agent: {} failed over mid-run to {} ({m})", self.work.agent, fb.model));
-                    self.model = fb.model.clone();
-                    self.base_url = fb.base_url.clone();
-                    self.string_tool_choice = fb.string_tool_choice;
-                    self.key = fb.api_key_env.as_ref().and_then(|v| std::env::var(v).ok()).filter(|k| !k.is_empty());
-                    if fb.key_required && self.key.is_none() {
-                        return Err(StepError::errored(format!("{}: fallback {}: its API key variable is not set", self.label, fb.model)));
-                    }
-                    body["model"] = json!(self.model);
-                    self.out.fallback_model = Some(self.model.clone());
-                }
-                Err(ProviderError::Unwell(m) | ProviderError::Refused(m) | ProviderError::Malformed(m)) => {
-                    return Err(StepError::errored(format!("{}: model request failed: {m}", self.label)));
-                }
-            }
-        };
-        let usage = resp.get("usage");
-        let tokens = usage
-            .and_then(|u| u.get("total_tokens").and_then(Value::as_u64))
-            .or_else(|| usage.map(|u| u.get("prompt_tokens").and_then(Value::as_u64).unwrap_or(0) + u.get("completion_tokens").and_then(Value::as_u64).unwrap_or(0)))
-            .unwrap_or(0);
-        self.out.tokens += tokens;
-        crate::telemetry::set(&call_cx, vec![opentelemetry::KeyValue::new("model", self.model.clone()), opentelemetry::KeyValue::new("tokens", i64::try_from(tokens).unwrap_or(i64::MAX))]);
-        crate::telemetry::end(&call_cx, None);
-        let job_total = self.charge(tokens).await?;
-        if let Some(cap) = self.work.budget_tokens {
-            if self.out.tokens > cap {
-                return Err(StepError::errored(format!("agent \"{}\": budget exceeded: cap {cap} tokens, spent {}", self.work.agent, self.out.tokens)));
-            }
-        }
-        if let (Some((cap, _)), Some(total)) = (self.work.job_budget, job_total) {
-            if total > cap {
-                return Err(StepError::errored(format!(
-                    "job budget exceeded: cap {cap} tokens, spent {total}\n  running total: earlier steps {} -> {} {} (tripped here)",
-                    total.saturating_sub(self.charged),
-                    self.work.agent,
-                    self.charged
-                )));
-            }
-        } else if let Some((cap, before)) = self.work.job_budget {
-            let total = before + self.out.tokens;
-            if total > cap {
-                return Err(StepError::errored(format!(
-                    "job budget exceeded: cap {cap} tokens, spent {total}\n  running total: earlier steps {before} -> {} {} (tripped here)",
-                    self.work.agent, self.out.tokens
-                )));
-            }
-        }
-        let msg = resp.pointer("/choices/0/message").cloned().ok_or_else(|| StepError::errored(format!("{}: the model's response has no choices", self.label)))?;
-        Ok(msg)
-    }
 }
 
 /// Runs the conversation in `root` (the step's directory).
@@ -678,6 +595,7 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
 }
 
 mod judge;
+mod request;
 mod schema;
 
 pub use judge::judge;
