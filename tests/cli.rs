@@ -182,3 +182,19 @@ fn a_failing_jobs_last_lines_name_the_cause_first() {
     let tail: Vec<&str> = out.lines().rev().take(4).collect::<Vec<_>>().into_iter().rev().collect();
     assert_eq!(tail, ["job j failed: boom: exit status 3", "  assert.execution mismatch", "    want: [boom, never]", "    got:  [boom]"], "{out}");
 }
+
+/// `-q` through a coordinator prints the verdict only, as it does embedded.
+#[test]
+fn quiet_means_the_verdict_only_through_a_coordinator_too() {
+    let d = scratch("quiet");
+    std::fs::write(d.join("p.yml"), "jobs:\n- name: j\n  plan:\n  - task: talk\n    run: echo chatty-output\n").expect("write");
+    let (mut coord, url, _log) = common::serving_logged(&["coordinator", "--listen", "127.0.0.1:0", "--workers", "1", "--state", "state"], &d);
+    for args in [&["run", "p.yml", "-q", "--coordinator", &url][..], &["submit", "p.yml", "-q", "--coordinator", &url][..]] {
+        let (code, out, err) = steppe(args, &d);
+        assert_eq!(code, 0, "{out}{err}");
+        assert_eq!(format!("{out}{err}").trim(), "job j succeeded", "{args:?}");
+    }
+    let (_, out, _) = steppe(&["run", "p.yml", "--coordinator", &url], &d);
+    assert!(out.contains("chatty-output"), "without -q the steps show: {out}");
+    common::stop([&mut coord]);
+}

@@ -161,14 +161,17 @@ impl RunService {
         let run = |job: steppe_language::model::Job| {
             let engine = engine.clone();
             let lines = lines.clone();
-            let detach = req.detach;
+            let (detach, quiet) = (req.detach, req.quiet);
             let active = self.active.clone();
             async move {
                 let run_id = crate::run_actor::run_id();
                 if let Ok(mut a) = active.lock() {
                     a.insert(run_id.clone(), engine.clone());
                 }
-                engine.out.watch(&run_id, lines.clone());
+                // Quiet: the verdict lines only, not the steps' progress and output.
+                if !quiet {
+                    engine.out.watch(&run_id, lines.clone());
+                }
                 let _ = started.send(run_id.clone());
                 let r = {
                     let fut = crate::run_actor::run_until_signal(&engine, &job, run_id.clone());
@@ -246,7 +249,9 @@ impl RunService {
             },
         };
         let r = run(job.clone()).await;
-        let _ = lines.send(format!("execution: [{}]", shown(&r.log.join(", "))));
+        if !req.quiet {
+            let _ = lines.send(format!("execution: [{}]", shown(&r.log.join(", "))));
+        }
         let outcome = Outcome::of(&r.result);
         match &r.result {
             Ok(()) => drop(lines.send(format!("job {} succeeded", shown(&job.name)))),

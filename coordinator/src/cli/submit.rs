@@ -64,6 +64,10 @@ pub struct SubmitArgs {
     /// pipelines never share history; two submissions of one name do.
     #[arg(long = "pipeline", value_name = "NAME")]
     name: Option<String>,
+    /// Print only the verdict (the job's outcome, PASS/FAIL, errors), not
+    /// the steps' progress and output.
+    #[arg(short, long)]
+    quiet: bool,
     #[command(flatten)]
     script: ScriptArgs,
     #[command(flatten)]
@@ -72,7 +76,7 @@ pub struct SubmitArgs {
 
 impl SubmitArgs {
     pub fn run(self) -> Result<ExitCode> {
-        let SubmitArgs { pipeline, job, test, detach, coordinator, token_file, tls_ca, pool, answer, include, name, script, vars } = self;
+        let SubmitArgs { pipeline, job, test, detach, coordinator, token_file, tls_ca, pool, answer, include, name, quiet, script, vars } = self;
         let remote = Remote::new(&coordinator, token_file.as_deref(), tls_ca.as_deref())?;
         let mut vars = vars.resolve()?;
         let scenario = script.prepare(&pipeline, &mut vars)?;
@@ -82,7 +86,7 @@ impl SubmitArgs {
         let mut include = include;
         include.extend(scenario.iter().flat_map(|s| s.files.iter().cloned()));
         let (scenario, dump_requests) = scenario.map(|s| (Some(s.text), s.dump)).unwrap_or_default();
-        let o = SubmitOptions { job, test, detach, pool, vars: vars.into_iter().collect(), answers: answer, include, name, scenario, dump_requests };
+        let o = SubmitOptions { job, test, detach, pool, vars: vars.into_iter().collect(), answers: answer, include, name, scenario, dump_requests, quiet };
         let code = runtime()?.block_on(submit(&remote, &pipeline, o))?;
         Ok(ExitCode::from(u8::try_from(code).unwrap_or(2)))
     }
@@ -104,6 +108,7 @@ impl ExecArgs {
             name: self.pipeline_name.clone(),
             scenario: scenario.map(|s| s.text.clone()),
             dump_requests: scenario.and_then(|s| s.dump.clone()),
+            quiet: self.quiet,
             ..Default::default()
         };
         let code = runtime()?.block_on(submit(&remote, path, o))?;
@@ -185,27 +190,31 @@ pub struct SubmitOptions {
     pub scenario: Option<String>,
     /// `--dump-requests FILE`: where the scripted model's requests go.
     pub dump_requests: Option<PathBuf>,
+    /// `-q`: the verdict lines only.
+    pub quiet: bool,
 }
 
 /// `steppe submit`: loads the pipeline here (so problems show before anything
 /// is sent), sends it with every file it reads and what `--include` or
 /// `.steppe-include` add, prints what comes back.
 pub async fn submit(remote: &Remote, path: &Path, o: SubmitOptions) -> anyhow::Result<i32> {
-    let SubmitOptions { job, test, detach, pool, vars, answers, include, name: pipeline_name, scenario, dump_requests } = o;
+    let SubmitOptions { job, test, detach, pool, vars, answers, include, name: pipeline_name, scenario, dump_requests, quiet } = o;
     // Checked here too, so a bad name is said before anything is sent.
     let pipeline_name = crate::services::pipeline_name(pipeline_name.as_deref(), path)?;
     let (job, pool) = (job.as_deref(), pool.as_deref());
     let opts = LoadOptions { submission: true, ..LoadOptions::from_env(vars.clone().into_iter().collect()) };
     let Ok(loaded) = load_reporting(path, &opts) else { return Ok(2) };
     let bundle = crate::bundle::collect(path, &loaded, &include)?;
-    warn!("steppe: sending {} to {}", bundle.summary(), remote.url);
+    if !quiet {
+        warn!("steppe: sending {} to {}", bundle.summary(), remote.url);
+    }
     let name = bundle.files.first().map(|f| f.path.clone()).unwrap_or_default();
     let files = bundle.files;
     let mut client = RunsClient::with_interceptor(remote.channel().await?, remote.bearer()?);
     if let Some(p) = pool {
         steppe_runtime::queue::check_pool_name(p).map_err(|e| anyhow::anyhow!("--pool {e}"))?;
     }
-    let req = SubmitRequest { pipeline: name, files, job: job.unwrap_or_default().to_string(), vars, test, answers, detach, pool: pool.unwrap_or_default().to_string(), name: pipeline_name, dump_requests: dump_requests.is_some(), scenario: scenario.unwrap_or_default() };
+    let req = SubmitRequest { pipeline: name, files, job: job.unwrap_or_default().to_string(), vars, test, answers, detach, pool: pool.unwrap_or_default().to_string(), name: pipeline_name, dump_requests: dump_requests.is_some(), scenario: scenario.unwrap_or_default(), quiet };
     let size = prost::Message::encoded_len(&req);
     if size > crate::bundle::SUBMISSION_MAX {
         anyhow::bail!(
