@@ -30,6 +30,7 @@ use crate::services::{queue_key, start_services_with, ClusterOptions, DEFAULT_RE
 #[derive(Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct CoordinatorArgs {
+    /// Where workers, submitters and the CLI reach it (e.g. 0.0.0.0:7070).
     #[arg(long, value_name = "ADDR")]
     listen: std::net::SocketAddr,
     /// Worker slots inside the coordinator itself (default 0: only remote workers).

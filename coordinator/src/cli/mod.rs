@@ -153,3 +153,33 @@ fn runtime() -> Result<Runtime> {
 fn cores() -> usize {
     std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2)
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Subcommand;
+
+    /// Every command, flag and argument says what it is for in `--help`.
+    #[test]
+    fn every_command_and_flag_has_help() {
+        let root = super::Command::augment_subcommands(clap::Command::new("steppe"));
+        let mut missing = Vec::new();
+        fn walk(c: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for a in c.get_arguments() {
+                if a.get_id() == "help" || a.get_id() == "version" || a.is_hide_set() {
+                    continue;
+                }
+                if a.get_help().is_none() && a.get_long_help().is_none() {
+                    missing.push(format!("{path} --{}", a.get_long().map(str::to_string).unwrap_or_else(|| a.get_id().to_string())));
+                }
+            }
+            for s in c.get_subcommands() {
+                if s.get_about().is_none() && s.get_long_about().is_none() {
+                    missing.push(format!("{path} {} (the command)", s.get_name()));
+                }
+                walk(s, &format!("{path} {}", s.get_name()), missing);
+            }
+        }
+        walk(&root, "steppe", &mut missing);
+        assert!(missing.is_empty(), "without help text: {missing:#?}");
+    }
+}

@@ -19,8 +19,10 @@ use crate::scripted;
 #[derive(Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct ScriptedModelArgs {
+    /// The scenario file (docs/scripted-model.md): the answers, in turns or rules.
     #[arg(long, value_name = "SCENARIO")]
     script: PathBuf,
+    /// Where to listen; agents reach it at http://ADDR/v1/.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8099")]
     listen: std::net::SocketAddr,
 }

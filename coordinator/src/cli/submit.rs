@@ -32,7 +32,9 @@ use crate::remote::Remote;
 #[derive(Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct SubmitArgs {
+    /// The pipeline file (sent with the files it reads).
     pipeline: PathBuf,
+    /// The job to run (required when the pipeline has more than one).
     #[arg(long)]
     job: Option<String>,
     /// Run every job and check the asserts, like `steppe test`.
@@ -42,8 +44,10 @@ pub struct SubmitArgs {
     /// on (follow it with `steppe runs --coordinator URL --run ID`).
     #[arg(long, conflicts_with = "test")]
     detach: bool,
+    /// The coordinator to run it on (e.g. http://10.0.0.5:7070).
     #[arg(long, value_name = "URL")]
     coordinator: String,
+    /// A file holding the coordinator's token (the CLI's token for your team).
     #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
     /// With an https:// coordinator: the CA certificate (PEM) that signed its certificate.
