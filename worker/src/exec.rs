@@ -352,25 +352,9 @@ async fn run_command(a: &Assignment, dir: &Path, sink: &Arc<dyn LineSink>, cance
 
 /// What stops a running command before it ends: its timeout, or a cancel.
 async fn stopped(a: &Assignment, cancel: &mut watch::Receiver<bool>) -> StepError {
-    let deadline = async {
-        match a.timeout {
-            Some(t) => tokio::time::sleep(t).await,
-            None => std::future::pending().await,
-        }
-    };
-    let cancelled = async {
-        loop {
-            if *cancel.borrow() {
-                return;
-            }
-            if cancel.changed().await.is_err() {
-                std::future::pending::<()>().await;
-            }
-        }
-    };
     tokio::select! {
-        _ = deadline => StepError::timed_out(format!("{}: timed out after {}", a.step, steppe_language::duration::show(a.timeout.unwrap_or_default()))),
-        _ = cancelled => StepError::aborted(format!("{}: aborted", a.step)),
+        _ = crate::stop::deadline(a.timeout) => StepError::timed_out(format!("{}: timed out after {}", a.step, steppe_language::duration::show(a.timeout.unwrap_or_default()))),
+        _ = crate::stop::cancelled(cancel) => StepError::aborted(format!("{}: aborted", a.step)),
     }
 }
 

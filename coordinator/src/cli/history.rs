@@ -231,6 +231,14 @@ impl History {
         })
     }
 
+    /// Run `run`, or the newest (of `job`) when none is named.
+    fn run_or_newest(&self, store: &dyn steppe_runtime::store::Store, job: Option<&str>, run: Option<&str>) -> Result<steppe_runtime::store::RunRecord> {
+        match run {
+            Some(id) => store.run(id)?.with_context(|| format!("no run {id} in the history of {}", self.label)),
+            None => self.runs(store, job, 1)?.into_iter().next().with_context(|| format!("no runs recorded for {}", self.label)),
+        }
+    }
+
     /// Runs of this history's pipeline (and `job`), newest first.
     fn runs(&self, store: &dyn steppe_runtime::store::Store, job: Option<&str>, limit: usize) -> Result<Vec<steppe_runtime::store::RunRecord>> {
         Ok(store.runs(&steppe_runtime::store::RunFilter { team: None, pipeline: self.pipeline.as_deref(), job, limit })?)
@@ -307,10 +315,7 @@ fn runs(h: &History, job: Option<&str>, limit: usize, steps: bool, run: Option<&
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let record = match run {
-        Some(id) => store.run(id)?.with_context(|| format!("no run {id} in the history of {}", h.label))?,
-        None => h.runs(store.as_ref(), job, 1)?.into_iter().next().with_context(|| format!("no runs recorded for {}", h.label))?,
-    };
+    let record = h.run_or_newest(store.as_ref(), job, run)?;
     say!("run {} of job {} ({}) in pipeline {}", record.id, shown(&record.job), record.outcome.as_deref().unwrap_or("running"), shown(&record.pipeline));
     if !record.message.is_empty() {
         say!("  {}", shown(&record.message));
@@ -445,10 +450,7 @@ fn runs_trace(h: &History, job: Option<&str>, run: Option<&str>) -> Result<ExitC
         say!("no runs recorded for {}", h.label);
         return Ok(ExitCode::SUCCESS);
     };
-    let record = match run {
-        Some(id) => store.run(id)?.with_context(|| format!("no run {id} in the history of {}", h.label))?,
-        None => h.runs(store.as_ref(), job, 1)?.into_iter().next().with_context(|| format!("no runs recorded for {}", h.label))?,
-    };
+    let record = h.run_or_newest(store.as_ref(), job, run)?;
     say!("run {} of job {} ({})", record.id, shown(&record.job), record.outcome.as_deref().unwrap_or("running"));
     for line in super::trace::waterfall(&store.spans(&record.id)?, 40) {
         say!("{line}");

@@ -2,32 +2,31 @@
 //! each span under its parent, where it started, how long it took, which
 //! process made it, and a bar on the run's time line.
 
-use steppe_runtime::trace::{tree, SpanRecord};
+use steppe_runtime::trace::{timeline, SpanRecord, Timeline};
 
 use super::format::fmt_ms;
 use crate::text::shown;
 
 /// The waterfall's lines, bars `width` characters wide.
 pub fn waterfall(spans: &[SpanRecord], width: usize) -> Vec<String> {
-    let Some(t0) = spans.iter().map(|s| s.start_ns).min() else { return vec!["no spans recorded for this run".to_string()] };
-    let t1 = spans.iter().map(|s| s.end_ns.max(s.start_ns)).max().unwrap_or(t0).max(t0 + 1);
-    let scale = |ns: u64| ((ns.saturating_sub(t0)) as u128 * width as u128 / (t1 - t0) as u128) as usize;
+    let Some(line) = timeline(spans) else { return vec!["no spans recorded for this run".to_string()] };
     let ms = |ns: u64| i64::try_from(ns / 1_000_000).unwrap_or(i64::MAX);
-    let mut out = vec![format!("trace {}  {} span(s) over {}", spans.first().map(|s| s.trace_id.as_str()).unwrap_or_default(), spans.len(), fmt_ms(ms(t1 - t0)))];
+    let mut out = vec![format!("trace {}  {} span(s) over {}", spans.first().map(|s| s.trace_id.as_str()).unwrap_or_default(), spans.len(), fmt_ms(ms(line.length_ns)))];
     out.push(format!("{:<48} {:>8} {:>8}  {:<w$}  {}", "SPAN", "START", "TOOK", "", "PROCESS", w = width));
-    for (depth, s) in tree(spans) {
+    for &(depth, s) in &line.rows {
         let name: String = format!("{}{}", "  ".repeat(depth.min(12)), shown(&s.name)).chars().take(48).collect();
-        let (a, b) = (scale(s.start_ns), scale(s.end_ns.max(s.start_ns)).max(scale(s.start_ns) + 1).min(width));
+        let a = line.cell(s.start_ns, width);
+        let b = line.cell(Timeline::end_of(s), width).max(a + 1).min(width);
         let bar = format!("{}{}{}", " ".repeat(a.min(width)), if s.error.is_some() { "x" } else { "█" }.repeat(b.saturating_sub(a)), " ".repeat(width.saturating_sub(b)));
-        let mut line = format!("{name:<48} {:>8} {:>8}  {bar}  {}", format!("+{}", fmt_ms(ms(s.start_ns - t0))), fmt_ms(ms(s.end_ns.saturating_sub(s.start_ns))), shown(&s.process));
+        let mut row = format!("{name:<48} {:>8} {:>8}  {bar}  {}", format!("+{}", fmt_ms(ms(s.start_ns - line.start_ns))), fmt_ms(ms(s.end_ns.saturating_sub(s.start_ns))), shown(&s.process));
         let keep: Vec<String> = s.attributes.iter().filter(|(k, _)| matches!(k.as_str(), "outcome" | "worker" | "pool" | "tokens" | "model" | "exit_code")).filter(|(k, v)| k != "worker" || *v != s.process).map(|(k, v)| format!("{k}={}", shown(v))).collect();
         if !keep.is_empty() {
-            line.push_str(&format!("  {}", keep.join(" ")));
+            row.push_str(&format!("  {}", keep.join(" ")));
         }
         if let Some(e) = &s.error {
-            line.push_str(&format!("  error: {}", shown(e.lines().next().unwrap_or_default())));
+            row.push_str(&format!("  error: {}", shown(e.lines().next().unwrap_or_default())));
         }
-        out.push(line);
+        out.push(row);
     }
     out
 }

@@ -73,7 +73,7 @@ impl super::run::JobRun {
         let mut found: Vec<(String, String)> = Vec::new();
         let pipeline = &self.engine.pipeline;
         let mut add = |image: Option<&String>, path: &str| {
-            if let Some(i) = image.filter(|i| !i.is_empty() && !i.contains("{{") && !i.contains("((")) {
+            if let Some(i) = image.filter(|i| steppe_language::machine::known_before_run(i)) {
                 if !found.iter().any(|(f, _)| f == i) {
                     found.push((i.clone(), path.to_string()));
                 }

@@ -109,11 +109,11 @@ fn node_class(state: &str) -> &'static str {
 /// still running are added from the events.
 pub fn graph(spans: &[SpanRecord], events: &[(String, String, String)], steps: &[StepRecord]) -> String {
     let states = states(events);
+    let by_id: HashMap<&str, &SpanRecord> = spans.iter().map(|x| (x.span_id.as_str(), x)).collect();
     let mut children: HashMap<&str, Vec<&SpanRecord>> = HashMap::new();
     for s in spans.iter().filter(|s| s.name.starts_with("step ")) {
         // A step's parent step: the nearest step (or the job) up its chain.
         let mut p = s.parent_id.as_str();
-        let by_id: HashMap<&str, &SpanRecord> = spans.iter().map(|x| (x.span_id.as_str(), x)).collect();
         while let Some(parent) = by_id.get(p) {
             if parent.name.starts_with("step ") || parent.name.starts_with("job ") {
                 break;
@@ -176,12 +176,11 @@ fn steps_table(run: &RunRecord, steps: &[StepRecord], events: &[(String, String,
 
 /// The trace as a waterfall: each span under its parent, a bar on the run's time line.
 pub fn waterfall(spans: &[SpanRecord]) -> String {
-    let Some(t0) = spans.iter().map(|s| s.start_ns).min() else { return r#"<p class="muted">no spans yet</p>"#.into() };
-    let t1 = spans.iter().map(|s| s.end_ns).max().unwrap_or(t0).max(t0 + 1);
-    let pct = |ns: u64| (ns.saturating_sub(t0)) as f64 * 100.0 / (t1 - t0) as f64;
+    use steppe_runtime::trace::{timeline, Timeline};
+    let Some(line) = timeline(spans) else { return r#"<p class="muted">no spans yet</p>"#.into() };
     let mut rows = String::new();
-    for (depth, s) in steppe_runtime::trace::tree(spans) {
-        let (left, width) = (pct(s.start_ns), (pct(s.end_ns) - pct(s.start_ns)).max(0.3));
+    for &(depth, s) in &line.rows {
+        let (left, width) = (line.at(s.start_ns) * 100.0, ((line.at(Timeline::end_of(s)) - line.at(s.start_ns)) * 100.0).max(0.3));
         rows.push_str(&format!(
             r#"<tr><td style="padding-left:{}px">{}</td><td class="muted">{}</td><td>{}</td><td class="bar"><div class="track"><div class="fill{}" style="left:{left:.2}%;width:{width:.2}%"></div></div></td></tr>"#,
             8 + depth.min(12) * 14,

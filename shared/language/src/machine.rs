@@ -67,12 +67,18 @@ fn env_set(name: &str) -> bool {
     std::env::var_os(name).is_some_and(|v| !v.is_empty())
 }
 
-/// Every image the file names as written (an image made of `{{ .vars }}`
-/// or `((vars))` is known only at run time), with the key path naming it.
+/// Whether an image reference is known before the run: not empty, and
+/// made of no `{{ .vars }}` of a cell nor a `((var))` a step captures.
+pub fn known_before_run(image: &str) -> bool {
+    !image.is_empty() && !image.contains("{{") && !image.contains("((")
+}
+
+/// Every image the file names as written ([`known_before_run`]), with
+/// the key path naming it.
 pub fn named_images(p: &Pipeline) -> Vec<(String, String)> {
     let mut out = Vec::new();
     let mut add = |image: &Option<String>, path: String| {
-        if let Some(i) = image.as_ref().filter(|i| !i.is_empty() && !i.contains("{{") && !i.contains("((")) {
+        if let Some(i) = image.as_ref().filter(|i| known_before_run(i)) {
             out.push((i.clone(), path));
         }
     };

@@ -92,6 +92,42 @@ pub fn tree(spans: &[SpanRecord]) -> Vec<(usize, &SpanRecord)> {
     out
 }
 
+/// A trace's spans on one time line, as the waterfalls draw it (`steppe
+/// runs --trace`, the dashboard): in drawing order, from the first start
+/// to the last end (a span that ends before it starts, as clocks of two
+/// machines can make it, counts as ending where it starts).
+pub struct Timeline<'a> {
+    pub start_ns: u64,
+    /// At least 1 ns.
+    pub length_ns: u64,
+    /// (depth, span), as [`tree`] gives them.
+    pub rows: Vec<(usize, &'a SpanRecord)>,
+}
+
+impl Timeline<'_> {
+    /// A span's end, never before its start.
+    pub fn end_of(s: &SpanRecord) -> u64 {
+        s.end_ns.max(s.start_ns)
+    }
+
+    /// Where `ns` falls on the line: 0.0 at its start, 1.0 at its end.
+    pub fn at(&self, ns: u64) -> f64 {
+        ns.saturating_sub(self.start_ns) as f64 / self.length_ns as f64
+    }
+
+    /// Where `ns` falls on a line `width` cells long (whole cells, rounded down).
+    pub fn cell(&self, ns: u64, width: usize) -> usize {
+        (ns.saturating_sub(self.start_ns) as u128 * width as u128 / self.length_ns as u128) as usize
+    }
+}
+
+/// The time line of `spans`; None when there are none.
+pub fn timeline(spans: &[SpanRecord]) -> Option<Timeline<'_>> {
+    let start_ns = spans.iter().map(|s| s.start_ns).min()?;
+    let end = spans.iter().map(Timeline::end_of).max().unwrap_or(start_ns).max(start_ns + 1);
+    Some(Timeline { start_ns, length_ns: end - start_ns, rows: tree(spans) })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -165,23 +165,13 @@ pub async fn run(work: &AgentWork, root: &Path, run_id: &str, sink: Arc<dyn Line
     let deadline = work.timeout_ms.map(Duration::from_millis);
     let fut = converse(work, root, run_id, sink, ledger, label.clone());
     let mut cancel = cancel;
-    let cancelled = async move {
-        loop {
-            if *cancel.borrow() {
-                return;
-            }
-            if cancel.changed().await.is_err() {
-                std::future::pending::<()>().await;
-            }
-        }
-    };
     tokio::select! {
         r = fut => r,
-        _ = async { match deadline { Some(d) => tokio::time::sleep(d).await, None => std::future::pending().await } } => {
+        _ = crate::stop::deadline(deadline) => {
             let d = deadline.map(steppe_language::duration::show).unwrap_or_default();
             (Err(StepError::timed_out(format!("{label}: timed out after {d}"))), AgentOutcome::default())
         }
-        _ = cancelled => (Err(StepError::aborted(format!("{label}: aborted"))), AgentOutcome::default()),
+        _ = crate::stop::cancelled(&mut cancel) => (Err(StepError::aborted(format!("{label}: aborted"))), AgentOutcome::default()),
     }
 }
 
