@@ -19,6 +19,16 @@ pub const BUILTIN_TOOLS: &[&str] = &[
 /// The grant of an agent that declares no `tools:`.
 pub const DEFAULT_TOOLS: &[&str] = &["read_file", "list_dir", "search_files"];
 
+/// Host variables every command run on a host sees (besides the names its
+/// `env:` declares), when set on the worker; nothing else of the worker's
+/// environment reaches it. The worker runs commands with it; docs/reference.md
+/// lists it.
+pub const HOST_ENV: &[&str] = &[
+    "PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "TERM", "TMPDIR", "TMP", "TEMP",
+    "USER", "LOGNAME", "SHELL", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy",
+    "no_proxy",
+];
+
 /// A provider prefix of `source.model`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Provider {
@@ -143,6 +153,70 @@ pub fn merge_agent(base: AgentDef, over: AgentDef) -> AgentDef {
 
 pub const BUILTIN_RESOURCE_TYPES: &[&str] = &["git", "slack-mentions", "slack-reply"];
 
+/// One key of a built-in resource type's `source:`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SourceKey {
+    pub key: &'static str,
+    /// A resource of the type must set it.
+    pub required: bool,
+    /// What it means, with its default when it has one.
+    pub description: &'static str,
+}
+
+/// A built-in resource type as the language documents it: what it does and
+/// the keys its `source:` takes. Validation refuses any other key, and a
+/// missing required one, on a resource of the (unshadowed) type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BuiltinResourceType {
+    pub name: &'static str,
+    pub description: &'static str,
+    pub source: &'static [SourceKey],
+}
+
+const SLACK_BASE_URL: SourceKey = SourceKey {
+    key: "base_url",
+    required: false,
+    description: "The Slack Web API to call (default https://slack.com/api): a proxy's or a test server's address.",
+};
+
+const SLACK_TOKEN_ENV: SourceKey = SourceKey {
+    key: "token_env",
+    required: false,
+    description: "The NAME of the environment variable holding the bot token (default SLACK_BOT_TOKEN, which the type's env: lists; another name must be listed in the resource's env:).",
+};
+
+/// Every built-in resource type, in the order of [`BUILTIN_RESOURCE_TYPES`].
+pub const BUILTIN_RESOURCE_TYPE_DOCS: &[BuiltinResourceType] = &[
+    BuiltinResourceType {
+        name: "git",
+        description: "A branch of a git repository. check: the branch's head commit (`[{\"ref\": sha}]`, an error when there is none); in: a shallow fetch of that commit, checked out. Get only (no out); the host's SSH_AUTH_SOCK reaches it.",
+        source: &[
+            SourceKey { key: "uri", required: true, description: "The repository: any URL or path `git ls-remote` and `git fetch` accept." },
+            SourceKey { key: "branch", required: false, description: "The branch to follow (default: the remote's HEAD)." },
+        ],
+    },
+    BuiltinResourceType {
+        name: "slack-mentions",
+        description: "Slack messages that mention the bot. check: the matches of a search for it, each version `{channel, ts, thread_ts}`; in: writes version.json and thread.json. Get only.",
+        source: &[
+            SourceKey { key: "channels", required: false, description: "The channel IDs to watch (default [], every channel and direct message). This build's check searches them all whatever it says." },
+            SourceKey { key: "limit", required: false, description: "How many matches one check asks Slack for (default 200)." },
+            SLACK_BASE_URL,
+            SLACK_TOKEN_ENV,
+        ],
+    },
+    BuiltinResourceType {
+        name: "slack-reply",
+        description: "A reply posted to Slack. out: posts answer/reply.md to the channel in thread/channel, in the thread of thread/ts when that file is there, and publishes `{channel, ts}`; a reply Slack refuses fails the put. Put only.",
+        source: &[SLACK_BASE_URL, SLACK_TOKEN_ENV],
+    },
+];
+
+/// The documented `source:` of the built-in resource type `name`.
+pub fn resource_type_doc(name: &str) -> Option<&'static BuiltinResourceType> {
+    BUILTIN_RESOURCE_TYPE_DOCS.iter().find(|t| t.name == name)
+}
+
 /// A built-in resource type, registered unless a user type shadows it.
 pub fn resource_type(name: &str) -> Option<ResourceType> {
     let config = match name {
@@ -206,6 +280,33 @@ mod tests {
         assert!(provider_of("gpt-4o").is_none());
         assert!(provider_of("mystery/x").is_none());
         assert!(!provider_of("ollama/llama3").unwrap().key_required);
+    }
+
+    /// Every built-in type is documented, and the source keys its stages
+    /// read are among its documented ones.
+    #[test]
+    fn every_builtin_type_documents_its_source() {
+        let documented: Vec<&str> = BUILTIN_RESOURCE_TYPE_DOCS.iter().map(|t| t.name).collect();
+        assert_eq!(documented, BUILTIN_RESOURCE_TYPES);
+        for t in BUILTIN_RESOURCE_TYPE_DOCS {
+            let config = resource_type(t.name).and_then(|r| r.config).unwrap_or_else(|| panic!("{} has no definition", t.name));
+            let expr = config.expr.unwrap_or_default();
+            let stages = [config.check, config.in_, config.out, expr.check, expr.in_, expr.out];
+            for text in stages.iter().flatten() {
+                // `.source.uri` (templates), `source.limit` (expr), `index .source "branch"`.
+                for (marker, close) in [("source.", None), ("index .source \"", Some('"'))] {
+                    for (i, _) in text.match_indices(marker) {
+                        let rest = &text[i + marker.len()..];
+                        let len = match close {
+                            Some(c) => rest.find(c),
+                            None => rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')),
+                        };
+                        let key = &rest[..len.unwrap_or(rest.len())];
+                        assert!(t.source.iter().any(|k| k.key == key), "{} reads source.{key}, which its table does not list", t.name);
+                    }
+                }
+            }
+        }
     }
 
     #[test]

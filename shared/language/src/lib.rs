@@ -1,6 +1,6 @@
 //! steppe-language: the pipeline language — the YAML tree, the strict
 //! decoder, the model, loading, `((vars))`, validation, `expr:`, templates,
-//! built-ins, JSON Schema and the machine checks.
+//! built-ins, JSON Schema, the key reference and the machine checks.
 //!
 //! It depends on no async runtime, no gRPC and no database (ARCHITECTURE.md;
 //! a test below keeps it so): anything that only reads a pipeline can use it.
@@ -13,6 +13,7 @@ pub mod expr;
 pub mod load;
 pub mod machine;
 pub mod model;
+pub mod reference;
 pub mod schema;
 pub mod source;
 pub mod suggest;

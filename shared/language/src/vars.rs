@@ -9,25 +9,48 @@ fn is_name_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')
 }
 
-/// Every `((name))` in `text`, as (byte range, name), in order.
-pub fn find_refs(text: &str) -> Vec<(std::ops::Range<usize>, &str)> {
+/// A `((…))` reference in text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ref<'t> {
+    /// `((name))`: a pipeline variable (`--var`, `--vars-file`, `load_var:`).
+    Var(&'t str),
+    /// `((.:name))`: Concourse's local-variable form (its `across:` and
+    /// `load_var:` values), which steppe does not have; the name after `.:`.
+    ConcourseLocal(&'t str),
+}
+
+/// Every `((name))` and `((.:name))` in `text`, as (byte range, reference), in order.
+pub fn scan(text: &str) -> Vec<(std::ops::Range<usize>, Ref<'_>)> {
     let mut out = Vec::new();
     let mut i = 0;
     while let Some(off) = text[i..].find("((") {
         let start = i + off;
-        let name_start = start + 2;
+        let local = text[start + 2..].starts_with(".:");
+        let name_start = start + if local { 4 } else { 2 };
         let name_len = text[name_start..]
             .find(|c: char| !is_name_char(c))
             .unwrap_or(text.len() - name_start);
         let name_end = name_start + name_len;
         if name_len > 0 && text[name_end..].starts_with("))") {
-            out.push((start..name_end + 2, &text[name_start..name_end]));
+            let name = &text[name_start..name_end];
+            out.push((start..name_end + 2, if local { Ref::ConcourseLocal(name) } else { Ref::Var(name) }));
             i = name_end + 2;
         } else {
             i = start + 1;
         }
     }
     out
+}
+
+/// Every `((name))` in `text`, as (byte range, name), in order.
+pub fn find_refs(text: &str) -> Vec<(std::ops::Range<usize>, &str)> {
+    scan(text)
+        .into_iter()
+        .filter_map(|(range, r)| match r {
+            Ref::Var(name) => Some((range, name)),
+            Ref::ConcourseLocal(_) => None,
+        })
+        .collect()
 }
 
 /// Replaces each `((name))` that `vars` defines; unknown references stay verbatim.
@@ -95,6 +118,15 @@ mod tests {
             .map(|(_, n)| n)
             .collect();
         assert_eq!(refs, vec!["a", "d"]);
+    }
+
+    #[test]
+    fn concourse_local_references_are_told_apart() {
+        let refs: Vec<_> = scan("((.:a)) ((b)) ((.:)) ((.c)) (((.:d)))").into_iter().map(|(_, r)| r).collect();
+        assert_eq!(refs, vec![Ref::ConcourseLocal("a"), Ref::Var("b"), Ref::Var(".c"), Ref::ConcourseLocal("d")]);
+        assert_eq!(find_refs("((.:a)) ((b))").into_iter().map(|(_, n)| n).collect::<Vec<_>>(), vec!["b"]);
+        let v = vars(&[("a", "x")]);
+        assert_eq!(substitute("((.:a)) ((a))", &v), "((.:a)) x");
     }
 
     #[test]

@@ -40,6 +40,12 @@ impl SourceMap {
         SourceMap { marks }
     }
 
+    /// Whether the document itself holds `path` (what a load added, such as
+    /// an unshadowed built-in, has no position).
+    pub fn contains(&self, path: &str) -> bool {
+        self.marks.contains_key(path)
+    }
+
     /// The position of `path`, or of its nearest ancestor that has one.
     pub fn lookup(&self, path: &str) -> Mark {
         let mut p = path;

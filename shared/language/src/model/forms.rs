@@ -29,6 +29,7 @@ pub struct When {
 #[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct WhenMap {
+    /// The guard command, run with `sh -c` among the step's inputs.
     run: String,
 }
 
@@ -105,7 +106,9 @@ pub enum FileRef {
 #[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct ArtifactFile {
+    /// An input artifact of the step.
     artifact: String,
+    /// The file's path inside the artifact.
     path: String,
 }
 
@@ -126,6 +129,7 @@ impl JsonSchema for FileRef {
     }
     fn json_schema(g: &mut SchemaGenerator) -> Schema {
         json_schema!({
+            "description": "A path relative to the pipeline file (read at load), or {artifact, path} inside an input artifact (read at run time).",
             "anyOf": [{"type": "string"}, g.subschema_for::<ArtifactFile>()]
         })
     }
@@ -152,6 +156,7 @@ impl JsonSchema for ToolGrant {
     }
     fn json_schema(g: &mut SchemaGenerator) -> Schema {
         json_schema!({
+            "description": "A tool: a name, or a mapping granting a built-in, a custom tool, a sub-agent or MCP tools.",
             "anyOf": [
                 {"type": "string", "description": "A built-in tool (or, on a step, any tool the agent grants)."},
                 g.subschema_for::<ToolSpec>()
@@ -200,6 +205,7 @@ impl JsonSchema for Verdict {
     }
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
         json_schema!({
+            "description": "A verdict: NAME (falls through to the next step) or {NAME: STEP} (routes there).",
             "anyOf": [
                 {"type": "string"},
                 {"type": "object", "minProperties": 1, "maxProperties": 1,
@@ -249,6 +255,7 @@ impl JsonSchema for VersionSpec {
     }
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
         json_schema!({
+            "description": "latest, every, or a mapping of version fields (a pin).",
             "anyOf": [{"enum": ["latest", "every"]}, {"type": "object"}]
         })
     }
@@ -291,6 +298,7 @@ impl JsonSchema for Inputs {
     }
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
         json_schema!({
+            "description": "Artifact names, or all (put steps: every artifact produced so far).",
             "anyOf": [{"type": "array", "items": {"type": "string"}}, {"const": "all"}]
         })
     }
@@ -338,6 +346,7 @@ impl JsonSchema for InParallel {
     }
     fn json_schema(g: &mut SchemaGenerator) -> Schema {
         json_schema!({
+            "description": "The branches as a list of steps, or {steps, limit, fail_fast}.",
             "anyOf": [g.subschema_for::<InParallelSpec>(), g.subschema_for::<Vec<Step>>()]
         })
     }
@@ -377,6 +386,7 @@ impl JsonSchema for Race {
     }
     fn json_schema(g: &mut SchemaGenerator) -> Schema {
         json_schema!({
+            "description": "The branches as {steps}, or a bare list of steps.",
             "anyOf": [g.subschema_for::<RaceSpec>(), g.subschema_for::<Vec<Step>>()]
         })
     }

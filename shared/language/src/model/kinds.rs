@@ -19,6 +19,21 @@ pub enum StepKind {
 }
 
 impl StepKind {
+    /// Every kind, in the order the format documents them.
+    pub const ALL: [StepKind; 11] = [
+        StepKind::Get,
+        StepKind::Task,
+        StepKind::Put,
+        StepKind::Agent,
+        StepKind::Try,
+        StepKind::Do,
+        StepKind::InParallel,
+        StepKind::Race,
+        StepKind::Ensemble,
+        StepKind::LoadVar,
+        StepKind::Approval,
+    ];
+
     pub fn key(self) -> &'static str {
         match self {
             StepKind::Get => "get",

@@ -1,4 +1,4 @@
-//! Whole-job rules: `((var))` references, routing segments, and artifact flow
+//! Whole-job rules: `((var))` references (and Concourse's `((.:var))`), routing segments, and artifact flow
 //! (every input names something fetched or produced earlier).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -7,10 +7,10 @@ use serde_json::Value;
 
 use super::{first_segment, Cx};
 use crate::model::{Job, Message, Step, StepKind, VersionSpec};
-use crate::vars::find_refs;
+use crate::vars::{scan, Ref};
 
 pub(crate) fn check_job(cx: &mut Cx, job: &Job, path: &str) {
-    check_vars(cx, job, path);
+    check_refs(cx, job, path);
     check_routing(cx, job, path);
     check_every(cx, job, path);
     let mut avail = Scope { layers: vec![BTreeSet::new()] };
@@ -45,53 +45,126 @@ impl Scope {
     }
 }
 
-/// `((x))` left after substitution must come from an earlier top-level `load_var:`.
-fn check_vars(cx: &mut Cx, job: &Job, path: &str) {
+/// One text field of a step where a reference may be written.
+struct Text<'s> {
+    key: String,
+    text: &'s str,
+    /// The load check of `((var))` covers it (run, prompt, messages, image, dir, file, params).
+    vars_checked: bool,
+    /// An across cell renders `{{ .vars.X }}` in it.
+    per_cell: bool,
+}
+
+/// The text fields of `s`, each scanned once for `((var))` and `((.:var))`.
+fn texts(s: &Step) -> Vec<Text<'_>> {
+    let mut out = Vec::new();
+    for (v, key) in [(&s.run, "run"), (&s.prompt, "prompt"), (&s.image, "image"), (&s.dir, "dir")] {
+        if let Some(v) = v {
+            out.push(Text { key: key.into(), text: v, vars_checked: true, per_cell: true });
+        }
+    }
+    for m in &s.resolved_messages {
+        if let Message::Text(t) = m {
+            if s.prompt.as_deref() != Some(t.as_str()) {
+                out.push(Text { key: "messages".into(), text: t, vars_checked: true, per_cell: true });
+            }
+        }
+    }
+    if let Some(f) = &s.file {
+        out.push(Text { key: "file".into(), text: f, vars_checked: true, per_cell: false });
+    }
+    if let Some(p) = &s.params {
+        strings(p, &mut |t| out.push(Text { key: "params".into(), text: t, vars_checked: true, per_cell: false }));
+    }
+    if let Some(w) = &s.when {
+        out.push(Text { key: "when".into(), text: &w.run, vars_checked: false, per_cell: true });
+    }
+    for (i, c) in s.context_paths.iter().flatten().enumerate() {
+        out.push(Text { key: format!("context_paths[{i}]"), text: c, vars_checked: false, per_cell: true });
+    }
+    if let (Some(n), Some(k)) = (s.name(), s.kinds().first()) {
+        out.push(Text { key: k.key().into(), text: n, vars_checked: false, per_cell: true });
+    }
+    out
+}
+
+/// References in the job's steps: a `((x))` left after substitution must
+/// come from an earlier top-level `load_var:`; a `((.:x))` (Concourse's
+/// local variable) is an error that says what steppe writes instead.
+fn check_refs(cx: &mut Cx, job: &Job, path: &str) {
+    let load_vars: HashSet<&str> = job.plan.iter().filter_map(|s| s.load_var.as_deref()).collect();
     let mut produced: HashSet<&str> = HashSet::new();
     for (i, s) in job.plan.iter().enumerate() {
-        let sp = format!("{path}.plan[{i}]");
-        let mut fields: Vec<(&str, &str)> = Vec::new();
-        for (v, key) in [
-            (&s.run, "run"),
-            (&s.prompt, "prompt"),
-            (&s.image, "image"),
-            (&s.dir, "dir"),
-            (&s.file, "file"),
-        ] {
-            if let Some(v) = v {
-                fields.push((key, v));
-            }
-        }
-        for m in &s.resolved_messages {
-            if let Message::Text(t) = m {
-                if s.prompt.as_deref() != Some(t.as_str()) {
-                    fields.push(("messages", t));
-                }
-            }
-        }
-        let mut params = Vec::new();
-        if let Some(p) = &s.params {
-            strings(p, &mut params);
-        }
-        for (key, text) in fields.into_iter().chain(params.iter().map(|t| ("params", t.as_str()))) {
-            for (_, name) in find_refs(text) {
-                if !produced.contains(name) {
-                    cx.err(
-                        &format!("{sp}.{key}"),
-                        format!("{key} references (({name})), which is neither passed with --var/--vars-file nor produced by an earlier load_var: step"),
-                    );
-                }
-            }
-        }
+        refs_in(cx, s, &format!("{path}.plan[{i}]"), Some(&produced), &[], &load_vars);
         if let Some(n) = &s.load_var {
             produced.insert(n.as_str());
         }
     }
+    for (key, h) in job.hooks() {
+        refs_in(cx, h, &format!("{path}.{key}"), None, &[], &load_vars);
+    }
 }
 
-fn strings(v: &Value, out: &mut Vec<String>) {
+/// Scans `s` and the steps in it. `produced` is set on top-level steps (the
+/// load_var names available to them); `across` holds the across variables of
+/// the cell `s` runs in (its hooks run in their step's cell).
+fn refs_in<'p>(cx: &mut Cx, s: &'p Step, path: &str, produced: Option<&HashSet<&str>>, across: &[&'p str], load_vars: &HashSet<&str>) {
+    let mut cell: Vec<&str> = across.to_vec();
+    cell.extend(s.across.iter().flatten().filter_map(|a| a.var.as_deref()));
+    for t in texts(s) {
+        for (_, r) in scan(t.text) {
+            match r {
+                Ref::Var(name) => {
+                    if t.vars_checked && produced.is_some_and(|p| !p.contains(name)) {
+                        cx.err(
+                            &format!("{path}.{}", t.key),
+                            format!("{} references (({name})), which is neither passed with --var/--vars-file nor produced by an earlier load_var: step", t.key),
+                        );
+                    }
+                }
+                Ref::ConcourseLocal(name) => {
+                    let p = format!("{path}.{}", t.key.split('[').next().unwrap_or(&t.key));
+                    let hint = concourse_local(name, &t.key, t.per_cell, &cell, load_vars);
+                    cx.err(&p, hint);
+                }
+            }
+        }
+    }
+    for (suffix, c) in s.children() {
+        refs_in(cx, c, &format!("{path}.{suffix}"), None, &[], load_vars);
+    }
+    for (key, h) in s.hooks() {
+        refs_in(cx, h, &format!("{path}.{key}"), None, &cell, load_vars);
+    }
+}
+
+/// What to write instead of `((.:name))` in the field `key`: Concourse's
+/// local variables are steppe's across variables (`{{ .vars.name }}`, in the
+/// fields a cell renders) or load_var values (`((name))`).
+pub(crate) fn concourse_local(name: &str, key: &str, per_cell: bool, across: &[&str], load_vars: &HashSet<&str>) -> String {
+    let what = format!("{key} uses ((.:{name})), Concourse's local-variable syntax, which steppe does not read");
+    let rendered = "run, when, image, prompt, messages, dir, the step's name and context_paths";
+    if across.contains(&name) {
+        if per_cell {
+            format!("{what}: write {{{{ .vars.{name} }}}} for the across variable \"{name}\"")
+        } else {
+            format!("{what}; an across cell fills {{{{ .vars.{name} }}}} only in {rendered}, not in {key}: use the variable in one of those")
+        }
+    } else if load_vars.contains(name) {
+        format!("{what}: write (({name})) for the value of load_var: {name}")
+    } else {
+        let near = crate::suggest::nearest(name, across.iter().copied());
+        match near {
+            Some(v) if per_cell => format!("{what}: write {{{{ .vars.{v} }}}} for the across variable \"{v}\" (across declares no var \"{name}\")"),
+            _ => format!("{what}: write {{{{ .vars.{name} }}}} for a variable declared under across: (in {rendered}), or (({name})) for a --var or load_var: value"),
+        }
+    }
+}
+
+/// Every string inside `v`, recursively.
+fn strings<'v>(v: &'v Value, out: &mut dyn FnMut(&'v str)) {
     match v {
-        Value::String(s) => out.push(s.clone()),
+        Value::String(s) => out(s),
         Value::Array(a) => a.iter().for_each(|x| strings(x, out)),
         Value::Object(o) => o.values().for_each(|x| strings(x, out)),
         _ => {}

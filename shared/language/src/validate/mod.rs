@@ -10,6 +10,8 @@ mod resources;
 mod steps;
 pub mod unhonoured;
 
+pub(crate) use steps::misplaced;
+
 use std::collections::{HashMap, HashSet};
 
 use crate::load::options::LoadOptions;
@@ -173,9 +175,16 @@ fn top_level(cx: &mut Cx) {
 fn task_entries(cx: &mut Cx) {
     let p = cx.p;
     let mut used = HashSet::new();
+    // The across variables of the cells each entry runs in.
+    let mut cells: HashMap<&str, Vec<&str>> = HashMap::new();
+    let mut load_vars = HashSet::new();
     crate::model::walk::each_step(p, &mut |s, _| {
+        if let Some(n) = &s.load_var {
+            load_vars.insert(n.as_str());
+        }
         if let (Some(t), None) = (&s.task, &s.run) {
             used.insert(t.as_str());
+            cells.entry(t.as_str()).or_default().extend(s.across.iter().flatten().filter_map(|a| a.var.as_deref()));
         }
     });
     for (i, t) in p.tasks.iter().enumerate() {
@@ -213,8 +222,16 @@ fn task_entries(cx: &mut Cx) {
         if let Some(f) = &t.fix {
             steps::check_fix(cx, f, &format!("{path}.fix"));
         }
-        if t.run.is_none() {
-            cx.err(&path, format!("tasks: entry \"{}\" needs run: (or run_file:, or a file: that sets it)", t.name));
+        match &t.run {
+            None => cx.err(&path, format!("tasks: entry \"{}\" needs run: (or run_file:, or a file: that sets it)", t.name)),
+            Some(run) => {
+                for (_, r) in crate::vars::scan(run) {
+                    if let crate::vars::Ref::ConcourseLocal(name) = r {
+                        let across = cells.get(t.name.as_str()).map(Vec::as_slice).unwrap_or_default();
+                        cx.err(&format!("{path}.run"), flow::concourse_local(name, "run", true, across, &load_vars));
+                    }
+                }
+            }
         }
     }
 }

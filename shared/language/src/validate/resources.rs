@@ -1,8 +1,13 @@
-//! Resource types, resources and MCP servers.
+//! Resource types, resources (a built-in type's `source:` keys) and MCP servers.
+
+use std::collections::HashSet;
+
+use serde_json::Value;
 
 use super::{check_container, check_env, is_env_name, Container, Cx};
+use crate::builtins::{self, BuiltinResourceType};
 use crate::expr::{compile, Stage};
-use crate::model::{McpStage, ResourceType};
+use crate::model::{McpStage, Resource, ResourceType};
 
 /// Which backend a resource type uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,8 +48,14 @@ pub(crate) fn has_out(t: &ResourceType) -> bool {
 
 pub(crate) fn check(cx: &mut Cx) {
     let p = cx.p;
+    // The built-in types the file does not shadow (registered after it, so not in it).
+    let mut builtin = HashSet::new();
     for (i, t) in p.resource_types.iter().enumerate() {
-        check_type(cx, t, &format!("resource_types[{i}]"));
+        let path = format!("resource_types[{i}]");
+        if !cx.r.map.contains(&path) {
+            builtin.insert(t.name.as_str());
+        }
+        check_type(cx, t, &path);
     }
     for (i, r) in p.resources.iter().enumerate() {
         let path = format!("resources[{i}]");
@@ -57,6 +68,9 @@ pub(crate) fn check(cx: &mut Cx) {
             Some(t) => {
                 if backend(t) == Backend::Mcp && r.env.is_some() {
                     cx.err(&format!("{path}.env"), format!("resource \"{}\": env: has no effect on an mcp-backed type; the server's own environment applies", r.name));
+                }
+                if let Some(doc) = builtin.contains(t.name.as_str()).then(|| builtins::resource_type_doc(&t.name)).flatten() {
+                    check_builtin_source(cx, r, doc, &path);
                 }
             }
         }
@@ -127,6 +141,32 @@ pub(crate) fn check(cx: &mut Cx) {
                 }
             }
         }
+    }
+}
+
+/// A resource of a built-in type: its `source:` sets only the keys the type
+/// reads, and every key it needs.
+fn check_builtin_source(cx: &mut Cx, r: &Resource, doc: &BuiltinResourceType, path: &str) {
+    let keys = || doc.source.iter().map(|k| k.key);
+    let takes = doc.source.iter().map(|k| if k.required { format!("{} (required)", k.key) } else { k.key.to_string() }).collect::<Vec<_>>().join(", ");
+    let empty = serde_json::Map::new();
+    let source = match &r.source {
+        None | Some(Value::Null) => &empty,
+        Some(Value::Object(m)) => m,
+        Some(_) => {
+            cx.err(&format!("{path}.source"), format!("resource \"{}\": source: of a {} resource is a mapping; it takes {takes}", r.name, doc.name));
+            return;
+        }
+    };
+    for key in source.keys() {
+        if !keys().any(|k| k == key) {
+            let sug = cx.suggest(key, keys());
+            cx.err(&format!("{path}.source.{key}"), format!("resource \"{}\": unknown source key \"{key}\" for a {} resource{sug}; a {} source takes {takes}", r.name, doc.name, doc.name));
+        }
+    }
+    for k in doc.source.iter().filter(|k| k.required && !source.contains_key(k.key)) {
+        let at = if r.source.is_some() { format!("{path}.source") } else { path.to_string() };
+        cx.err(&at, format!("resource \"{}\": a {} resource needs source.{}: {}", r.name, doc.name, k.key, k.description));
     }
 }
 

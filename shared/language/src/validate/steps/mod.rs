@@ -24,6 +24,7 @@ use get::check_get;
 use put::check_put;
 use task::check_task;
 pub(crate) use task::check_fix;
+pub(crate) use placement::misplaced;
 
 /// Where a step sits, for placement rules.
 #[derive(Debug, Clone, Copy, Default)]

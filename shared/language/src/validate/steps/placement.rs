@@ -81,6 +81,14 @@ const PLACEMENT: &[Rule] = &[
     ),
     only_on(&[("run", |s| s.run.is_some() && s.run_file.is_none())], &[Task], Say::OnlyOn("task steps")),
     only_on(&[("fix", |s| s.fix.is_some())], &[Task], Say::OnlyOn("task steps")),
+    // The load reports these three first (reading their files); here they
+    // keep the table whole.
+    only_on(&[("run_file", |s| s.run_file.is_some())], &[Task], Say::Text("run_file: is only valid on task steps")),
+    only_on(
+        &[("prompt_file", |s| s.prompt_file.is_some()), ("message_files", |s| s.message_files.is_some())],
+        &[Agent],
+        Say::Text("{key}: is only valid on agent steps"),
+    ),
     only_on(AGENT_ONLY, &[Agent], Say::OnlyOn("agent steps")),
     only_on(&[("verdicts", |s| s.verdicts.is_some())], &[Agent], Say::Verdicts),
     only_on(&[("context", |s| s.context.is_some())], &[Agent, Task], Say::OnlyOn("agent and task steps")),
@@ -170,6 +178,7 @@ fn message(say: Say, key: &str, kind: StepKind) -> Option<String> {
 }
 
 /// Keys set on a step that its kind does not take: (key path, message).
+/// The key reference (`crate::reference`) reads the table through it too.
 pub(crate) fn misplaced(s: &Step, kind: StepKind, path: &str) -> Vec<(String, String)> {
     let mut out = Vec::new();
     let mut e = |key: &str, msg: String| out.push((format!("{path}.{key}"), msg));
