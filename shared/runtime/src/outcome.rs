@@ -80,6 +80,11 @@ impl Outcome {
         }
     }
 
+    /// The outcome a word names, as [`Outcome::word`] writes it.
+    pub fn from_word(word: &str) -> Option<Outcome> {
+        [Outcome::Succeeded, Outcome::Failed, Outcome::Errored, Outcome::Aborted].into_iter().find(|o| o.word() == word)
+    }
+
     /// The hook that fires for this outcome.
     pub fn hook(self) -> &'static str {
         match self {

@@ -161,7 +161,11 @@ impl tonic::service::Interceptor for TokenCheck {
                 let peer = req.remote_addr().map(|a| a.to_string()).unwrap_or_else(|| "unknown".into());
                 let why = if req.metadata().contains_key("authorization") { "an unknown token" } else { "no token" };
                 (self.on_refusal)(&peer, why);
-                Err(Status::unauthenticated("a valid token is required (steppe … --token-file F)"))
+                Err(Status::unauthenticated(if why == "no token" {
+                    "this coordinator requires a token: pass --token-file F (a file holding its --token-file token, or an entry of its --auth file; `steppe token new` makes one)"
+                } else {
+                    "the coordinator does not know this token: check --token-file (it must hold the coordinator's --token-file token or a token of its --auth file)"
+                }))
             }
         }
     }

@@ -18,7 +18,9 @@ pub enum StoreError {
     Io { path: String, source: std::io::Error },
 }
 
+mod events;
 mod scope;
+pub use events::{now_ms, step_states, RunEvent, StepState};
 
 pub use scope::{check_name, PipelineSummary, RunFilter, Scope};
 
@@ -163,10 +165,20 @@ pub trait Store: Send + Sync {
     fn add_spans(&self, run_id: &str, spans: &[crate::trace::SpanRecord]) -> Result<(), StoreError>;
     /// A run's spans, in the order they were added.
     fn spans(&self, run_id: &str) -> Result<Vec<crate::trace::SpanRecord>, StoreError>;
-    /// Appends a run event (a step started or ended, a note), stamped now.
-    fn record_event(&self, run_id: &str, kind: &str, step: &str, message: &str) -> Result<(), StoreError>;
-    /// A run's events in order: (kind, step, message).
-    fn events(&self, run_id: &str) -> Result<Vec<(String, String, String)>, StoreError>;
+    /// Appends events of a run (steps started and ended, notes, live
+    /// output lines), in order.
+    fn record_events(&self, run_id: &str, events: &[RunEvent]) -> Result<(), StoreError>;
+    /// A run's events from the `after`-th on (0: all of them), in order:
+    /// what a follower has not seen yet.
+    fn events_after(&self, run_id: &str, after: usize) -> Result<Vec<RunEvent>, StoreError>;
+    /// Appends one run event, stamped now.
+    fn record_event(&self, run_id: &str, kind: &str, step: &str, message: &str) -> Result<(), StoreError> {
+        self.record_events(run_id, &[RunEvent::now(kind, step, message)])
+    }
+    /// A run's events in order.
+    fn events(&self, run_id: &str) -> Result<Vec<RunEvent>, StoreError> {
+        self.events_after(run_id, 0)
+    }
     /// Parks an approval of a run of `scope`; returns its id.
     fn request_approval(&self, scope: &Scope, run_id: &str, job: &str, message: &str, requested_ms: i64, deadline_ms: i64) -> Result<i64, StoreError>;
     fn approval(&self, id: i64) -> Result<Option<ApprovalRecord>, StoreError>;
@@ -278,7 +290,14 @@ pub(crate) mod tests {
         assert_eq!(logs[2].omitted, omitted, "the omission travels with its line");
         s.record_event("r1", "started", "compile", "").unwrap();
         s.record_event("r1", "ended", "compile", "succeeded").unwrap();
-        assert_eq!(s.events("r1").unwrap().iter().map(|e| e.0.as_str()).collect::<Vec<_>>(), ["started", "ended"]);
+        s.record_events("r1", &[RunEvent::now("stdout", "compile", "line 1"), RunEvent { at_ms: 7, ..RunEvent::now("stderr", "compile", "line 2") }]).unwrap();
+        let events = s.events("r1").unwrap();
+        assert_eq!(events.iter().map(|e| e.kind.as_str()).collect::<Vec<_>>(), ["started", "ended", "stdout", "stderr"]);
+        assert!(events[0].at_ms > 0, "stamped");
+        assert_eq!((events[3].at_ms, events[3].message.as_str()), (7, "line 2"));
+        assert_eq!(s.events_after("r1", 2).unwrap(), events[2..], "a follower's next events");
+        assert!(s.events_after("r1", 4).unwrap().is_empty());
+        assert!(s.events_after("r1", 99).unwrap().is_empty());
         let a = s.request_approval(&ci, "r1", "build", "Ship it?", 40, 50).unwrap();
         let b = s.request_approval(&ci, "r2", "test", "Again?", 41, 51).unwrap();
         assert_ne!(a, b);

@@ -7,7 +7,7 @@
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
-use super::{ApprovalRecord, LogLine, PipelineSummary, RunFilter, RunRecord, Scope, StepRecord, Store, StoreError};
+use super::{ApprovalRecord, LogLine, PipelineSummary, RunEvent, RunFilter, RunRecord, Scope, StepRecord, Store, StoreError};
 
 /// The most kept while the backend is away (bytes, about); more is refused.
 const KEPT_MAX: usize = 64 << 20;
@@ -18,7 +18,7 @@ enum Write {
     Step(StepRecord),
     Logs(String, Vec<LogLine>),
     Spans(String, Vec<crate::trace::SpanRecord>),
-    Event(String, String, String, String),
+    Events(String, Vec<RunEvent>),
     Versions(Scope, String, Vec<serde_json::Value>),
     Green(Scope, String, String, serde_json::Value),
 }
@@ -31,7 +31,7 @@ impl Write {
             Write::Spans(_, spans) => spans.iter().map(|s| 128 + s.name.len() + s.attributes.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()).sum(),
             Write::Step(s) => s.message.len() + s.detail.as_ref().map_or(0, String::len),
             Write::FinishRun(r) => r.message.len(),
-            Write::Event(_, _, _, m) => m.len(),
+            Write::Events(_, events) => events.iter().map(|e| 48 + e.step.len() + e.message.len()).sum(),
             Write::Versions(_, _, v) => v.iter().map(|x| x.to_string().len()).sum(),
             Write::StartRun(..) | Write::Green(..) => 0,
         }
@@ -56,7 +56,7 @@ impl<S: Store> Outbox<S> {
             Write::Step(s) => self.inner.record_step(s),
             Write::Logs(r, l) => self.inner.append_logs(r, l),
             Write::Spans(r, s) => self.inner.add_spans(r, s),
-            Write::Event(r, k, s, m) => self.inner.record_event(r, k, s, m),
+            Write::Events(r, e) => self.inner.record_events(r, e),
             Write::Versions(sc, r, v) => self.inner.record_versions(sc, r, v),
             Write::Green(sc, j, r, v) => self.inner.record_green(sc, j, r, v),
         }
@@ -127,8 +127,8 @@ impl<S: Store> Store for Outbox<S> {
     fn add_spans(&self, run_id: &str, spans: &[crate::trace::SpanRecord]) -> Result<(), StoreError> {
         self.write(Write::Spans(run_id.into(), spans.to_vec()))
     }
-    fn record_event(&self, run_id: &str, kind: &str, step: &str, message: &str) -> Result<(), StoreError> {
-        self.write(Write::Event(run_id.into(), kind.into(), step.into(), message.into()))
+    fn record_events(&self, run_id: &str, events: &[RunEvent]) -> Result<(), StoreError> {
+        self.write(Write::Events(run_id.into(), events.to_vec()))
     }
     fn record_versions(&self, scope: &Scope, resource: &str, versions: &[serde_json::Value]) -> Result<(), StoreError> {
         self.write(Write::Versions(scope.clone(), resource.into(), versions.to_vec()))
@@ -160,9 +160,9 @@ impl<S: Store> Store for Outbox<S> {
         self.settle();
         self.inner.spans(run_id)
     }
-    fn events(&self, run_id: &str) -> Result<Vec<(String, String, String)>, StoreError> {
+    fn events_after(&self, run_id: &str, after: usize) -> Result<Vec<RunEvent>, StoreError> {
         self.settle();
-        self.inner.events(run_id)
+        self.inner.events_after(run_id, after)
     }
     fn request_approval(&self, scope: &Scope, run_id: &str, job: &str, message: &str, requested_ms: i64, deadline_ms: i64) -> Result<i64, StoreError> {
         self.settle();
@@ -236,13 +236,13 @@ mod tests {
         fn logs(&self, _: &str) -> Result<Vec<LogLine>, StoreError> { Ok(vec![]) }
         fn add_spans(&self, _: &str, _: &[crate::trace::SpanRecord]) -> Result<(), StoreError> { self.up() }
         fn spans(&self, _: &str) -> Result<Vec<crate::trace::SpanRecord>, StoreError> { Ok(vec![]) }
-        fn record_event(&self, _: &str, kind: &str, _: &str, _: &str) -> Result<(), StoreError> {
+        fn record_events(&self, _: &str, events: &[RunEvent]) -> Result<(), StoreError> {
             self.up()?;
-            self.events.lock().unwrap().push(kind.to_string());
+            self.events.lock().unwrap().extend(events.iter().map(|e| e.kind.clone()));
             Ok(())
         }
-        fn events(&self, _: &str) -> Result<Vec<(String, String, String)>, StoreError> {
-            Ok(self.events.lock().unwrap().iter().map(|k| (k.clone(), String::new(), String::new())).collect())
+        fn events_after(&self, _: &str, after: usize) -> Result<Vec<RunEvent>, StoreError> {
+            Ok(self.events.lock().unwrap().iter().skip(after).map(|k| RunEvent::now(k, "", "")).collect())
         }
         fn request_approval(&self, _: &Scope, _: &str, _: &str, _: &str, _: i64, _: i64) -> Result<i64, StoreError> { self.up().map(|()| 1) }
         fn approval(&self, _: i64) -> Result<Option<ApprovalRecord>, StoreError> { Ok(None) }
@@ -267,7 +267,7 @@ mod tests {
         assert!(o.request_approval(&Scope::default(), "r", "j", "m", 0, 1).is_err(), "what must answer now is not kept");
         o.inner.down.store(false, Ordering::SeqCst);
         o.record_event("r", "d", "", "").unwrap();
-        let kinds: Vec<String> = o.events("r").unwrap().into_iter().map(|e| e.0).collect();
+        let kinds: Vec<String> = o.events("r").unwrap().into_iter().map(|e| e.kind).collect();
         assert_eq!(kinds, vec!["a", "b", "c", "d"]);
     }
 }

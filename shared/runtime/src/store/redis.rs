@@ -5,7 +5,7 @@ use std::sync::Mutex;
 
 use redis::Commands;
 
-use super::{canonical, ApprovalRecord, LogLine, PipelineSummary, RunFilter, RunRecord, Scope, StepRecord, Store, StoreError};
+use super::{canonical, ApprovalRecord, LogLine, PipelineSummary, RunFilter, RunEvent, RunRecord, Scope, StepRecord, Store, StoreError};
 
 pub struct RedisStore {
     /// The URL as messages show it (password masked).
@@ -140,6 +140,15 @@ impl RedisStore {
         serde_json::from_str(raw).map_err(|e| StoreError::Redis { url: self.url.clone(), message: format!("a record that does not decode: {e}") })
     }
 
+    /// An event as stored now, or as a (kind, step, message) triple, as
+    /// earlier versions stored them (time unknown: 0).
+    fn event(&self, raw: &str) -> Result<RunEvent, StoreError> {
+        match serde_json::from_str::<(String, String, String)>(raw) {
+            Ok((kind, step, message)) => Ok(RunEvent { at_ms: 0, kind, step, message }),
+            Err(_) => self.decode(raw),
+        }
+    }
+
     fn encode<T: serde::Serialize>(v: &T) -> String {
         serde_json::to_string(v).unwrap_or_default()
     }
@@ -251,15 +260,19 @@ impl Store for RedisStore {
         raw.iter().map(|r| self.decode(r)).collect()
     }
 
-    fn record_event(&self, run_id: &str, kind: &str, step: &str, message: &str) -> Result<(), StoreError> {
+    fn record_events(&self, run_id: &str, events: &[RunEvent]) -> Result<(), StoreError> {
+        if events.is_empty() {
+            return Ok(());
+        }
         let key = self.k(&["events", run_id]);
-        self.with(|c| c.rpush(&key, Self::encode(&(kind, step, message))))
+        let encoded: Vec<String> = events.iter().map(Self::encode).collect();
+        self.with(|c| c.rpush(&key, &encoded))
     }
 
-    fn events(&self, run_id: &str) -> Result<Vec<(String, String, String)>, StoreError> {
+    fn events_after(&self, run_id: &str, after: usize) -> Result<Vec<RunEvent>, StoreError> {
         let key = self.k(&["events", run_id]);
-        let raw: Vec<String> = self.with(|c| c.lrange(&key, 0, -1))?;
-        raw.iter().map(|r| self.decode(r)).collect()
+        let raw: Vec<String> = self.with(|c| c.lrange(&key, isize::try_from(after).unwrap_or(isize::MAX), -1))?;
+        raw.iter().map(|r| self.event(r)).collect()
     }
 
     fn request_approval(&self, scope: &Scope, run_id: &str, job: &str, message: &str, requested_ms: i64, deadline_ms: i64) -> Result<i64, StoreError> {

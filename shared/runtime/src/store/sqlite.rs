@@ -5,7 +5,7 @@ use std::sync::Mutex;
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::{canonical, ApprovalRecord, LogLine, PipelineSummary, RunFilter, RunRecord, Scope, StepRecord, Store, StoreError};
+use super::{canonical, ApprovalRecord, LogLine, PipelineSummary, RunFilter, RunEvent, RunRecord, Scope, StepRecord, Store, StoreError};
 
 pub struct SqliteStore {
     path: String,
@@ -329,17 +329,24 @@ impl Store for SqliteStore {
         })
     }
 
-    fn record_event(&self, run_id: &str, kind: &str, step: &str, message: &str) -> Result<(), StoreError> {
-        let at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
+    fn record_events(&self, run_id: &str, events: &[RunEvent]) -> Result<(), StoreError> {
         self.with(|c| {
-            c.execute("INSERT INTO events (run_id, at_ms, kind, step, message) VALUES (?1, ?2, ?3, ?4, ?5)", params![run_id, at, kind, step, message]).map(|_| ())
+            let tx = c.transaction()?;
+            {
+                let mut st = tx.prepare_cached("INSERT INTO events (run_id, at_ms, kind, step, message) VALUES (?1, ?2, ?3, ?4, ?5)")?;
+                for e in events {
+                    st.execute(params![run_id, e.at_ms, e.kind, e.step, e.message])?;
+                }
+            }
+            tx.commit()
         })
     }
 
-    fn events(&self, run_id: &str) -> Result<Vec<(String, String, String)>, StoreError> {
+    fn events_after(&self, run_id: &str, after: usize) -> Result<Vec<RunEvent>, StoreError> {
+        let after = i64::try_from(after).unwrap_or(i64::MAX);
         self.with(|c| {
-            let mut st = c.prepare("SELECT kind, step, message FROM events WHERE run_id = ?1 ORDER BY seq")?;
-            let rows = st.query_map(params![run_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+            let mut st = c.prepare_cached("SELECT at_ms, kind, step, message FROM events WHERE run_id = ?1 ORDER BY seq LIMIT -1 OFFSET ?2")?;
+            let rows = st.query_map(params![run_id, after], |r| Ok(RunEvent { at_ms: r.get(0)?, kind: r.get(1)?, step: r.get(2)?, message: r.get(3)? }))?;
             rows.collect()
         })
     }

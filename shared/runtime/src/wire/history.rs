@@ -2,7 +2,7 @@
 
 use steppe_proto::v1;
 
-use crate::store::{ApprovalRecord, LogLine, Omitted, PipelineSummary, RunRecord, StepRecord};
+use crate::store::{ApprovalRecord, LogLine, Omitted, PipelineSummary, RunEvent, RunRecord, StepRecord};
 
 pub fn run_to_wire(r: RunRecord) -> v1::RunRecord {
     // Which process runs it stays with the store.
@@ -54,13 +54,14 @@ pub fn log_from_wire(l: v1::LogLine) -> LogLine {
     }
 }
 
-/// A run event as the store gives it: (kind, step, message).
-pub fn event_to_wire((kind, step, message): (String, String, String)) -> v1::RunEventRecord {
-    v1::RunEventRecord { kind, step, message }
+pub fn event_to_wire(e: RunEvent) -> v1::RunEventRecord {
+    let RunEvent { at_ms, kind, step, message } = e;
+    v1::RunEventRecord { kind, step, message, at_ms }
 }
 
-pub fn event_from_wire(e: v1::RunEventRecord) -> (String, String, String) {
-    (e.kind, e.step, e.message)
+pub fn event_from_wire(e: v1::RunEventRecord) -> RunEvent {
+    let v1::RunEventRecord { kind, step, message, at_ms } = e;
+    RunEvent { at_ms, kind, step, message }
 }
 
 pub fn approval_to_wire(a: ApprovalRecord) -> v1::ApprovalRecord {
@@ -116,7 +117,7 @@ mod tests {
         ] {
             assert_eq!(log_from_wire(through_bytes(log_to_wire(l.clone()))), l);
         }
-        let e = ("ended".to_string(), "compile".to_string(), "succeeded".to_string());
+        let e = RunEvent { at_ms: 17, ..RunEvent::now("ended", "compile", "succeeded") };
         assert_eq!(event_from_wire(through_bytes(event_to_wire(e.clone()))), e);
         for a in [
             ApprovalRecord { id: 4, team: "blue".into(), pipeline: "web".into(), run_id: "r".into(), job: "j".into(), message: "Ship?".into(), requested_ms: 40, deadline_ms: 50, decision: Some("rejected".into()), reason: "no".into(), approver: "ana".into() },
