@@ -172,6 +172,22 @@ fn a_url_without_a_scheme_says_how_to_write_it() {
     }
 }
 
+/// A coordinator nobody listens at: the cause once, then what to try.
+#[test]
+fn an_unreachable_coordinator_says_what_to_check() {
+    let d = scratch("unreachable");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
+    let url = format!("http://127.0.0.1:{port}");
+    for args in [&["runs", "--coordinator", &url][..], &["submit", "p.yml", "--coordinator", &url][..]] {
+        std::fs::write(d.join("p.yml"), "jobs:\n- name: j\n  plan:\n  - task: t\n    run: 'true'\n").expect("write");
+        let (code, _, err) = steppe(args, &d);
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains(&format!("cannot reach the coordinator at {url}")), "{err}");
+        assert_eq!(err.matches("transport error").count(), 1, "the cause is said once: {err}");
+        assert!(err.contains("steppe: hint: is a coordinator listening at") && err.contains("steppe coordinator --listen"), "{err}");
+    }
+}
+
 /// A failed step comes first, the job assert's verdict after it, each on a line of its own.
 #[test]
 fn a_failing_jobs_last_lines_name_the_cause_first() {
@@ -197,4 +213,95 @@ fn quiet_means_the_verdict_only_through_a_coordinator_too() {
     let (_, out, _) = steppe(&["run", "p.yml", "--coordinator", &url], &d);
     assert!(out.contains("chatty-output"), "without -q the steps show: {out}");
     common::stop([&mut coord]);
+}
+
+/// A step that prints `first`, waits for the file `go` in the test's
+/// directory, prints `second`; then a step that fails with exit 3.
+fn gated_pipeline(d: &std::path::Path) {
+    let go = d.join("go");
+    std::fs::write(
+        d.join("gated.yml"),
+        format!("jobs:\n- name: gated\n  plan:\n  - task: wait\n    run: echo first; while [ ! -e '{}' ]; do sleep 0.1; done; echo second\n  - task: last\n    run: exit 3\n", go.display()),
+    )
+    .expect("write");
+}
+
+/// Lines a child prints, as they come, for a test to wait on.
+fn lines_of(child: &mut std::process::Child) -> common::Log {
+    let log = common::Log::default();
+    let out = child.stdout.take().expect("stdout");
+    let kept = log.clone();
+    std::thread::spawn(move || {
+        for l in std::io::BufRead::lines(std::io::BufReader::new(out)).map_while(Result::ok) {
+            if let Ok(mut g) = kept.lock() {
+                g.push_str(&l);
+                g.push('\n');
+            }
+        }
+    });
+    log
+}
+
+/// Follows the gated run from another process while its first step runs:
+/// the step's line arrives before it ends, --steps and --logs show it
+/// running, and following ends with the run's exit code.
+fn follow_the_gated_run(d: &std::path::Path, remote: &[&str]) {
+    use std::time::Duration;
+    fn joined<'a>(args: &[&'a str], remote: &[&'a str]) -> Vec<&'a str> {
+        [args, remote].concat()
+    }
+    let with = |args: &[&'static str]| joined(args, remote);
+    common::wait_for("the run's first step to run", Duration::from_secs(30), || steppe(&with(&["runs", "gated.yml", "--steps"]), d).1.lines().any(|l| l.starts_with("wait ") && l.contains("running")));
+    let (_, steps, _) = steppe(&with(&["runs", "gated.yml", "--steps"]), d);
+    let row = steps.lines().find(|l| l.starts_with("wait ")).unwrap_or_else(|| panic!("{steps}"));
+    assert!(row.contains("running") && row.split_whitespace().any(|w| w.ends_with('s') && w.chars().next().is_some_and(|c| c.is_ascii_digit())), "running with its elapsed time: {steps}");
+    common::wait_for("the first line to be recorded", Duration::from_secs(10), || steppe(&with(&["runs", "gated.yml", "--logs"]), d).1.contains("[wait] first"));
+    let (_, logs, _) = steppe(&with(&["runs", "gated.yml", "--logs"]), d);
+    assert!(logs.contains("wait is still running; its output so far:"), "{logs}");
+    let mut from_start = common::child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(with(&["runs", "gated.yml", "--follow"])).current_dir(d).stdout(std::process::Stdio::piped()).spawn().expect("follow");
+    let mut from_now = common::child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(with(&["runs", "gated.yml", "--follow", "--from-now"])).current_dir(d).stdout(std::process::Stdio::piped()).spawn().expect("follow");
+    let (seen, seen_now) = (lines_of(&mut from_start), lines_of(&mut from_now));
+    let has = |log: &common::Log, what: &str| log.lock().map(|l| l.contains(what)).unwrap_or(false);
+    common::wait_for("the follower to print the running step's line", Duration::from_secs(10), || has(&seen, "[wait] first"));
+    common::wait_for("the follower from now to list the running step", Duration::from_secs(10), || has(&seen_now, "… wait running for"));
+    assert!(!has(&seen, "second") && !has(&seen, "✔ wait"), "the step has not ended yet");
+    std::fs::write(d.join("go"), "").expect("go");
+    for (mut child, log) in [(from_start, seen), (from_now, seen_now)] {
+        let status = child.wait().expect("follow ends");
+        common::wait_for("the follower's last line", Duration::from_secs(5), || has(&log, " failed in "));
+        let text = log.lock().map(|l| l.clone()).unwrap_or_default();
+        assert_eq!(status.code(), Some(1), "following exits as the run did: {text}");
+        for want in ["[wait] second", "✔ wait (", "▶ last", "✘ last failed", "last: exit status 3"] {
+            assert!(text.contains(want), "{want:?} in {text}");
+        }
+    }
+}
+
+/// `runs --follow` follows a run started elsewhere, embedded.
+#[test]
+fn a_detached_run_is_followed_live_on_its_own_store() {
+    let d = scratch("follow-embedded");
+    gated_pipeline(&d);
+    let mut run = common::child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(["run", "gated.yml"]).current_dir(&d).stdout(std::process::Stdio::null()).spawn().expect("run");
+    follow_the_gated_run(&d, &[]);
+    assert_eq!(run.wait().expect("run").code(), Some(1));
+}
+
+/// The same through a coordinator, whose log lines carry the run and pipeline.
+#[test]
+fn a_detached_run_is_followed_live_through_a_coordinator() {
+    let d = scratch("follow-cluster");
+    gated_pipeline(&d);
+    let (mut coord, url, log) = common::serving_logged(&["coordinator", "--listen", "127.0.0.1:0", "--workers", "1", "--state", "state", "--log-format", "json"], &d);
+    let (code, out, err) = steppe(&["submit", "gated.yml", "--detach", "--coordinator", &url], &d);
+    assert_eq!(code, 0, "{out}{err}");
+    follow_the_gated_run(&d, &["--coordinator", &url]);
+    common::stop([&mut coord]);
+    let log = log.lock().map(|l| l.clone()).unwrap_or_default();
+    let lines: Vec<serde_json::Value> = log.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("a JSON line: {l:?}: {e}"))).collect();
+    let run_id = out.trim();
+    let about_run: Vec<&serde_json::Value> = lines.iter().filter(|l| l["run"] == run_id).collect();
+    assert!(about_run.iter().any(|l| l["message"] == "[wait] first" && l["pipeline"] == "gated" && l["job"] == "gated"), "{log}");
+    assert!(about_run.iter().any(|l| l["message"] == "run failed" && l["outcome"] == "failed"), "{log}");
+    assert!(lines.iter().any(|l| l["level"] == "WARN" && l["message"].as_str().is_some_and(|m| m.contains("no --auth or --token-file"))), "{log}");
 }

@@ -36,7 +36,7 @@ fn submit_through_a_coordinator_and_two_workers() {
     let mut workers = [worker(&url, true), worker(&url, true)];
     let intruder = worker(&url, false).wait_with_output().expect("intruder");
     assert_ne!(intruder.status.code(), Some(0));
-    assert!(String::from_utf8_lossy(&intruder.stderr).contains("valid token is required"));
+    assert!(String::from_utf8_lossy(&intruder.stderr).contains("this coordinator requires a token: pass --token-file F"));
     for name in ["blocks.yml", "workspace.yml", "resources.yml", "modifiers.yml", "passed.yml", "expr-resources.yml"] {
         let src = repo("tests/run").join(name);
         std::fs::copy(&src, work.join(name)).expect("copy");

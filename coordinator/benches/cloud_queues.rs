@@ -98,7 +98,7 @@ fn through(dir: &Path, kind: &str, queue: &str, n: usize) -> Figures {
         .expect("coordinator");
     let mut lines = BufReader::new(coordinator.stdout.take().expect("stdout")).lines();
     let first = lines.next().expect("address").expect("utf8");
-    let url = format!("http://{}", first.strip_prefix("serving workers on ").expect("address line"));
+    let url = format!("http://{}", first.split_once("serving workers on ").expect("address line").1);
     std::thread::spawn(move || for _ in lines.by_ref() {});
     let mut workers: Vec<Child> = (0..2).map(|_| steppe().args(["worker", "--coordinator", &url, "--slots", &SLOTS_PER_WORKER.to_string()]).stderr(Stdio::null()).spawn().expect("worker")).collect();
     let t = Instant::now();

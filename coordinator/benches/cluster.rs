@@ -77,7 +77,7 @@ impl Cluster {
             .expect("spawn coordinator");
         let mut lines = BufReader::new(coordinator.stdout.take().expect("stdout")).lines();
         let first = lines.next().expect("address line").expect("utf8");
-        let url = format!("http://{}", first.strip_prefix("serving workers on ").expect("address line"));
+        let url = format!("http://{}", first.split_once("serving workers on ").expect("address line").1);
         std::thread::spawn(move || for _ in lines.by_ref() {});
         let workers = (0..2)
             .map(|_| {

@@ -42,6 +42,18 @@ pub enum DispatchMsg {
     Figures(RpcReplyPort<Vec<PoolFigures>>),
     /// A waited-for assignment as last handed out (for a worker that took a stand-in).
     Whole(String, RpcReplyPort<Option<Assignment>>),
+    /// Assignments no worker has begun after this long, not told before.
+    LongWaits(std::time::Duration, RpcReplyPort<Vec<LongWait>>),
+}
+
+/// An assignment that has waited in its queue past the time to say so.
+#[derive(Debug, Clone)]
+pub struct LongWait {
+    pub run_id: String,
+    pub step: String,
+    /// The pool whose queue it waits in (its container queue's, for a step with an image).
+    pub pool: String,
+    pub waited: std::time::Duration,
 }
 
 /// What the Dispatcher knows of one pool's assignments.
@@ -73,6 +85,8 @@ pub struct DispatcherState {
     metrics: Arc<steppe_worker::metrics::Metrics>,
     /// Where notes about the queue go.
     hub: Option<Arc<crate::event_hub::EventHub>>,
+    /// The waiting assignments whose long wait was told.
+    told_waiting: std::collections::HashSet<String>,
 }
 
 /// The assignments someone here waits for. An entry outside it (left on a
@@ -109,6 +123,7 @@ impl DispatcherState {
         }
         self.queued_at.remove(id);
         self.started_at.remove(id);
+        self.told_waiting.remove(id);
         self.pending.remove(id).map(|(p, _)| p)
     }
 
@@ -176,6 +191,7 @@ impl Actor for DispatcherActor {
             started_at: HashMap::new(),
             metrics,
             hub,
+            told_waiting: Default::default(),
         })
     }
 
@@ -269,6 +285,18 @@ impl Actor for DispatcherActor {
                 if st.pending.contains_key(&id) {
                     st.began(&id);
                 }
+            }
+            DispatchMsg::LongWaits(longer_than, reply) => {
+                let now = std::time::Instant::now();
+                let mut long = Vec::new();
+                for (id, (_, a)) in &st.pending {
+                    let waited = st.queued_at.get(id).map(|t| now.duration_since(*t)).unwrap_or_default();
+                    if waited >= longer_than && !st.started_at.contains_key(id) && st.told_waiting.insert(id.clone()) {
+                        let pool = if a.pool.is_empty() { steppe_runtime::queue::DEFAULT_POOL.to_string() } else { a.pool.clone() };
+                        long.push(LongWait { run_id: a.run_id.clone(), step: a.step.clone(), pool, waited });
+                    }
+                }
+                let _ = reply.send(long);
             }
             DispatchMsg::Figures(reply) => {
                 let mut by_pool: std::collections::BTreeMap<String, PoolFigures> = std::collections::BTreeMap::new();
@@ -388,6 +416,11 @@ impl Dispatcher {
     /// Per pool: what waits, what runs, the oldest wait.
     pub async fn figures(&self) -> Vec<PoolFigures> {
         ractor::call!(self.actor, DispatchMsg::Figures).unwrap_or_default()
+    }
+
+    /// Assignments no worker has begun after `longer_than`, each told once.
+    pub async fn long_waits(&self, longer_than: std::time::Duration) -> Vec<LongWait> {
+        ractor::call!(self.actor, DispatchMsg::LongWaits, longer_than).unwrap_or_default()
     }
 
     pub fn running_remotely(&self, id: &str, tx: SessionTx) {

@@ -12,7 +12,7 @@ use steppe_proto::v1::history_server::History;
 use steppe_proto::v1::history_reply::Reply;
 use steppe_proto::v1::{self as v1, DecideReply, DecideRequest, HistoryQuery, HistoryReply, RunsQuery};
 use steppe_runtime::auth::{Identity, Role};
-use steppe_runtime::store::{ApprovalRecord, LogLine, PipelineSummary, RunFilter, RunRecord, Scope, StepRecord, Store, StoreError};
+use steppe_runtime::store::{ApprovalRecord, LogLine, PipelineSummary, RunEvent, RunFilter, RunRecord, Scope, StepRecord, Store, StoreError};
 use steppe_runtime::wire::history::{
     approval_from_wire, approval_to_wire, event_from_wire, event_to_wire, log_from_wire, log_to_wire, pipeline_from_wire, pipeline_to_wire, reply_kind, run_from_wire, run_to_wire, step_from_wire,
     step_to_wire,
@@ -53,6 +53,10 @@ impl History for HistoryService {
                 What::Steps(id) => Reply::Steps(v1::StepList { steps: if visible(&id)? { store.steps(&id)?.into_iter().map(step_to_wire).collect() } else { Vec::new() } }),
                 What::Logs(id) => Reply::Logs(v1::LogList { lines: if visible(&id)? { store.logs(&id)?.into_iter().map(log_to_wire).collect() } else { Vec::new() } }),
                 What::Events(id) => Reply::Events(v1::EventList { events: if visible(&id)? { store.events(&id)?.into_iter().map(event_to_wire).collect() } else { Vec::new() } }),
+                What::EventsAfter(q) => {
+                    let after = usize::try_from(q.after).unwrap_or(usize::MAX);
+                    Reply::Events(v1::EventList { events: if visible(&q.run_id)? { store.events_after(&q.run_id, after)?.into_iter().map(event_to_wire).collect() } else { Vec::new() } })
+                }
                 What::Approval(id) => Reply::Approval(v1::FoundApproval { approval: store.approval(id)?.filter(|a| who.sees(&a.team)).map(approval_to_wire) }),
                 What::Pending(q) => {
                     let pipeline = nonempty(&q.pipeline);
@@ -206,7 +210,7 @@ impl Store for RemoteStore {
             other => Err(self.unexpected("logs", &other)),
         }
     }
-    fn record_event(&self, _: &str, _: &str, _: &str, _: &str) -> Result<(), StoreError> {
+    fn record_events(&self, _: &str, _: &[RunEvent]) -> Result<(), StoreError> {
         Err(self.read_only())
     }
     fn heartbeat(&self, _: &str, _: i64, _: i64) -> Result<(), StoreError> {
@@ -218,8 +222,8 @@ impl Store for RemoteStore {
     fn orphaned_runs(&self, _: i64) -> Result<Vec<RunRecord>, StoreError> {
         Err(self.read_only())
     }
-    fn events(&self, run_id: &str) -> Result<Vec<(String, String, String)>, StoreError> {
-        match self.ask(What::Events(run_id.to_string()))? {
+    fn events_after(&self, run_id: &str, after: usize) -> Result<Vec<RunEvent>, StoreError> {
+        match self.ask(What::EventsAfter(v1::EventsQuery { run_id: run_id.to_string(), after: after as u64 }))? {
             Reply::Events(l) => Ok(l.events.into_iter().map(event_from_wire).collect()),
             other => Err(self.unexpected("events", &other)),
         }

@@ -22,4 +22,5 @@ pub mod service;
 pub mod server;
 pub mod services;
 pub mod text;
+pub mod waits;
 pub mod web;

@@ -4,26 +4,8 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use steppe_coordinator::cli::{exit, Command};
-
-/// steppe runs Concourse-style YAML pipelines with LLM agent steps,
-/// on one machine or a cluster.
-///
-/// A pipeline file declares resources, jobs and agents; each job is a plan of
-/// steps (get, task, put, agent, and the blocks that combine them).
-///
-/// Start here:
-///   steppe run pipeline.yml --job build   run one job
-///   steppe test pipeline.yml           run every job, check its asserts
-///   steppe validate pipeline.yml       check a pipeline without running it
-///   steppe schema > steppe.schema.json   JSON Schema for your editor
-#[derive(Parser, Debug)]
-#[command(name = "steppe", version, about, long_about, verbatim_doc_comment)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
+use steppe_coordinator::cli::{exit, Cli};
 
 fn main() -> ExitCode {
-    exit(Cli::parse().command.run())
+    exit(Cli::parse().run())
 }

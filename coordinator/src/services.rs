@@ -54,6 +54,9 @@ pub struct ClusterOptions {
     /// Artifacts in an object store instead (`s3://BUCKET/PREFIX`); the
     /// artifact directory is then its cache here.
     pub object_store: Option<String>,
+    /// Lines go to the process log (`tracing`, naming each line's run)
+    /// rather than a terminal.
+    pub log: bool,
 }
 
 /// Starts the shared parts; `state` holds artifacts (and submissions), `db`
@@ -67,7 +70,7 @@ pub async fn start_services(state: &Path, db: &Path, scratch: &Path, slots: usiz
 pub async fn start_services_with(state: &Path, runs: Arc<dyn steppe_runtime::store::Store>, scratch: &Path, slots: usize, quiet: bool, serving: bool, cluster: ClusterOptions) -> Result<Arc<Services>> {
     use steppe_runtime::artifacts::LocalArtifactStore;
     use steppe_runtime::queue::InProcessQueue;
-    let ClusterOptions { pools, artifacts, object_store } = cluster;
+    let ClusterOptions { pools, artifacts, object_store, log } = cluster;
     let artifact_dir = artifacts.unwrap_or_else(|| state.join("artifacts"));
     let local_store = LocalArtifactStore::new(&artifact_dir).with_context(|| format!("creating {}", artifact_dir.display()))?;
     let store: Arc<dyn steppe_runtime::artifacts::ArtifactStore> = match &object_store {
@@ -80,7 +83,12 @@ pub async fn start_services_with(state: &Path, runs: Arc<dyn steppe_runtime::sto
     if slots == 0 && !serving {
         anyhow::bail!("--workers 0 leaves nobody to run steps; add --listen ADDR and start `steppe worker`s");
     }
-    let out = Arc::new(crate::event_hub::EventHub::start(quiet, Some(runs.clone())).await.context("starting the event hub")?);
+    let subscribers: Vec<Box<dyn crate::event_hub::Subscriber>> = match (log, quiet) {
+        (true, _) => vec![Box::new(crate::event_hub::Log::default())],
+        (false, true) => Vec::new(),
+        (false, false) => vec![Box::new(crate::event_hub::Terminal::new())],
+    };
+    let out = Arc::new(crate::event_hub::EventHub::start_with(subscribers, Some(runs.clone())).await.context("starting the event hub")?);
     crate::liveness::start(runs, out.clone());
     let (cancel_tx, cancel_rx) = tokio::sync::watch::channel(false);
     let pools = Arc::new(pools.unwrap_or_else(|| steppe_runtime::queue::Pools::in_process(Arc::new(InProcessQueue::new()))));
@@ -113,6 +121,7 @@ pub async fn start_services_with(state: &Path, runs: Arc<dyn steppe_runtime::sto
     if slots > 0 {
         registry.joined("local", slots as u32, false, steppe_runtime::queue::DEFAULT_POOL, containers);
     }
+    crate::waits::tell_long_waits(dispatcher.clone(), registry.clone(), out.clone());
     Ok(Arc::new(Services {
         store,
         dispatcher,

@@ -73,7 +73,8 @@ pub fn serving_child(mut child: std::process::Child) -> (std::process::Child, St
     use std::io::{BufRead, BufReader};
     let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
     let first = lines.next().expect("a first line").expect("utf8");
-    let addr = first.strip_prefix("serving workers on ").unwrap_or_else(|| panic!("unexpected first line {first:?}"));
+    // A coordinator's first log line (text or JSON) or `run --listen`'s plain one.
+    let addr = first.split_once("serving workers on ").map(|(_, a)| a.split('"').next().unwrap_or(a)).unwrap_or_else(|| panic!("unexpected first line {first:?}"));
     let url = match addr.strip_suffix(" (TLS)") {
         Some(addr) => format!("https://{addr}"),
         None => format!("http://{addr}"),

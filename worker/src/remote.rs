@@ -204,7 +204,7 @@ impl Running {
         let wire = match offloaded {
             Ok(wire) => wire,
             Err(e) => {
-                eprintln!("steppe worker: reporting {}: {e}", a.id);
+                tracing::warn!("steppe worker: reporting {}: {e}", a.id);
                 return;
             }
         };
@@ -239,18 +239,18 @@ async fn pull(
             Ok(Some(a)) => a,
             Ok(None) => {
                 if let Some(l) = steppe_runtime::outage::recovered("taking from the queue") {
-                    eprintln!("steppe worker: {l}");
+                    tracing::warn!("steppe worker: {l}");
                 }
                 continue;
             }
             Err(e) if !e.is_outage() => {
                 // One entry it could not read (moved aside): on to the next.
-                eprintln!("steppe worker: {e}");
+                tracing::warn!("steppe worker: {e}");
                 continue;
             }
             Err(e) => {
                 if let Some(l) = steppe_runtime::outage::failed("taking from the queue", &e) {
-                    eprintln!("steppe worker: {l}");
+                    tracing::warn!("steppe worker: {l}");
                 }
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
@@ -329,7 +329,7 @@ pub async fn run(config: WorkerConfig) -> Result<(), WorkerError> {
     tokio::spawn(crate::container::sweep_orphans());
     if let Some(addr) = config.metrics {
         let bound = serve_metrics(addr, stats.clone(), &config).await.map_err(|source| WorkerError::Metrics { addr: addr.to_string(), source })?;
-        eprintln!("steppe worker {}: metrics on http://{bound}/metrics", config.name);
+        tracing::info!("steppe worker {}: metrics on http://{bound}/metrics", config.name);
     }
     loop {
         let r = session(&config, lost_at.is_some(), &stats).await;
@@ -338,7 +338,7 @@ pub async fn run(config: WorkerConfig) -> Result<(), WorkerError> {
             Ok(End::Stopped) => return Ok(()),
             Ok(End::Lost) if config.reconnect_for.is_zero() => return Ok(()),
             Ok(End::Lost) => {
-                eprintln!(
+                tracing::warn!(
                     "steppe worker {}: lost the coordinator at {}; reconnecting for up to {} (--reconnect-for)",
                     config.name,
                     steppe_runtime::secrets::mask_urls(&config.url),
@@ -350,7 +350,7 @@ pub async fn run(config: WorkerConfig) -> Result<(), WorkerError> {
             Err(e) if e.transient() && !config.reconnect_for.is_zero() => {
                 if lost_at.is_none() {
                     // Said once: a coordinator not up yet, or a mistyped URL.
-                    eprintln!("steppe worker {}: {e}; trying again for up to {} (--reconnect-for)", config.name, steppe_language::duration::show(config.reconnect_for));
+                    tracing::warn!("steppe worker {}: {e}; trying again for up to {} (--reconnect-for)", config.name, steppe_language::duration::show(config.reconnect_for));
                 }
                 let since = *lost_at.get_or_insert_with(std::time::Instant::now);
                 if since.elapsed() >= config.reconnect_for {
@@ -402,7 +402,7 @@ async fn session(config: &WorkerConfig, reconnecting: bool, stats: &Arc<Stats>) 
         _ => return Err(WorkerError::NoWelcome),
     };
     if reconnecting {
-        eprintln!("steppe worker {name}: reconnected to {}", steppe_runtime::secrets::mask_urls(url));
+        tracing::info!("steppe worker {name}: reconnected to {}", steppe_runtime::secrets::mask_urls(url));
     }
     let every = if welcome.heartbeat_ms == 0 { Duration::from_secs(5) } else { Duration::from_millis(welcome.heartbeat_ms.max(100)) };
     let shared = std::path::Path::new(&welcome.artifact_dir);
@@ -414,7 +414,7 @@ async fn session(config: &WorkerConfig, reconnecting: bool, stats: &Arc<Stats>) 
         Arc::new(LocalArtifactStore::new(shared).map_err(|source| WorkerError::Artifacts { dir: welcome.artifact_dir.clone(), source })?)
     } else {
         if !stream_artifacts {
-            eprintln!("steppe worker {name}: the coordinator's artifact directory is not shared with this host; artifacts travel through the coordinator");
+            tracing::info!("steppe worker {name}: the coordinator's artifact directory is not shared with this host; artifacts travel through the coordinator");
         }
         let cache = work_root.join("artifact-cache");
         Arc::new(
@@ -458,7 +458,7 @@ async fn session(config: &WorkerConfig, reconnecting: bool, stats: &Arc<Stats>) 
                     let q = renew.clone();
                     Box::pin(async move { vec![q] })
                 },
-                |e| eprintln!("steppe worker: renewing queue leases: {e}"),
+                |e| tracing::warn!("steppe worker: renewing queue leases: {e}"),
             );
             Running { queue: Some(q), ..ctx }
         }
@@ -504,7 +504,7 @@ async fn session(config: &WorkerConfig, reconnecting: bool, stats: &Arc<Stats>) 
             _ = sigint => {
                 // Ctrl-C stops now: what runs is killed (process groups
                 // and all), and the coordinator gives it to another worker.
-                eprintln!("steppe worker {name}: interrupted; stopping {} running step(s)", running.len());
+                tracing::info!("steppe worker {name}: interrupted; stopping {} running step(s)", running.len());
                 running.abort_all();
                 crate::process_group::kill_all();
                 break;
@@ -512,7 +512,7 @@ async fn session(config: &WorkerConfig, reconnecting: bool, stats: &Arc<Stats>) 
 
             _ = sigterm => {
                 if draining {
-                    eprintln!("steppe worker {name}: a second SIGTERM; stopping {} running step(s) now", running.len());
+                    tracing::info!("steppe worker {name}: a second SIGTERM; stopping {} running step(s) now", running.len());
                     running.abort_all();
                     crate::process_group::kill_all();
                     break;
@@ -520,7 +520,7 @@ async fn session(config: &WorkerConfig, reconnecting: bool, stats: &Arc<Stats>) 
                 // SIGTERM drains: nothing new is taken, what runs finishes and reports.
                 draining = true;
                 stop_pulling.store(true, std::sync::atomic::Ordering::SeqCst);
-                eprintln!("steppe worker {name}: draining ({} running)", running.len());
+                tracing::info!("steppe worker {name}: draining ({} running)", running.len());
                 let _ = tx.send(WorkerMessage { msg: Some(worker_message::Msg::Drain(Drain {})) }).await;
                 if running.is_empty() {
                     break;
@@ -529,7 +529,7 @@ async fn session(config: &WorkerConfig, reconnecting: bool, stats: &Arc<Stats>) 
             _ = idle_until, if running.is_empty() && awaiting.is_empty() => {
                 // Nothing came for a while: leave, as a drained worker does (scale to zero).
                 let d = exit_when_idle.map(steppe_language::duration::show).unwrap_or_default();
-                eprintln!("steppe worker {name}: nothing to run for {d}; leaving (--exit-when-idle)");
+                tracing::info!("steppe worker {name}: nothing to run for {d}; leaving (--exit-when-idle)");
                 draining = true;
                 stop_pulling.store(true, std::sync::atomic::Ordering::SeqCst);
                 let _ = tx.send(WorkerMessage { msg: Some(worker_message::Msg::Drain(Drain {})) }).await;
@@ -567,7 +567,7 @@ async fn session(config: &WorkerConfig, reconnecting: bool, stats: &Arc<Stats>) 
                             }
                             Err(e) => {
                                 let message = format!("worker {name} could not read assignment {id}: {e}");
-                                eprintln!("steppe worker: {message}");
+                                tracing::warn!("steppe worker: {message}");
                                 let r = AssignmentResult::with_id(&id, epoch, Err(StepError::errored(message)));
                                 let _ = tx.send(WorkerMessage { msg: Some(worker_message::Msg::Result(result_to_wire(&r))) }).await;
                             }

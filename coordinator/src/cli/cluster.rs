@@ -116,11 +116,14 @@ pub struct CoordinatorArgs {
     /// token a person signs in with (the CLI's tokens).
     #[arg(long, value_name = "ADDR")]
     web: Option<std::net::SocketAddr>,
+    #[command(flatten)]
+    log: super::log::LogArgs,
 }
 
 impl CoordinatorArgs {
     pub fn run(self) -> Result<ExitCode> {
-        let CoordinatorArgs { listen, workers, state, token_file, auth, queue, queue_lease, no_create_queues, max_receives, store, redis_password_file, redis_prefix, worker_lease, artifacts, tls_cert, tls_key, metrics, web } = self;
+        let CoordinatorArgs { listen, workers, state, token_file, auth, queue, queue_lease, no_create_queues, max_receives, store, redis_password_file, redis_prefix, worker_lease, artifacts, tls_cert, tls_key, metrics, web, log } = self;
+        log.init(super::log::Sink::Stdout);
         let queue_key = steppe_cloud::queues::base_key(queue.as_deref().unwrap_or_default(), &queue_key(&redis_prefix));
         let (queue, store) = with_redis_password(queue, store, redis_password_file.as_deref())?;
         let auth = Auth { file: auth, admin_token: read_token(token_file.as_deref())? };
@@ -153,7 +156,7 @@ impl CoordinatorArgs {
                 Some(other) => anyhow::bail!("--store {other}: only redis:// stores are supported so far"),
                 None => Arc::new(steppe_runtime::store::SqliteStore::open(&state.join("steppe.db"))?),
             };
-            let svc = start_services_with(&state, runs, scratch.path(), workers, false, true, ClusterOptions { pools, artifacts: artifacts.as_deref().filter(|a| !a.starts_with("s3://")).map(PathBuf::from), object_store: artifacts.filter(|a| a.starts_with("s3://")) }).await?;
+            let svc = start_services_with(&state, runs, scratch.path(), workers, false, true, ClusterOptions { pools, artifacts: artifacts.as_deref().filter(|a| !a.starts_with("s3://")).map(PathBuf::from), object_store: artifacts.filter(|a| a.starts_with("s3://")), log: true }).await?;
             let open = auth.file.is_none() && auth.admin_token.is_none();
             serve(&svc, listen, ServeOptions { auth, tls, worker_lease, long_lived: true, queue_key, web })?;
             // What it works with, said once (credentials masked).
@@ -259,6 +262,8 @@ pub struct WorkerArgs {
     /// steps too; one that does not never gets them).
     #[arg(long)]
     no_containers: bool,
+    #[command(flatten)]
+    log: super::log::LogArgs,
 }
 
 impl WorkerArgs {
@@ -268,7 +273,8 @@ impl WorkerArgs {
 }
 
 fn worker(args: WorkerArgs) -> Result<ExitCode> {
-    let WorkerArgs { coordinator: url, slots, token_file, stream_artifacts, tls_ca, queue, redis_password_file, pool, reconnect_for, exit_when_idle, metrics, no_containers } = args;
+    let WorkerArgs { coordinator: url, slots, token_file, stream_artifacts, tls_ca, queue, redis_password_file, pool, reconnect_for, exit_when_idle, metrics, no_containers, log } = args;
+    log.init(super::log::Sink::Stderr);
     crate::remote::check_url(&url)?;
     let (queue, _) = with_redis_password(queue, None, redis_password_file.as_deref())?;
     steppe_runtime::queue::check_pool_name(&pool).map_err(|e| anyhow::anyhow!("--pool {e}"))?;
@@ -284,15 +290,15 @@ fn worker(args: WorkerArgs) -> Result<ExitCode> {
     let containers = !no_containers && match rt.block_on(steppe_worker::container::engine()) {
         Ok(_) => true,
         Err(e) => {
-            warn!("steppe worker {name}: {e}; steps with an image go to other workers");
+            tracing::warn!(worker = %name, "steppe worker {name}: {e}; steps with an image go to other workers");
             false
         }
     };
     let docker = if containers { ", runs containers" } else { "" };
-    warn!("steppe worker {name}: connecting to {url} with {slots} slot(s){docker}");
+    tracing::info!(worker = %name, "steppe worker {name}: connecting to {} with {slots} slot(s){docker}", steppe_runtime::secrets::mask_urls(&url));
     let config = steppe_worker::remote::WorkerConfig { url, slots, name: name.clone(), work_root: work.clone(), token, stream_artifacts, tls_ca, queue, pool, reconnect_for, exit_when_idle, metrics, containers };
     rt.block_on(steppe_worker::remote::run(config))?;
-    warn!("steppe worker {name}: stopped");
+    tracing::info!(worker = %name, "steppe worker {name}: stopped");
     Ok(ExitCode::SUCCESS)
 }
 

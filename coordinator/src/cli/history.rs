@@ -17,12 +17,16 @@ use crate::text::shown;
 /// Show recorded runs of a pipeline (read-only; never creates the store).
 ///
 /// Without flags: the newest runs, one per line. --steps: the steps of the
-/// newest run (or of --run ID). --logs: its output lines.
+/// newest run (or of --run ID), those still running with their time so
+/// far. --logs: its output lines (a running step's as far as it got).
+/// --follow: the run's lines as they happen, until it ends.
 ///
 /// Examples:
 ///   steppe runs ci.yml --job build --limit 5
 ///   steppe runs ci.yml --steps
 ///   steppe runs ci.yml --run r-18c2… --logs
+///   steppe runs ci.yml --follow
+///   steppe runs --coordinator http://10.0.0.5:7070 --run r-18c2… --follow
 #[derive(Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct RunsArgs {
@@ -67,6 +71,15 @@ pub struct RunsArgs {
     /// model and tool calls) under its parent, on one time line.
     #[arg(long)]
     trace: bool,
+    /// Follow the run live (--run ID, or the newest while it runs, or else
+    /// the next to start): its lines and steps as they happen, until it
+    /// ends; exits as `steppe run` would have (0, 1, 2 or 130).
+    #[arg(long, short = 'f', conflicts_with_all = ["steps", "logs", "full", "cost", "transcript", "events", "trace"])]
+    follow: bool,
+    /// With --follow: start from what happens next (the steps running now
+    /// are listed first) rather than from the run's start.
+    #[arg(long, requires = "follow")]
+    from_now: bool,
     /// The pipeline whose runs to show (default: the file's own, named
     /// after it; with --coordinator, every pipeline your token sees).
     #[arg(long = "pipeline", value_name = "NAME")]
@@ -77,9 +90,12 @@ pub struct RunsArgs {
 
 impl RunsArgs {
     pub fn run(self) -> Result<ExitCode> {
-        let RunsArgs { pipeline, job, limit, steps, run, logs, full, step, cost, transcript, events, trace, name, remote } = self;
-        let h = History::open(pipeline.as_deref(), name.as_deref(), &remote)?;
-        if trace {
+        let RunsArgs { pipeline, job, limit, steps, run, logs, full, step, cost, transcript, events, trace, follow, from_now, name, remote } = self;
+        let mut h = History::open(pipeline.as_deref(), name.as_deref(), &remote)?;
+        if follow {
+            let from = if from_now { super::follow::From::Now } else { super::follow::From::Start };
+            super::follow::follow(&mut h, job.as_deref(), run.as_deref(), from)
+        } else if trace {
             runs_trace(&h, job.as_deref(), run.as_deref())
         } else if events {
             runs_events(&h, job.as_deref(), run.as_deref())
@@ -183,12 +199,14 @@ impl DecideArgs {
 
 /// Where `runs`, `approvals`, `approve` and `reject` look: the pipeline's
 /// own store (None when nothing has run yet) or a coordinator's.
-struct History {
-    store: Option<Box<dyn steppe_runtime::store::Store>>,
+pub(super) struct History {
+    pub(super) store: Option<Box<dyn steppe_runtime::store::Store>>,
     /// The pipeline whose history to show (None: every one the store holds for us).
     pipeline: Option<String>,
     /// Names the history in messages: the pipeline file or the coordinator.
-    label: String,
+    pub(super) label: String,
+    /// The pipeline file's store, to open once it exists.
+    db: Option<PathBuf>,
     /// Where its artifacts are: the pipeline's `.steppe/artifacts`, or the coordinator.
     artifacts: Artifacts,
 }
@@ -217,18 +235,28 @@ impl History {
                 Some(n) => format!("pipeline {n} at the coordinator {}", remote.url),
                 None => format!("the coordinator at {}", remote.url),
             };
-            return Ok(History { store: Some(Box::new(store)), pipeline: name.map(str::to_string), label, artifacts: Artifacts::Remote(remote) });
+            return Ok(History { store: Some(Box::new(store)), pipeline: name.map(str::to_string), label, db: None, artifacts: Artifacts::Remote(remote) });
         }
         let path = file.context("name the pipeline file (or --coordinator URL)")?;
-        let store = steppe_runtime::store::SqliteStore::open_existing(&steppe_runtime::store::db_path(path))?;
+        let db = steppe_runtime::store::db_path(path);
+        let store = steppe_runtime::store::SqliteStore::open_existing(&db)?;
         let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
         let pipeline = crate::services::pipeline_name(name, path)?;
         Ok(History {
             store: store.map(|s| Box::new(s) as Box<dyn steppe_runtime::store::Store>),
             label: if name.is_some() { format!("pipeline {pipeline} of {}", path.display()) } else { path.display().to_string() },
             pipeline: Some(pipeline),
+            db: Some(db),
             artifacts: Artifacts::Local(dir.join(".steppe").join("artifacts")),
         })
+    }
+
+    /// Opens the pipeline's store if it has come to exist since.
+    pub(super) fn reopen(&mut self) -> Result<()> {
+        if let (None, Some(db)) = (&self.store, &self.db) {
+            self.store = steppe_runtime::store::SqliteStore::open_existing(db)?.map(|s| Box::new(s) as Box<dyn steppe_runtime::store::Store>);
+        }
+        Ok(())
     }
 
     /// Run `run`, or the newest (of `job`) when none is named.
@@ -240,7 +268,7 @@ impl History {
     }
 
     /// Runs of this history's pipeline (and `job`), newest first.
-    fn runs(&self, store: &dyn steppe_runtime::store::Store, job: Option<&str>, limit: usize) -> Result<Vec<steppe_runtime::store::RunRecord>> {
+    pub(super) fn runs(&self, store: &dyn steppe_runtime::store::Store, job: Option<&str>, limit: usize) -> Result<Vec<steppe_runtime::store::RunRecord>> {
         Ok(store.runs(&steppe_runtime::store::RunFilter { team: None, pipeline: self.pipeline.as_deref(), job, limit })?)
     }
 
@@ -317,12 +345,20 @@ fn runs(h: &History, job: Option<&str>, limit: usize, steps: bool, run: Option<&
     }
     let record = h.run_or_newest(store.as_ref(), job, run)?;
     say!("run {} of job {} ({}) in pipeline {}", record.id, shown(&record.job), record.outcome.as_deref().unwrap_or("running"), shown(&record.pipeline));
-    if !record.message.is_empty() {
-        say!("  {}", shown(&record.message));
+    for line in record.message.lines() {
+        say!("  {}", shown(line));
     }
+    let recorded = store.steps(&record.id)?;
+    // A run still going: its events tell which steps run and what they wrote so far.
+    let live = if record.outcome.is_none() { store.events(&record.id)? } else { Vec::new() };
+    let running: Vec<steppe_runtime::store::StepState> = steppe_runtime::store::step_states(&live).into_iter().filter(|s| s.running()).collect();
     if steps || logs.is_none() {
         say!("{:<40} {:<10} {:>9} {:>5} {:>9}", "STEP", "OUTCOME", "DURATION", "EXIT", "TOKENS");
-        for s in store.steps(&record.id)? {
+        let now = steppe_runtime::store::now_ms();
+        for s in &running {
+            say!("{:<40} {:<10} {:>9} {:>5} {:>9}", shown(&s.step), "running", fmt_ms(now.saturating_sub(s.started_ms)), "-", "-");
+        }
+        for s in recorded {
             let exit = s.exit_code.map(|c| c.to_string()).unwrap_or_else(|| "-".into());
             let tokens = s.tokens.map(thousands).unwrap_or_else(|| "-".into());
             say!("{:<40} {:<10} {:>9} {:>5} {:>9}", shown(&s.name), s.outcome, fmt_ms(s.duration_ms), exit, tokens);
@@ -350,6 +386,13 @@ fn runs(h: &History, job: Option<&str>, limit: usize, steps: bool, run: Option<&
     }
     if let Some(view) = &logs {
         print_logs(h, &store.logs(&record.id)?, view)?;
+        for s in running.iter().filter(|s| view.step.as_deref().is_none_or(|v| v == s.step)) {
+            say!("… {} is still running; its output so far:", shown(&s.step));
+            // Its lines since it (last) started.
+            for e in live.iter().filter(|e| e.is_output() && e.step == s.step && e.at_ms >= s.started_ms) {
+                say!("[{}]{} {}", shown(&e.step), if e.kind == "stderr" { " (stderr)" } else { "" }, shown(&e.message));
+            }
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -439,8 +482,8 @@ fn runs_events(h: &History, job: Option<&str>, run: Option<&str>) -> Result<Exit
         Some(id) => id.to_string(),
         None => h.runs(store.as_ref(), job, 1)?.into_iter().next().map(|r| r.id).with_context(|| format!("no runs recorded for {}", h.label))?,
     };
-    for (kind, step, message) in store.events(&id)? {
-        say!("{kind:<8} {:<30} {}", shown(&step), shown(&message));
+    for e in store.events(&id)? {
+        say!("{:<8} {:<30} {}", e.kind, shown(&e.step), shown(&e.message));
     }
     Ok(ExitCode::SUCCESS)
 }

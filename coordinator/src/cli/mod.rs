@@ -4,14 +4,18 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use clap::Subcommand;
+use clap::{Parser, Subcommand};
 use steppe_language::{load_file, LoadOptions};
 
 pub mod args;
 pub mod cluster;
+pub mod completions;
+pub mod follow;
 pub mod format;
 pub mod history;
 pub mod jobs;
+pub mod log;
+pub mod reference;
 pub mod run;
 pub mod scenario;
 pub mod scripted_model;
@@ -21,6 +25,30 @@ pub mod token;
 pub mod trace;
 pub mod validate;
 pub mod web;
+
+/// steppe runs Concourse-style YAML pipelines with LLM agent steps,
+/// on one machine or a cluster.
+///
+/// A pipeline file declares resources, jobs and agents; each job is a plan of
+/// steps (get, task, put, agent, and the blocks that combine them).
+///
+/// Start here:
+///   steppe run pipeline.yml --job build   run one job
+///   steppe test pipeline.yml           run every job, check its asserts
+///   steppe validate pipeline.yml       check a pipeline without running it
+///   steppe schema > steppe.schema.json   JSON Schema for your editor
+#[derive(Parser, Debug)]
+#[command(name = "steppe", version, about, long_about, verbatim_doc_comment)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+impl Cli {
+    pub fn run(self) -> Result<ExitCode> {
+        self.command.run()
+    }
+}
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
@@ -44,6 +72,7 @@ pub enum Command {
     Schema(validate::SchemaArgs),
     Token(token::TokenArgs),
     Web(web::WebArgs),
+    Completions(completions::CompletionsArgs),
 }
 
 impl Command {
@@ -66,6 +95,7 @@ impl Command {
             Command::Schema(a) => a.run(),
             Command::Token(a) => a.run(),
             Command::Web(a) => a.run(),
+            Command::Completions(a) => a.run(),
         }
     }
 }
@@ -77,6 +107,9 @@ pub fn exit(result: Result<ExitCode>) -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             warn!("steppe: error: {}", steppe_runtime::secrets::mask_urls(&causes(&e)));
+            if let Some(h) = hint(&e) {
+                warn!("steppe: hint: {}", steppe_runtime::secrets::mask_urls(&h));
+            }
             ExitCode::from(2)
         }
     }
@@ -95,6 +128,16 @@ pub fn causes(e: &anyhow::Error) -> String {
         parts.push(t);
     }
     parts.join(": ")
+}
+
+/// What to try after an error, where its cause says.
+fn hint(e: &anyhow::Error) -> Option<String> {
+    e.chain().find_map(|c| match c.downcast_ref::<steppe_worker::remote::WorkerError>()? {
+        steppe_worker::remote::WorkerError::Connect { url, .. } => Some(format!(
+            "is a coordinator listening at {url}? start one with `steppe coordinator --listen ADDR:PORT` (its first line says where it listens), or fix --coordinator"
+        )),
+        _ => None,
+    })
 }
 
 /// Loads the pipeline; prints what it loaded but will not act on (warnings),

@@ -17,6 +17,8 @@ impl JobRun {
     pub async fn run(self: &Arc<Self>) -> JobResult {
         let now_ms = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
         let started_ms = now_ms();
+        let rec = self.record(started_ms);
+        self.engine.out.run_began(&self.run_id, &rec.pipeline, &rec.job);
         if let Some(s) = self.engine.out.store() {
             if let Err(e) = s.start_run(&self.record(started_ms)) {
                 self.engine.out.run_note(&self.run_id, &format!("steppe: recording the run: {e}"));
@@ -58,6 +60,7 @@ impl JobRun {
                 self.engine.out.run_note(&self.run_id, &format!("steppe: recording the run: {e}"));
             }
         }
+        self.engine.out.run_ended(&self.run_id, Outcome::of(&r.result).word());
         r
     }
 

@@ -1,9 +1,12 @@
 //! The EventHub actor: every event of a run, in the order it happened, goes
-//! to the store (step records, logs in batches, the run's events) and to its
+//! to the store (step records, logs and the run's events in batches — live
+//! output lines among them, so a follower sees a step's output before it
+//! ends) and to its
 //! subscribers — the terminal ([`terminal::Terminal`], unless quiet) and
 //! whoever follows a run ([`watchers::Watchers`]). One mailbox keeps them all
 //! in order. [`EventHub`] is the handle every part of the process holds.
 
+mod log;
 mod terminal;
 mod watchers;
 
@@ -13,9 +16,10 @@ use std::time::Duration;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use steppe_runtime::outcome::{Outcome, StepError};
 use steppe_runtime::printable::escape_controls;
-use steppe_runtime::store::{LogLine, StepRecord, Store};
+use steppe_runtime::store::{LogLine, RunEvent, StepRecord, Store};
 use steppe_worker::sink::{LineSink, Stream};
 
+pub use log::Log;
 pub use terminal::Terminal;
 pub use watchers::Watchers;
 
@@ -24,8 +28,14 @@ pub use watchers::Watchers;
 pub trait Subscriber: Send + 'static {
     /// A line of a run (`run_id` empty: a note of the process itself).
     fn line(&mut self, run_id: &str, line: &str);
+    /// A run of `pipeline`'s `job` began (its lines follow).
+    fn run_began(&mut self, _run_id: &str, _pipeline: &str, _job: &str) {}
+    /// A run ended with this outcome word.
+    fn run_ended(&mut self, _run_id: &str, _outcome: &str) {}
     fn step_started(&mut self, _run_id: &str, _step: &str) {}
     fn step_ended(&mut self, _run_id: &str, _step: &str) {}
+    /// How many of the process's steps wait in a queue for a worker (said when it changes).
+    fn waiting(&mut self, _steps: usize) {}
     /// Half a second passed (only for a subscriber that [`wants_ticks`](Subscriber::wants_ticks)).
     fn tick(&mut self) {}
     /// Everything sent so far was shown.
@@ -38,6 +48,9 @@ pub trait Subscriber: Send + 'static {
 pub enum Event {
     /// A note of the process, for subscribers only.
     Say(String),
+    /// A run began / ended (for subscribers that name runs).
+    RunBegan { run_id: String, pipeline: String, job: String },
+    RunEnded { run_id: String, outcome: String },
     /// A step of a run began.
     Started { run_id: String, step: String },
     /// A step ended: its outcome word and summary line.
@@ -46,8 +59,11 @@ pub enum Event {
     RunNote { run_id: String, line: String },
     /// Half a second passed (durations tick).
     Tick,
-    /// A line of live output: shown and sent to watchers, not stored
-    /// (a step's record is, when it ends).
+    /// How many steps wait for a worker now.
+    Waiting(usize),
+    /// A line of live output: shown, sent to watchers and kept with the
+    /// run's events (the first [`LIVE_KEPT_MAX`] of a step's; its record
+    /// keeps the rest when it ends).
     Line { run_id: String, line: LogLine },
     /// A step's output record, for the store.
     Output { run_id: String, lines: Vec<LogLine> },
@@ -66,6 +82,10 @@ struct HubActor;
 pub struct HubState {
     store: Option<Arc<dyn Store>>,
     batch: Vec<(String, LogLine)>,
+    /// Events not yet in the store, in order.
+    events: Vec<(String, RunEvent)>,
+    /// Live lines kept so far of each running step (run id, step).
+    live_kept: std::collections::HashMap<(String, String), usize>,
     watchers: Watchers,
     /// The terminal (none when quiet), and any other subscriber.
     subscribers: Vec<Box<dyn Subscriber>>,
@@ -81,14 +101,50 @@ impl HubState {
         }
     }
 
-    fn event(&self, run_id: &str, kind: &str, step: &str, message: &str) {
-        if let Some(s) = &self.store {
-            if let Err(e) = s.record_event(run_id, kind, step, message) {
+    fn event(&mut self, run_id: &str, kind: &str, step: &str, message: &str) {
+        if self.store.is_some() {
+            self.events.push((run_id.to_string(), RunEvent::now(kind, step, message)));
+            if self.events.len() >= 500 {
+                self.flush_events();
+            }
+        }
+    }
+
+    /// A live line kept with the run's events, up to [`LIVE_KEPT_MAX`] a step.
+    fn live_line(&mut self, run_id: &str, line: &LogLine) {
+        if self.store.is_none() {
+            return;
+        }
+        let kept = self.live_kept.entry((run_id.to_string(), line.step.clone())).or_default();
+        *kept += 1;
+        match (*kept).cmp(&LIVE_KEPT_MAX) {
+            std::cmp::Ordering::Less | std::cmp::Ordering::Equal => self.event(run_id, if line.stderr { "stderr" } else { "stdout" }, &line.step, &line.line),
+            std::cmp::Ordering::Greater if *kept == LIVE_KEPT_MAX + 1 => {
+                let note = format!("… {} wrote more than {LIVE_KEPT_MAX} lines: the rest is in its record when it ends (`steppe runs --logs`)", escape_controls(&line.step));
+                self.event(run_id, "note", &line.step, &note)
+            }
+            std::cmp::Ordering::Greater => {}
+        }
+    }
+
+    fn flush_events(&mut self) {
+        let Some(s) = &self.store else {
+            self.events.clear();
+            return;
+        };
+        let mut i = 0;
+        while i < self.events.len() {
+            let run_id = self.events[i].0.clone();
+            let j = self.events[i..].iter().position(|(r, _)| *r != run_id).map_or(self.events.len(), |n| i + n);
+            let batch: Vec<RunEvent> = self.events[i..j].iter().map(|(_, e)| e.clone()).collect();
+            if let Err(e) = s.record_events(&run_id, &batch) {
                 store_failed(&e);
             } else {
                 store_ok();
             }
+            i = j;
         }
+        self.events.clear();
     }
 
     fn flush_logs(&mut self) {
@@ -116,15 +172,17 @@ impl Actor for HubActor {
     type Arguments = (Vec<Box<dyn Subscriber>>, Option<Arc<dyn Store>>, Arc<std::sync::atomic::AtomicUsize>);
 
     async fn pre_start(&self, me: ActorRef<Event>, (subscribers, store, pending_lines): Self::Arguments) -> Result<HubState, ActorProcessingErr> {
-        if subscribers.iter().any(|s| s.wants_ticks()) {
+        if store.is_some() || subscribers.iter().any(|s| s.wants_ticks()) {
             let _ = me.send_interval(Duration::from_millis(500), || Event::Tick);
         }
-        Ok(HubState { store, batch: Vec::new(), watchers: Watchers::default(), subscribers, pending_lines })
+        Ok(HubState { store, batch: Vec::new(), events: Vec::new(), live_kept: Default::default(), watchers: Watchers::default(), subscribers, pending_lines })
     }
 
     async fn handle(&self, _me: ActorRef<Event>, ev: Event, st: &mut HubState) -> Result<(), ActorProcessingErr> {
         match ev {
             Event::Say(l) => st.each(|s| s.line("", &l)),
+            Event::RunBegan { run_id, pipeline, job } => st.each(|s| s.run_began(&run_id, &pipeline, &job)),
+            Event::RunEnded { run_id, outcome } => st.each(|s| s.run_ended(&run_id, &outcome)),
             Event::Started { run_id, step } => {
                 st.event(&run_id, "started", &step, "");
                 let line = format!("▶ {}", escape_controls(&step));
@@ -133,22 +191,32 @@ impl Actor for HubActor {
                     s.line(&run_id, &line);
                 });
             }
+            Event::Waiting(n) => st.each(|s| s.waiting(n)),
             Event::RunNote { run_id, line } => {
                 st.event(&run_id, "note", "", &line);
                 st.each(|s| s.line(&run_id, &line));
             }
             Event::Ended { run_id, step, outcome, line } => {
+                st.live_kept.remove(&(run_id.clone(), step.clone()));
                 st.event(&run_id, "ended", &step, &outcome);
                 st.each(|s| {
                     s.step_ended(&run_id, &step);
                     s.line(&run_id, &line);
                 });
             }
-            Event::Tick => st.each(|s| s.tick()),
+            Event::Tick => {
+                st.flush_events();
+                st.each(|s| {
+                    if s.wants_ticks() {
+                        s.tick()
+                    }
+                });
+            }
             Event::Line { run_id, line } => {
                 st.pending_lines.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
                 let text = format!("[{}] {}", escape_controls(&line.step), line.line);
                 st.each(|s| s.line(&run_id, &text));
+                st.live_line(&run_id, &line);
             }
             Event::Output { run_id, lines } => {
                 if st.store.is_some() {
@@ -166,6 +234,7 @@ impl Actor for HubActor {
                 }
             }
             Event::Step(rec) => {
+                st.flush_events();
                 st.flush_logs();
                 if let Some(s) = &st.store {
                     if let Err(e) = s.record_step(&rec) {
@@ -179,6 +248,7 @@ impl Actor for HubActor {
             Event::Unwatch(run_id) => st.watchers.unwatch(&run_id),
             Event::Flush(reply) => {
                 st.each(|s| s.flush());
+                st.flush_events();
                 st.flush_logs();
                 let _ = reply.send(());
             }
@@ -222,6 +292,9 @@ pub struct EventHub {
 /// The most live lines waiting to be printed.
 const LIVE_LINES_MAX: usize = 10_000;
 
+/// The most live lines of one step kept with the run's events.
+const LIVE_KEPT_MAX: usize = 1_000;
+
 impl EventHub {
     /// Starts the hub: the terminal shows everything unless `quiet`.
     pub async fn start(quiet: bool, store: Option<Arc<dyn Store>>) -> Result<Self, ractor::SpawnErr> {
@@ -242,6 +315,14 @@ impl EventHub {
 
     fn say(&self, line: String) {
         let _ = self.actor.cast(Event::Say(masked(line)));
+    }
+
+    pub fn run_began(&self, run_id: &str, pipeline: &str, job: &str) {
+        let _ = self.actor.cast(Event::RunBegan { run_id: run_id.to_string(), pipeline: pipeline.to_string(), job: job.to_string() });
+    }
+
+    pub fn run_ended(&self, run_id: &str, outcome: &str) {
+        let _ = self.actor.cast(Event::RunEnded { run_id: run_id.to_string(), outcome: outcome.to_string() });
     }
 
     pub fn start_step(&self, run_id: &str, step: &str) {
@@ -274,6 +355,11 @@ impl EventHub {
 
     pub fn note(&self, msg: &str) {
         self.say(msg.to_string());
+    }
+
+    /// How many steps wait in a queue for a worker (for the status line).
+    pub fn waiting(&self, steps: usize) {
+        let _ = self.actor.cast(Event::Waiting(steps));
     }
 
     /// Stores what a step wrote, as its record keeps it.
@@ -381,5 +467,37 @@ mod tests {
             watched.push(l);
         }
         assert_eq!(watched, vec!["▶ build", "[build] compiling http://u:***@host/x", "✔ build (1.50s)"]);
+    }
+
+    #[tokio::test]
+    async fn a_running_steps_lines_reach_the_store_before_it_ends_up_to_a_cap() {
+        let dir = std::env::temp_dir().join(format!("steppe-hub-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let store: Arc<dyn Store> = Arc::new(steppe_runtime::store::SqliteStore::open(&dir.join("s.db")).unwrap());
+        let hub = EventHub::start_with(Vec::new(), Some(store.clone())).await.unwrap();
+        hub.start_step("r", "build");
+        for i in 0..LIVE_KEPT_MAX + 5 {
+            hub.line("r", "build", if i == 1 { Stream::Stderr } else { Stream::Stdout }, &format!("line {i}"));
+        }
+        // Before the step ends, a follower reading the store sees its lines (within a tick).
+        let mut seen = Vec::new();
+        for _ in 0..40 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            seen = store.events("r").unwrap();
+            if seen.len() > LIVE_KEPT_MAX {
+                break;
+            }
+        }
+        assert_eq!((seen[0].kind.as_str(), seen[1].message.as_str(), seen[2].kind.as_str()), ("started", "line 0", "stderr"));
+        assert_eq!(seen.iter().filter(|e| e.is_output()).count(), LIVE_KEPT_MAX, "a step's live lines are kept up to the cap");
+        let note = seen.last().unwrap();
+        assert!(note.kind == "note" && note.message.contains("more than 1000 lines"), "{note:?}");
+        hub.end("r", "build", &Ok(()), Duration::from_millis(5));
+        hub.start_step("r", "build");
+        hub.line("r", "build", Stream::Stdout, "again");
+        hub.flush().await;
+        let all = store.events("r").unwrap();
+        assert_eq!(all.iter().rev().take(3).map(|e| e.kind.as_str()).collect::<Vec<_>>(), ["stdout", "started", "ended"], "a step run again is counted afresh");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use steppe_runtime::store::{ApprovalRecord, LogLine, RunRecord, StepRecord};
+use steppe_runtime::store::{step_states, ApprovalRecord, LogLine, RunEvent, RunRecord, StepRecord};
 use steppe_runtime::trace::SpanRecord;
 
 use super::html::{badge, esc, url};
@@ -47,11 +47,11 @@ pub fn runs(list: &[(RunRecord, i64)], pipeline: &str, job: &str, outcome: &str,
 }
 
 /// What a run's live parts show, by element id (the SSE stream sends the same).
-pub fn run_parts(run: &RunRecord, steps: &[StepRecord], events: &[(String, String, String)], spans: &[SpanRecord], now_ms: i64) -> Vec<(&'static str, String)> {
+pub fn run_parts(run: &RunRecord, steps: &[StepRecord], events: &[RunEvent], spans: &[SpanRecord], now_ms: i64) -> Vec<(&'static str, String)> {
     vec![
         ("state", format!("{} {}", badge(outcome_of(run)), if run.message.is_empty() { String::new() } else { format!(r#"<span class="error">{}</span>"#, esc(&run.message)) })),
         ("graph", graph(spans, events, steps)),
-        ("steps", steps_table(run, steps, events)),
+        ("steps", steps_table(run, steps, events, now_ms)),
         ("waterfall", waterfall(spans)),
         ("took", took(run, now_ms)),
     ]
@@ -78,20 +78,8 @@ pub fn run(run: &RunRecord, parts: &[(&'static str, String)]) -> String {
 }
 
 /// Each step's latest state from the events (`started`, `ended`).
-fn states(events: &[(String, String, String)]) -> Vec<(String, String)> {
-    let mut order: Vec<(String, String)> = Vec::new();
-    for (kind, step, message) in events {
-        let state = match kind.as_str() {
-            "started" => "running".to_string(),
-            "ended" => message.split_whitespace().next().unwrap_or("ended").to_string(),
-            _ => continue,
-        };
-        match order.iter_mut().find(|(s, _)| s == step) {
-            Some(e) => e.1 = state,
-            None => order.push((step.clone(), state)),
-        }
-    }
-    order
+fn states(events: &[RunEvent]) -> Vec<(String, String)> {
+    step_states(events).into_iter().map(|s| (s.step, s.state)).collect()
 }
 
 fn node_class(state: &str) -> &'static str {
@@ -107,7 +95,7 @@ fn node_class(state: &str) -> &'static str {
 /// The plan as the run walked it: steps in order, blocks holding theirs
 /// (an in_parallel's side by side), each coloured by its outcome; steps
 /// still running are added from the events.
-pub fn graph(spans: &[SpanRecord], events: &[(String, String, String)], steps: &[StepRecord]) -> String {
+pub fn graph(spans: &[SpanRecord], events: &[RunEvent], steps: &[StepRecord]) -> String {
     let states = states(events);
     let by_id: HashMap<&str, &SpanRecord> = spans.iter().map(|x| (x.span_id.as_str(), x)).collect();
     let mut children: HashMap<&str, Vec<&SpanRecord>> = HashMap::new();
@@ -151,7 +139,7 @@ pub fn graph(spans: &[SpanRecord], events: &[(String, String, String)], steps: &
     format!(r#"<div class="graph"><div class="seq">{}</div></div>"#, top.join(""))
 }
 
-fn steps_table(run: &RunRecord, steps: &[StepRecord], events: &[(String, String, String)]) -> String {
+fn steps_table(run: &RunRecord, steps: &[StepRecord], events: &[RunEvent], now_ms: i64) -> String {
     let mut rows = String::new();
     for s in steps {
         rows.push_str(&format!(
@@ -166,9 +154,10 @@ fn steps_table(run: &RunRecord, steps: &[StepRecord], events: &[(String, String,
             esc(&s.message),
         ));
     }
-    for (step, state) in states(events).iter().filter(|(_, st)| st == "running") {
-        if !steps.iter().any(|s| &s.name == step) {
-            rows.push_str(&format!(r#"<tr><td>{}</td><td>{}</td><td colspan="4"></td></tr>"#, esc(step), badge(state)));
+    for st in step_states(events).iter().filter(|st| st.running()) {
+        if !steps.iter().any(|s| s.name == st.step) {
+            let elapsed = if st.started_ms > 0 { fmt_ms(now_ms.saturating_sub(st.started_ms)) } else { String::new() };
+            rows.push_str(&format!(r#"<tr><td>{}</td><td>{}</td><td>{}</td><td colspan="3"></td></tr>"#, esc(&st.step), badge(&st.state), esc(&elapsed)));
         }
     }
     format!(r#"<table><tr><th>Step</th><th>Outcome</th><th>Duration</th><th>Exit</th><th>Tokens</th><th>Message</th></tr>{rows}</table>"#)

@@ -334,6 +334,7 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
             if started.elapsed() > total.mul_f64(0.8) {
                 deadline_nudged = true;
                 let left = total.saturating_sub(started.elapsed());
+                conv.say(&format!("nudge: four fifths of the {} deadline spent; asking the agent to wrap up", steppe_language::duration::show(total)));
                 conv.messages.push(json!({"role": "user", "content": format!("Less than a fifth of this step's {} deadline is left (about {}). Wrap up: finish with what you have.", steppe_language::duration::show(total), steppe_language::duration::show(left))}));
             }
         }
@@ -393,6 +394,7 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
                 } else {
                     format!("You are trying to finish, but this step declared calls it must make and they have not happened: {}. Make them now using the tools you have, then finish.", unmet_t.unwrap_or_default())
                 };
+                conv.say(&format!("nudge {nudges}/5: the agent tried to finish before its asserted {}", if unmet_f.is_empty() { "tool calls were made" } else { "files were written" }));
                 conv.messages.push(json!({"role": "user", "content": nudge}));
                 continue;
             }
@@ -409,6 +411,7 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
                             return Err(StepError::failed(format!("{label}: agent ignored a forced tool call 5 turns running; required tool(s) never succeeded: {}", missing.join(", "))));
                         }
                     }
+                    conv.say(&format!("nudge: the agent tried to finish without a successful {n} call; forcing it"));
                     forced = Some(n);
                     continue;
                 }
@@ -563,6 +566,7 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
                 return Err(StepError::failed(format!("{label}: agent stuck in a loop: kept repeating an identical \"{tool}\" call after being warned")));
             }
             warned_loop = true;
+            conv.say(&format!("nudge: the agent repeated an identical {tool} call more than 5 times in 10 turns; warning it once"));
             conv.messages.push(json!({"role": "user", "content": format!("You have called {tool} with identical arguments and received an identical result more than 5 times within the last 10 turns — you are stuck in a loop. Do something materially different, or finish with a final message explaining what is blocking you.")}));
         }
     }
