@@ -186,6 +186,10 @@ fn an_unreachable_coordinator_says_what_to_check() {
         assert_eq!(err.matches("transport error").count(), 1, "the cause is said once: {err}");
         assert!(err.contains("steppe: hint: is a coordinator listening at") && err.contains("steppe coordinator --listen"), "{err}");
     }
+    // A URL that is no URL is said to be one, without the listening hint.
+    let (code, _, err) = steppe(&["runs", "--coordinator", "http://[::1"], &d);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--coordinator http://[::1 is not a URL steppe can dial") && !err.contains("hint"), "{err}");
 }
 
 /// A failed step comes first, the job assert's verdict after it, each on a line of its own.

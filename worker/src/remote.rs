@@ -29,6 +29,8 @@ pub enum WorkerError {
     Metrics { addr: String, source: std::io::Error },
     #[error("cannot reach the coordinator at {url}: {source}")]
     Connect { url: String, source: tonic::transport::Error },
+    #[error("--coordinator {url} is not a URL steppe can dial (http://HOST:PORT or https://HOST:PORT): {source}")]
+    BadUrl { url: String, source: tonic::transport::Error },
     #[error("the coordinator refused the session: {}", .0.message())]
     Session(#[from] tonic::Status),
     #[error("the coordinator closed the session before welcoming this worker")]
@@ -89,7 +91,7 @@ impl LineSink for Lines {
 /// against `tls_ca` (a PEM file) when given, and the system's roots otherwise.
 pub async fn connect(url: &str, tls_ca: Option<&std::path::Path>) -> Result<tonic::transport::Channel, WorkerError> {
     let connect_err = |source| WorkerError::Connect { url: url.to_string(), source };
-    let mut endpoint = tonic::transport::Endpoint::from_shared(url.to_string()).map_err(connect_err)?
+    let mut endpoint = tonic::transport::Endpoint::from_shared(url.to_string()).map_err(|source| WorkerError::BadUrl { url: url.to_string(), source })?
         .tcp_nodelay(true)
         // A coordinator that vanished without closing the connection (its
         // machine lost, a partition) is noticed within half a minute.
@@ -350,7 +352,7 @@ pub async fn run(config: WorkerConfig) -> Result<(), WorkerError> {
             Err(e) if e.transient() && !config.reconnect_for.is_zero() => {
                 if lost_at.is_none() {
                     // Said once: a coordinator not up yet, or a mistyped URL.
-                    tracing::warn!("steppe worker {}: {e}; trying again for up to {} (--reconnect-for)", config.name, steppe_language::duration::show(config.reconnect_for));
+                    tracing::warn!("steppe worker {}: {}; trying again for up to {} (--reconnect-for)", config.name, steppe_runtime::causes::of(&e), steppe_language::duration::show(config.reconnect_for));
                 }
                 let since = *lost_at.get_or_insert_with(std::time::Instant::now);
                 if since.elapsed() >= config.reconnect_for {

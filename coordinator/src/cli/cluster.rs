@@ -290,15 +290,15 @@ fn worker(args: WorkerArgs) -> Result<ExitCode> {
     let containers = !no_containers && match rt.block_on(steppe_worker::container::engine()) {
         Ok(_) => true,
         Err(e) => {
-            tracing::warn!(worker = %name, "steppe worker {name}: {e}; steps with an image go to other workers");
+            tracing::warn!("steppe worker {name}: {e}; steps with an image go to other workers");
             false
         }
     };
     let docker = if containers { ", runs containers" } else { "" };
-    tracing::info!(worker = %name, "steppe worker {name}: connecting to {} with {slots} slot(s){docker}", steppe_runtime::secrets::mask_urls(&url));
+    tracing::info!("steppe worker {name}: connecting to {} with {slots} slot(s){docker}", steppe_runtime::secrets::mask_urls(&url));
     let config = steppe_worker::remote::WorkerConfig { url, slots, name: name.clone(), work_root: work.clone(), token, stream_artifacts, tls_ca, queue, pool, reconnect_for, exit_when_idle, metrics, containers };
     rt.block_on(steppe_worker::remote::run(config))?;
-    tracing::info!(worker = %name, "steppe worker {name}: stopped");
+    tracing::info!("steppe worker {name}: stopped");
     Ok(ExitCode::SUCCESS)
 }
 

@@ -10,7 +10,7 @@ use steppe_runtime::outcome::Outcome;
 use steppe_runtime::store::{RunEvent, RunRecord, StepRecord, Store};
 
 use super::format::fmt_ms;
-use super::history::History;
+use super::history_source::History;
 use crate::text::shown;
 
 /// How often the store is asked for what is new.

@@ -13,6 +13,7 @@ pub mod completions;
 pub mod follow;
 pub mod format;
 pub mod history;
+mod history_source;
 pub mod jobs;
 pub mod log;
 pub mod reference;
@@ -115,19 +116,9 @@ pub fn exit(result: Result<ExitCode>) -> ExitCode {
     }
 }
 
-/// An error and its causes, each said once: a cause whose words its
-/// parent already holds (a transport error wrapping a transport error, a URL
-/// error quoting itself) is left out.
+/// An error and its causes, each said once.
 pub fn causes(e: &anyhow::Error) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    for c in e.chain() {
-        let t = c.to_string();
-        if t.is_empty() || parts.iter().any(|p| p.contains(&t)) {
-            continue;
-        }
-        parts.push(t);
-    }
-    parts.join(": ")
+    steppe_runtime::causes::said(e.chain())
 }
 
 /// What to try after an error, where its cause says.

@@ -10,6 +10,7 @@ pub mod agent_work;
 pub mod artifacts;
 pub mod auth;
 pub mod budget;
+pub mod causes;
 pub mod assignment;
 pub mod outage;
 pub mod outcome;
