@@ -168,25 +168,114 @@ fn a_refused_web_fetch_is_a_recorded_denial() {
     assert!(t.contains("denied: web_fetch https://issues.example/open — host \"issues.example\", which is not in this tool's allow: list (specification.website)"), "{t}");
 }
 
-/// A step granted tools this build cannot serve (an MCP server's) fails
-/// before it starts, saying why, rather than run with fewer tools.
+/// The Python interpreter of the suite's venv (scripts/test installs the `mcp` SDK there).
+fn venv_python() -> String {
+    std::env::var_os("STEPPE_VENV").map(|v| std::path::PathBuf::from(v).join("bin/python")).filter(|p| p.exists()).map(|p| p.display().to_string()).unwrap_or_else(|| "python3".into())
+}
+
+/// Tools of real MCP servers (the Python SDK's), over stdio and over
+/// streamable HTTP with a bearer token: listed, narrowed to the grant,
+/// called, their results and errors reaching the model; the stdio server
+/// sees the host allowlist only, never the worker's secrets.
+#[test]
+fn mcp_tools_over_stdio_and_http_reach_the_model() {
+    use std::io::BufRead;
+    let work = std::env::temp_dir().join(format!("steppe-agents-mcp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).expect("mkdir");
+    let python = venv_python();
+    let server = common::repo("tests/support/mcp_server.py").display().to_string();
+    let mut http = common::child_of_this_test(&python).args([server.as_str(), "http", "s3cr3t-fixture-token"]).stdout(std::process::Stdio::piped()).spawn().expect("the HTTP MCP server");
+    let mut first = String::new();
+    std::io::BufReader::new(http.stdout.take().expect("stdout")).read_line(&mut first).expect("its port");
+    let endpoint = format!("http://127.0.0.1:{}/mcp", first.trim());
+    std::fs::write(
+        work.join("p.yml"),
+        "mcp_servers:\n- name: fixture\n  command: ((python))\n  args: [((server)), stdio]\n- name: remote\n  endpoint: ((endpoint))\n  auth: {type: bearer, api_key_env: FIXTURE_TOKEN}\n\
+         agents:\n- name: researcher\n  source: {model: openrouter/x/y}\n  tools:\n  - {mcp: fixture, tool: lookup, required: true}\n  - {mcp: fixture, tools: [add, boom, env_names]}\n  - {mcp: remote}\n\
+         jobs:\n- name: look\n  plan:\n  - agent: researcher\n    messages: [Look up alpha.]\n    assert:\n      tool_calls:\n      - name: fixture__lookup\n        args: {key: alpha}\n\
+         - name: narrowed\n  plan:\n  - agent: researcher\n    tools: [fixture__lookup]\n    messages: [Look up alpha.]\n",
+    )
+    .expect("write");
+    // Each rule answers the newest result: lookup → add → boom → the remote lookup → env_names → done.
+    std::fs::write(
+        work.join("s.yaml"),
+        r#"model:
+  rules:
+    - when: {tool_result_contains: "env: "}
+      say: done
+    - when: {tool_result_contains: "remote: last letter"}
+      call: fixture__env_names
+      args: {}
+    - when: {tool_result_contains: "failed on purpose"}
+      call: remote__lookup
+      args: {key: omega}
+    - when: {tool_result_contains: '"result":5'}
+      call: fixture__boom
+      args: {}
+    - when: {tool_result_contains: "local: first letter"}
+      call: fixture__add
+      args: {a: 2, b: 3}
+    - when: {offers_tool: fixture__add}
+      call: fixture__lookup
+      args: {key: alpha}
+    - when: {has_tool_results: false}
+      call: fixture__lookup
+      args: {key: omega}
+    - say: only lookup here
+"#,
+    )
+    .expect("write");
+    let steppe = |job: &str| {
+        let o = Command::new(env!("CARGO_BIN_EXE_steppe"))
+            .args(["run", "p.yml", "--job", job, "--script", "s.yaml", "--var", &format!("python={python}"), "--var", &format!("server={server}"), "--var", &format!("endpoint={endpoint}")])
+            .current_dir(&work)
+            .env_remove("STEPPE_MODEL")
+            .env("FIXTURE_TOKEN", "s3cr3t-fixture-token")
+            .env("FIXTURE_PRIVATE_KEY", "never-passed-to-the-server")
+            .output()
+            .expect("run");
+        (o.status.code(), format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)))
+    };
+    let (code, t) = steppe("look");
+    assert_eq!(code, Some(0), "{t}");
+    for call in ["→ fixture__lookup", "→ fixture__add", "→ fixture__boom", "→ remote__lookup", "→ fixture__env_names"] {
+        assert!(t.contains(call), "{call} in {t}");
+    }
+    let transcript = Command::new(env!("CARGO_BIN_EXE_steppe")).args(["runs", "p.yml", "--transcript"]).current_dir(&work).output().expect("runs");
+    let transcript = String::from_utf8_lossy(&transcript.stdout).to_string();
+    assert!(transcript.contains("local: first letter") && transcript.contains("remote: last letter"), "{transcript}");
+    assert!(transcript.contains("the fixture failed on purpose"), "a failed call reaches the model as an error: {transcript}");
+    assert!(transcript.contains("PATH") && !transcript.contains("FIXTURE_PRIVATE_KEY") && !transcript.contains("FIXTURE_TOKEN"), "the stdio server sees the host allowlist only: {transcript}");
+    // A step that narrows the grant to one tool is offered that tool only.
+    let (code, t) = steppe("narrowed");
+    assert_eq!(code, Some(0), "{t}");
+    assert!(t.contains("→ fixture__lookup {\"key\":\"omega\"}") && t.contains("only lookup here") && !t.contains("→ fixture__add"), "{t}");
+    let _ = http.kill();
+    let _ = http.wait();
+}
+
+/// A grant that cannot be served fails its step before the conversation
+/// starts, naming the server — never a step run with fewer tools.
 #[test]
 fn a_grant_that_cannot_be_served_fails_before_the_step_starts() {
-    let work = std::env::temp_dir().join(format!("steppe-agents-mcp-{}", std::process::id()));
+    let work = std::env::temp_dir().join(format!("steppe-agents-mcp-down-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).expect("mkdir");
     std::fs::write(
         work.join("p.yml"),
-        "mcp_servers:\n- name: tracker\n  endpoint: http://127.0.0.1:9/mcp\nagents:\n- name: w\n  source: {model: openrouter/x/y}\n  tools: [read_file, {mcp: tracker}]\njobs:\n- name: granted\n  plan:\n  - agent: w\n    messages: [Look.]\n- name: narrowed\n  plan:\n  - agent: w\n    tools: [read_file]\n    messages: [Look.]\n",
+        "mcp_servers:\n- name: tracker\n  endpoint: http://127.0.0.1:9/mcp\n- name: missing\n  command: ./no-such-server\nagents:\n- name: w\n  source: {model: openrouter/x/y}\n  tools: [read_file, {mcp: tracker}]\n- name: v\n  source: {model: openrouter/x/y}\n  tools: [{mcp: missing}]\n\
+         jobs:\n- name: granted\n  plan:\n  - agent: w\n    messages: [Look.]\n- name: narrowed\n  plan:\n  - agent: w\n    tools: [read_file]\n    messages: [Look.]\n- name: unstartable\n  plan:\n  - agent: v\n    messages: [Look.]\n",
     )
     .expect("write");
     std::fs::write(work.join("s.yaml"), "model:\n  rules:\n    - say: done\n").expect("write");
     let o = Command::new(env!("CARGO_BIN_EXE_steppe")).args(["test", "p.yml", "--script", "s.yaml"]).current_dir(&work).env_remove("STEPPE_MODEL").output().expect("run");
     let t = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     assert_eq!(o.status.code(), Some(2), "{t}");
-    assert!(t.contains("FAIL granted") && t.contains("MCP server(s) tracker, which this build of steppe cannot serve yet"), "{t}");
+    assert!(t.contains("FAIL granted") && t.contains("MCP server \"tracker\": connecting to http://127.0.0.1:9/mcp"), "{t}");
+    assert!(t.contains("FAIL unstartable") && t.contains("MCP server \"missing\" could not start (./no-such-server)"), "{t}");
     assert!(t.contains("PASS narrowed"), "a step that leaves the server out runs: {t}");
-    assert!(t.contains("mcp_servers: warning: mcp_servers: is not honoured"), "{t}");
+    assert!(!t.contains("MCP server(s)") && !t.contains("not honoured"), "{t}");
 }
 
 /// A model that fails a request is retried, and the retry is said: why, the

@@ -309,3 +309,40 @@ fn a_detached_run_is_followed_live_through_a_coordinator() {
     assert!(about_run.iter().any(|l| l["message"] == "run failed" && l["outcome"] == "failed"), "{log}");
     assert!(lines.iter().any(|l| l["level"] == "WARN" && l["message"].as_str().is_some_and(|m| m.contains("no --auth or --token-file"))), "{log}");
 }
+
+/// A step no worker can take is said on its run, with the command that
+/// starts one; started, the worker takes it and the run ends.
+#[test]
+fn a_pool_without_workers_is_said_with_what_to_start() {
+    use std::time::Duration;
+    let d = scratch("pool-wait");
+    std::fs::write(d.join("p.yml"), "jobs:\n- name: j\n  plan:\n  - task: t\n    run: echo ran\n").expect("write");
+    let (mut coord, url, _log) = common::serving_logged(&["coordinator", "--listen", "127.0.0.1:0", "--workers", "0", "--state", "state"], &d);
+    let mut submit = common::child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(["submit", "p.yml", "--pool", "gpu", "--coordinator", &url]).current_dir(&d).stdout(std::process::Stdio::piped()).spawn().expect("submit");
+    let seen = lines_of(&mut submit);
+    let has = |what: &str| seen.lock().map(|l| l.contains(what)).unwrap_or(false);
+    common::wait_for("the wait to be said", Duration::from_secs(15), || has("has waited"));
+    let text = seen.lock().map(|l| l.clone()).unwrap_or_default();
+    assert!(text.contains("⧗ t has waited") && text.contains("for a worker of pool gpu, and none is connected"), "{text}");
+    assert!(text.contains("steppe worker --coordinator URL --pool gpu"), "{text}");
+    // The note is an event of the run, as --events shows.
+    common::wait_for("the note among the run's events", Duration::from_secs(5), || steppe(&["runs", "--coordinator", &url, "--events"], &d).1.contains("for a worker of pool gpu"));
+    let mut worker = common::spawn_worker(&url, &["--pool", "gpu", "--slots", "1"]);
+    assert_eq!(submit.wait().expect("submit").code(), Some(0));
+    assert!(seen.lock().map(|l| l.contains("[t] ran")).unwrap_or(false));
+    common::stop([&mut worker, &mut coord]);
+}
+
+/// `steppe completions SHELL` prints a script that knows the commands and flags.
+#[test]
+fn completions_know_the_commands_and_flags() {
+    let d = scratch("completions");
+    for shell in ["bash", "zsh", "fish"] {
+        let (code, out, err) = steppe(&["completions", shell], &d);
+        assert_eq!(code, 0, "{err}");
+        assert!(out.contains("steppe") && out.contains("follow") && out.contains("validate"), "{shell}: {out}");
+    }
+    let (code, _, err) = steppe(&["completions", "tcsh"], &d);
+    assert_eq!(code, 2);
+    assert!(err.contains("bash") && err.contains("zsh"), "the shells it knows are named: {err}");
+}

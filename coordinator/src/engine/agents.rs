@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use serde_json::{Map, Value};
-use steppe_runtime::agent_work::{AgentAssert, AgentMessage, AgentWork, Endpoint, SubAgent, ToolDef};
+use steppe_runtime::agent_work::{AgentAssert, AgentMessage, AgentWork, Endpoint, McpServerWork, SubAgent, ToolDef};
 use steppe_runtime::assignment::Assignment;
 use steppe_language::builtins::{provider_of, DEFAULT_TOOLS};
 use steppe_language::model::{AgentDef, Message, Source, Step, ToolGrant, ToolSpec};
@@ -35,11 +35,26 @@ fn custom(s: &ToolSpec) -> ToolDef {
     }
 }
 
-/// The agent's grant as tool definitions, and the MCP servers it grants
-/// tools of (not served by this build: a step that would use them fails).
-fn grant(tools: Option<&[ToolGrant]>) -> (Vec<(String, ToolDef)>, Vec<String>) {
+/// An MCP grant: one tool, some, or every one the server lists.
+fn mcp(server: &str, s: &ToolSpec) -> ToolDef {
+    let single = s.tool.is_some();
+    ToolDef::Mcp {
+        server: server.to_string(),
+        tool: s.tool.clone(),
+        tools: s.tools.clone().unwrap_or_default(),
+        description: s.description.clone().filter(|_| single),
+        required: single && s.required.unwrap_or(false),
+        max_calls: if single { s.max_calls.unwrap_or(0).max(0) as u64 } else { 0 },
+        max_output_bytes: s.max_output_bytes.map(|m| m.max(0) as u64),
+        timeout_ms: s.timeout.and_then(|t| t.to_std()).map(|t| t.as_millis() as u64),
+    }
+}
+
+/// The agent's grant as tool definitions, each under the name a step's
+/// `tools:` selects it by (an MCP grant of one tool as `server__tool`, of
+/// several as the server's name).
+fn grant(tools: Option<&[ToolGrant]>) -> Vec<(String, ToolDef)> {
     let mut out = Vec::new();
-    let mut skipped = Vec::new();
     match tools {
         Some(t) if !t.is_empty() => {
             for g in t {
@@ -53,7 +68,11 @@ fn grant(tools: Option<&[ToolGrant]>) -> (Vec<(String, ToolDef)>, Vec<String>) {
                         } else if s.agent.is_some() {
                             // Served as a sub-agent (see `sub_agents`).
                         } else if let Some(m) = &s.mcp {
-                            skipped.push(m.clone());
+                            let key = match &s.tool {
+                                Some(t) => steppe_runtime::agent_work::mcp_tool_name(m, t),
+                                None => m.clone(),
+                            };
+                            out.push((key, mcp(m, s)));
                         }
                     }
                 }
@@ -61,10 +80,59 @@ fn grant(tools: Option<&[ToolGrant]>) -> (Vec<(String, ToolDef)>, Vec<String>) {
         }
         _ => out.extend(DEFAULT_TOOLS.iter().map(|n| (n.to_string(), builtin(n, None)))),
     }
-    (out, skipped)
+    out
+}
+
+/// A step's selection `server__tool` out of an agent's grant of that
+/// server's tools (some or all): the grant narrowed to the one tool.
+fn narrowed(all: &[(String, ToolDef)], name: &str) -> Option<ToolDef> {
+    let (server, tool) = name.split_once("__")?;
+    all.iter().find_map(|(_, d)| match d {
+        ToolDef::Mcp { server: s, tool: None, tools, max_output_bytes, timeout_ms, .. } if s == server && (tools.is_empty() || tools.iter().any(|t| t == tool)) => Some(ToolDef::Mcp {
+            server: s.clone(),
+            tool: Some(tool.to_string()),
+            tools: Vec::new(),
+            description: None,
+            required: false,
+            max_calls: 0,
+            max_output_bytes: *max_output_bytes,
+            timeout_ms: *timeout_ms,
+        }),
+        _ => None,
+    })
 }
 
 impl JobRun {
+    /// The declared servers `tools` grants tools of, as a worker reaches them.
+    fn mcp_servers(&self, agent: &str, tools: &[ToolDef]) -> Result<Vec<McpServerWork>, StepError> {
+        let mut out: Vec<McpServerWork> = Vec::new();
+        for t in tools {
+            let ToolDef::Mcp { server, .. } = t else { continue };
+            if out.iter().any(|m| &m.name == server) {
+                continue;
+            }
+            let decl = self.engine.pipeline.mcp_servers.iter().find(|m| &m.name == server).ok_or_else(|| StepError::errored(format!("agent \"{agent}\": MCP server \"{server}\" is not declared in mcp_servers:")))?;
+            let auth = decl.auth.as_ref().and_then(|a| a.type_.as_deref()).unwrap_or("none");
+            let bearer_env = match auth {
+                "bearer" => decl.auth.as_ref().and_then(|a| a.api_key_env.clone()),
+                "oauth" => {
+                    return Err(StepError::errored(format!(
+                        "agent \"{agent}\": MCP server \"{server}\" signs in with OAuth, which this build of steppe cannot do yet (steppe mcp login is to come); use auth: bearer with a token in api_key_env"
+                    )))
+                }
+                _ => None,
+            };
+            out.push(McpServerWork {
+                name: server.clone(),
+                command: decl.command.iter().cloned().chain(decl.args.iter().flatten().cloned()).collect(),
+                cwd: decl.cwd.clone(),
+                endpoint: decl.endpoint.clone(),
+                bearer_env,
+            });
+        }
+        Ok(out)
+    }
+
     pub(super) fn agent_def(&self, name: &str) -> Option<&AgentDef> {
         self.engine.pipeline.agents.iter().find(|a| a.name == name)
     }
@@ -128,32 +196,17 @@ impl JobRun {
                 Message::Artifact { artifact, path } => AgentMessage::Artifact { artifact: artifact.clone(), path: path.clone() },
             });
         }
-        let (all, servers) = grant(def.tools.as_deref());
-        // The step's own selection may leave the servers out; if it uses
-        // them, it fails now rather than run with fewer tools than granted.
-        let used: Vec<&String> = match &s.tools {
-            Some(sel) if !sel.is_empty() => servers
-                .iter()
-                .filter(|m| sel.iter().any(|g| matches!(g, ToolGrant::Name(n) if n == *m) || matches!(g, ToolGrant::Spec(sp) if sp.mcp.as_ref() == Some(*m))))
-                .collect(),
-            _ => servers.iter().collect(),
-        };
-        if !used.is_empty() {
-            let names: Vec<&str> = used.iter().map(|m| m.as_str()).collect();
-            return Err(StepError::errored(format!(
-                "agent \"{name}\" is granted tools of MCP server(s) {}, which this build of steppe cannot serve yet; it would run with fewer tools than granted (narrow the step's tools: to leave them out)",
-                names.join(", ")
-            )));
-        }
+        let all = grant(def.tools.as_deref());
         let tools: Vec<ToolDef> = match &s.tools {
             Some(sel) if !sel.is_empty() => {
                 let mut out = Vec::new();
                 for g in sel {
                     match g {
                         ToolGrant::Name(n) => {
-                            // A bare server name selects that server's tools; they are not served here.
                             if let Some((_, d)) = all.iter().find(|(k, _)| k == n) {
                                 out.push(d.clone());
+                            } else if let Some(d) = narrowed(&all, n) {
+                                out.push(d);
                             }
                         }
                         ToolGrant::Spec(spec) if spec.name.is_some() => out.push(custom(spec)),
@@ -165,6 +218,7 @@ impl JobRun {
             _ => all.into_iter().map(|(_, d)| d).collect(),
         };
         let tools: Vec<ToolDef> = tools.into_iter().filter(|t| t.name() != "ask_user").collect();
+        let mcp_servers = self.mcp_servers(&name, &tools)?;
         let verdicts: Vec<String> = match vocab {
             Some(v) => v.to_vec(),
             None => s.verdicts.iter().flatten().map(|v| v.name.clone()).filter(|n| n != "failure").collect(),
@@ -213,6 +267,7 @@ impl JobRun {
             image,
             container,
             env: s.env.clone().or_else(|| def.env.clone()).unwrap_or_default(),
+            mcp_servers,
         })
     }
 

@@ -61,6 +61,22 @@ pub struct AgentWork {
     pub container: ContainerSettings,
     /// Host variables its tools' commands may read (`env:`).
     pub env: Vec<String>,
+    /// The MCP servers its grant names (started or reached by the worker, for this step).
+    pub mcp_servers: Vec<McpServerWork>,
+}
+
+/// An MCP server as the worker reaches it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct McpServerWork {
+    pub name: String,
+    /// stdio: the program and its arguments (no shell).
+    pub command: Vec<String>,
+    /// stdio: the working directory, relative to the step's or absolute.
+    pub cwd: Option<String>,
+    /// Streamable HTTP: the endpoint URL.
+    pub endpoint: Option<String>,
+    /// HTTP `bearer`: the variable holding the token on the worker.
+    pub bearer_env: Option<String>,
 }
 
 impl AgentWork {
@@ -147,6 +163,25 @@ pub enum ToolDef {
         /// `run` is a plain command, not a template (a fix agent's rerun tool).
         literal: bool,
     },
+    /// Tools of an MCP server: one (`tool`), some (`tools`) or every one it
+    /// lists (neither); the model sees each as `server__tool`.
+    Mcp {
+        server: String,
+        tool: Option<String>,
+        tools: Vec<String>,
+        /// The single tool's description in place of the server's.
+        description: Option<String>,
+        required: bool,
+        /// 0 = unlimited (the single form only).
+        max_calls: u64,
+        max_output_bytes: Option<u64>,
+        timeout_ms: Option<u64>,
+    },
+}
+
+/// The name the model calls an MCP server's tool by.
+pub fn mcp_tool_name(server: &str, tool: &str) -> String {
+    format!("{server}__{tool}")
 }
 
 impl AgentWork {
@@ -219,6 +254,8 @@ impl ToolDef {
     pub fn name(&self) -> &str {
         match self {
             ToolDef::Builtin { name, .. } | ToolDef::Custom { name, .. } => name,
+            // A grant of several tools goes by its server's name.
+            ToolDef::Mcp { server, .. } => server,
         }
     }
 }

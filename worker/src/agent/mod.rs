@@ -252,8 +252,16 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
             None => {}
         }
     }
-    let defs: HashMap<String, ToolDef> = work.tools.iter().map(|t| (t.name().to_string(), t.clone())).collect();
-    conv.tools = work.tools.iter().map(|t| schema_for(t, &work.verdicts)).collect();
+    // MCP servers granted to the step: connected now, or the step errs before its first request.
+    let mcp_grants: Vec<&ToolDef> = work.tools.iter().filter(|t| matches!(t, ToolDef::Mcp { .. })).collect();
+    let mcp = if mcp_grants.is_empty() {
+        crate::tools::mcp::McpSessions::default()
+    } else {
+        crate::tools::mcp::McpSessions::open(&work.mcp_servers, &mcp_grants, &space.cwd).await.map_err(|e| StepError::errored(format!("{label}: {e}")))?
+    };
+    let defs: HashMap<String, ToolDef> = work.tools.iter().filter(|t| !matches!(t, ToolDef::Mcp { .. })).map(|t| (t.name().to_string(), t.clone())).collect();
+    conv.tools = work.tools.iter().filter(|t| !matches!(t, ToolDef::Mcp { .. })).map(|t| schema_for(t, &work.verdicts)).collect();
+    conv.tools.extend(mcp.tools.iter().map(|t| t.schema()));
     if work.ask.is_some() {
         conv.tools.push(json!({"type": "function", "function": {"name": "ask_user", "description": "Ask the person running the pipeline a question and wait for the answer. Offer options when the answer is one of a few.", "parameters": {"type": "object", "properties": {"question": {"type": "string"}, "options": {"type": "array", "items": {"type": "string"}}}, "required": ["question"]}}}));
     }
@@ -273,6 +281,7 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
             ToolDef::Custom { name, required: true, .. } => Some((name.clone(), false)),
             _ => None,
         })
+        .chain(mcp.tools.iter().filter(|t| t.required).map(|t| (t.name.clone(), false)))
         .collect();
     if !work.verdicts.is_empty() {
         required.insert("verdict".into(), false);
@@ -519,6 +528,16 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
                                     Err(e) => error(e.message),
                                 }
                             }
+                        }
+                    }
+                    None if mcp.tool(&name).is_some() => {
+                        let tool = mcp.tool(&name).expect("checked above");
+                        let used = calls_made.entry(name.clone()).or_insert(0);
+                        if tool.max_calls > 0 && *used >= tool.max_calls {
+                            error(format!("{name}: call budget ({}) exhausted for this attempt", tool.max_calls))
+                        } else {
+                            *used += 1;
+                            mcp.call(tool, &args).await
                         }
                     }
                     None => {

@@ -30,6 +30,8 @@ pub(super) fn schema_for(def: &ToolDef, verdicts: &[String]) -> Value {
             }
             (name.clone(), d, p)
         }
+        // Offered as the server's own tools once it is connected (tools/mcp.rs).
+        ToolDef::Mcp { server, .. } => (server.clone(), String::new(), json!({"type": "object", "properties": {}})),
     };
     let _ = verdicts;
     json!({"type": "function", "function": {"name": name, "description": description, "parameters": params}})

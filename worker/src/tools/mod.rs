@@ -505,6 +505,7 @@ fn glob_to_regex(g: &str) -> Result<regex::Regex, regex::Error> {
 }
 
 mod custom;
+pub mod mcp;
 mod web_fetch;
 
 pub use custom::{custom, custom_params};

@@ -24,7 +24,7 @@ pub const NOT_HONOURED: &[(&str, &str)] = &[
     ("version_history", "resource versions are all kept"),
     ("run_history", "runs are all kept"),
     ("workspace", "step directories are always fresh copies of their inputs"),
-    ("mcp_servers", "steppe does not serve MCP servers yet; a step granted their tools fails before it starts"),
+    ("auth: oauth", "MCP servers cannot sign in with OAuth yet (steppe mcp login is to come); a step granted their tools fails before it starts"),
 ];
 
 fn why(key: &str) -> &'static str {
@@ -53,8 +53,10 @@ pub fn warn(p: &Pipeline, r: &mut Report) {
             say("workspace".into(), "workspace");
         }
     }
-    if !p.mcp_servers.is_empty() {
-        say("mcp_servers".into(), "mcp_servers");
+    for (i, m) in p.mcp_servers.iter().enumerate() {
+        if m.auth.as_ref().and_then(|a| a.type_.as_deref()) == Some("oauth") {
+            say(format!("mcp_servers[{i}].auth.type"), "auth: oauth");
+        }
     }
     for (i, res) in p.resources.iter().enumerate() {
         if res.webhook_token_env.is_some() {

@@ -4,7 +4,7 @@ use steppe_proto::v1;
 
 use super::json::{json_from_wire, json_to_wire, object_to_wire};
 use super::WireError;
-use crate::agent_work::{AgentAssert, AgentMessage, AgentOutcome, AgentWork, AskSpec, ContainerSettings, DenialRecord, Endpoint, SubAgent, ToolDef, TrajectoryEntry, TranscriptEvent};
+use crate::agent_work::{AgentAssert, AgentMessage, AgentOutcome, AgentWork, AskSpec, ContainerSettings, DenialRecord, Endpoint, McpServerWork, SubAgent, ToolDef, TrajectoryEntry, TranscriptEvent};
 
 pub fn work_to_wire(w: &AgentWork) -> v1::AgentWork {
     // Taken apart whole: a field added to AgentWork cannot be forgotten here.
@@ -44,6 +44,7 @@ pub fn work_to_wire(w: &AgentWork) -> v1::AgentWork {
         answers,
         max_questions,
         ask,
+        mcp_servers,
     } = w;
     v1::AgentWork {
         agent: agent.clone(),
@@ -83,6 +84,10 @@ pub fn work_to_wire(w: &AgentWork) -> v1::AgentWork {
         image: image.clone(),
         container: Some(container_to_wire(container)),
         env: env.clone(),
+        mcp_servers: mcp_servers
+            .iter()
+            .map(|m| v1::McpServer { name: m.name.clone(), command: m.command.clone(), cwd: m.cwd.clone(), endpoint: m.endpoint.clone(), bearer_env: m.bearer_env.clone() })
+            .collect(),
     }
 }
 
@@ -122,6 +127,7 @@ pub fn work_from_wire(w: v1::AgentWork) -> Result<AgentWork, WireError> {
         image,
         container,
         env,
+        mcp_servers,
     } = w;
     let job_counter = job_budget.as_ref().map(|b| b.counter.clone()).filter(|c| !c.is_empty());
     Ok(AgentWork {
@@ -167,6 +173,10 @@ pub fn work_from_wire(w: v1::AgentWork) -> Result<AgentWork, WireError> {
         image,
         container: container.map(container_from_wire).unwrap_or_default(),
         env,
+        mcp_servers: mcp_servers
+            .into_iter()
+            .map(|m| McpServerWork { name: m.name, command: m.command, cwd: m.cwd, endpoint: m.endpoint, bearer_env: m.bearer_env })
+            .collect(),
     })
 }
 
@@ -258,6 +268,16 @@ fn tool_to_wire(t: &ToolDef) -> v1::ToolDef {
             timeout_ms: *timeout_ms,
             literal: *literal,
         }),
+        ToolDef::Mcp { server, tool, tools, description, required, max_calls, max_output_bytes, timeout_ms } => Kind::Mcp(v1::McpGrant {
+            server: server.clone(),
+            tool: tool.clone(),
+            tools: tools.clone(),
+            description: description.clone(),
+            required: *required,
+            max_calls: *max_calls,
+            max_output_bytes: *max_output_bytes,
+            timeout_ms: *timeout_ms,
+        }),
     };
     v1::ToolDef { kind: Some(kind) }
 }
@@ -276,6 +296,16 @@ fn tool_from_wire(t: v1::ToolDef) -> Result<ToolDef, WireError> {
             max_output_bytes: c.max_output_bytes,
             timeout_ms: c.timeout_ms,
             literal: c.literal,
+        },
+        Kind::Mcp(m) => ToolDef::Mcp {
+            server: m.server,
+            tool: m.tool,
+            tools: m.tools,
+            description: m.description,
+            required: m.required,
+            max_calls: m.max_calls,
+            max_output_bytes: m.max_output_bytes,
+            timeout_ms: m.timeout_ms,
         },
     })
 }
@@ -357,6 +387,17 @@ pub(crate) mod tests {
                     timeout_ms: Some(30_000),
                     literal: true,
                 },
+                ToolDef::Mcp {
+                    server: "files".into(),
+                    tool: Some("lookup".into()),
+                    tools: vec![],
+                    description: Some("Look it up".into()),
+                    required: true,
+                    max_calls: 2,
+                    max_output_bytes: Some(512),
+                    timeout_ms: Some(1_000),
+                },
+                ToolDef::Mcp { server: "docs".into(), tool: None, tools: vec!["a".into(), "b".into()], description: None, required: false, max_calls: 0, max_output_bytes: None, timeout_ms: None },
             ],
             verdicts: vec!["approve".into(), "reject".into()],
             note_required: true,
@@ -393,6 +434,10 @@ pub(crate) mod tests {
             image: Some("python:3.12".into()),
             container: ContainerSettings { user: Some("0".into()), network: Some("none".into()), privileged: false, cpu_shares: Some(256), memory_bytes: None },
             env: vec!["GOFLAGS".into()],
+            mcp_servers: vec![
+                McpServerWork { name: "files".into(), command: vec!["python3".into(), "server.py".into()], cwd: Some("tools".into()), ..Default::default() },
+                McpServerWork { name: "docs".into(), endpoint: Some("http://127.0.0.1:9/mcp".into()), bearer_env: Some("DOCS_TOKEN".into()), ..Default::default() },
+            ],
         }
     }
 
