@@ -179,8 +179,29 @@ fn venv_python() -> String {
 /// sees the host allowlist only, never the worker's secrets.
 #[test]
 fn mcp_tools_over_stdio_and_http_reach_the_model() {
+    mcp_tools_reach_the_model(None);
+}
+
+/// The same through a coordinator: the worker starts the stdio server and
+/// holds the token, the coordinator neither.
+#[test]
+fn mcp_tools_reach_the_model_through_a_cluster() {
+    let dir = common::scratch("agents-mcp-cluster");
+    let (mut coord, url, _log) = common::serving_logged(&["coordinator", "--listen", "127.0.0.1:0", "--workers", "0", "--state", "state"], &dir);
+    let mut worker = common::child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
+        .args(["worker", "--coordinator", &url, "--slots", "1"])
+        .env("FIXTURE_TOKEN", "s3cr3t-fixture-token")
+        .env("FIXTURE_PRIVATE_KEY", "never-passed-to-the-server")
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("worker");
+    mcp_tools_reach_the_model(Some(&url));
+    common::stop([&mut worker, &mut coord]);
+}
+
+fn mcp_tools_reach_the_model(coordinator: Option<&str>) {
     use std::io::BufRead;
-    let work = std::env::temp_dir().join(format!("steppe-agents-mcp-{}", std::process::id()));
+    let work = std::env::temp_dir().join(format!("steppe-agents-mcp-{}-{}", std::process::id(), coordinator.is_some()));
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).expect("mkdir");
     let python = venv_python();
@@ -226,9 +247,11 @@ fn mcp_tools_over_stdio_and_http_reach_the_model() {
 "#,
     )
     .expect("write");
+    let remote: Vec<&str> = coordinator.map(|u| vec!["--coordinator", u]).unwrap_or_default();
     let steppe = |job: &str| {
         let o = Command::new(env!("CARGO_BIN_EXE_steppe"))
             .args(["run", "p.yml", "--job", job, "--script", "s.yaml", "--var", &format!("python={python}"), "--var", &format!("server={server}"), "--var", &format!("endpoint={endpoint}")])
+            .args(&remote)
             .current_dir(&work)
             .env_remove("STEPPE_MODEL")
             .env("FIXTURE_TOKEN", "s3cr3t-fixture-token")
@@ -242,7 +265,7 @@ fn mcp_tools_over_stdio_and_http_reach_the_model() {
     for call in ["→ fixture__lookup", "→ fixture__add", "→ fixture__boom", "→ remote__lookup", "→ fixture__env_names"] {
         assert!(t.contains(call), "{call} in {t}");
     }
-    let transcript = Command::new(env!("CARGO_BIN_EXE_steppe")).args(["runs", "p.yml", "--transcript"]).current_dir(&work).output().expect("runs");
+    let transcript = Command::new(env!("CARGO_BIN_EXE_steppe")).args(["runs", "p.yml", "--transcript"]).args(&remote).current_dir(&work).output().expect("runs");
     let transcript = String::from_utf8_lossy(&transcript.stdout).to_string();
     assert!(transcript.contains("local: first letter") && transcript.contains("remote: last letter"), "{transcript}");
     assert!(transcript.contains("the fixture failed on purpose"), "a failed call reaches the model as an error: {transcript}");
