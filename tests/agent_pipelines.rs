@@ -278,6 +278,38 @@ fn mcp_tools_reach_the_model(coordinator: Option<&str>) {
     let _ = http.wait();
 }
 
+/// `steppe mcp list` probes every declared server (exit 0 whatever they
+/// say); `steppe mcp tools` lists one server's tools as they are granted.
+#[test]
+fn mcp_list_and_tools_probe_the_declared_servers() {
+    let work = std::env::temp_dir().join(format!("steppe-agents-mcp-list-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).expect("mkdir");
+    let server = common::repo("tests/support/mcp_server.py").display().to_string();
+    std::fs::write(
+        work.join("p.yml"),
+        format!("mcp_servers:\n- name: fixture\n  command: {}\n  args: [{server}, stdio]\n- name: down\n  endpoint: http://127.0.0.1:9/mcp\njobs:\n- name: j\n  plan:\n  - task: t\n    run: 'true'\n", venv_python()),
+    )
+    .expect("write");
+    let steppe = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_steppe")).args(args).current_dir(&work).output().expect("run");
+        (o.status.code(), format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)))
+    };
+    let (code, t) = steppe(&["mcp", "list", "p.yml"]);
+    assert_eq!(code, Some(0), "{t}");
+    let row = |name: &str| t.lines().find(|l| l.starts_with(name)).unwrap_or_default().to_string();
+    assert!(row("fixture").contains("stdio") && row("fixture").ends_with("ok: 4 tool(s)"), "{t}");
+    assert!(row("down").contains("unreachable: MCP server \"down\": connecting to http://127.0.0.1:9/mcp") && !row("down").contains("rmcp::"), "{t}");
+    let (_, t) = steppe(&["mcp", "list", "p.yml", "--offline"]);
+    assert_eq!(t.matches("not probed (--offline)").count(), 2, "{t}");
+    let (code, t) = steppe(&["mcp", "tools", "p.yml", "fixture"]);
+    assert_eq!(code, Some(0), "{t}");
+    assert!(t.contains("fixture__lookup\n    Look up a key in the fixture's table.") && t.contains("fixture__boom"), "{t}");
+    let (code, t) = steppe(&["mcp", "tools", "p.yml", "nope"]);
+    assert_eq!(code, Some(2));
+    assert!(t.contains("no MCP server \"nope\" in p.yml (it declares: fixture, down)"), "{t}");
+}
+
 /// A grant that cannot be served fails its step before the conversation
 /// starts, naming the server — never a step run with fewer tools.
 #[test]

@@ -15,6 +15,7 @@ pub mod format;
 pub mod history;
 mod history_source;
 pub mod jobs;
+pub mod mcp;
 pub mod log;
 pub mod reference;
 pub mod run;
@@ -74,6 +75,7 @@ pub enum Command {
     Token(token::TokenArgs),
     Web(web::WebArgs),
     Completions(completions::CompletionsArgs),
+    Mcp(mcp::McpArgs),
 }
 
 impl Command {
@@ -97,6 +99,7 @@ impl Command {
             Command::Token(a) => a.run(),
             Command::Web(a) => a.run(),
             Command::Completions(a) => a.run(),
+            Command::Mcp(a) => a.run(),
         }
     }
 }

@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 use steppe_runtime::agent_work::{AgentAssert, AgentMessage, AgentWork, Endpoint, McpServerWork, SubAgent, ToolDef};
 use steppe_runtime::assignment::Assignment;
 use steppe_language::builtins::{provider_of, DEFAULT_TOOLS};
-use steppe_language::model::{AgentDef, Message, Source, Step, ToolGrant, ToolSpec};
+use steppe_language::model::{AgentDef, McpServer, Message, Source, Step, ToolGrant, ToolSpec};
 use steppe_runtime::outcome::StepError;
 
 use super::across::{cell_label, render_cell, Cell};
@@ -83,6 +83,27 @@ fn grant(tools: Option<&[ToolGrant]>) -> Vec<(String, ToolDef)> {
     out
 }
 
+/// A declared MCP server as a worker reaches it.
+pub(crate) fn mcp_server_work(decl: &McpServer) -> Result<McpServerWork, String> {
+    let bearer_env = match decl.auth.as_ref().and_then(|a| a.type_.as_deref()).unwrap_or("none") {
+        "bearer" => decl.auth.as_ref().and_then(|a| a.api_key_env.clone()),
+        "oauth" => {
+            return Err(format!(
+                "MCP server \"{}\" signs in with OAuth, which this build of steppe cannot do yet (steppe mcp login is to come); use auth: bearer with a token in api_key_env",
+                decl.name
+            ))
+        }
+        _ => None,
+    };
+    Ok(McpServerWork {
+        name: decl.name.clone(),
+        command: decl.command.iter().cloned().chain(decl.args.iter().flatten().cloned()).collect(),
+        cwd: decl.cwd.clone(),
+        endpoint: decl.endpoint.clone(),
+        bearer_env,
+    })
+}
+
 /// A step's selection `server__tool` out of an agent's grant of that
 /// server's tools (some or all): the grant narrowed to the one tool.
 fn narrowed(all: &[(String, ToolDef)], name: &str) -> Option<ToolDef> {
@@ -112,23 +133,7 @@ impl JobRun {
                 continue;
             }
             let decl = self.engine.pipeline.mcp_servers.iter().find(|m| &m.name == server).ok_or_else(|| StepError::errored(format!("agent \"{agent}\": MCP server \"{server}\" is not declared in mcp_servers:")))?;
-            let auth = decl.auth.as_ref().and_then(|a| a.type_.as_deref()).unwrap_or("none");
-            let bearer_env = match auth {
-                "bearer" => decl.auth.as_ref().and_then(|a| a.api_key_env.clone()),
-                "oauth" => {
-                    return Err(StepError::errored(format!(
-                        "agent \"{agent}\": MCP server \"{server}\" signs in with OAuth, which this build of steppe cannot do yet (steppe mcp login is to come); use auth: bearer with a token in api_key_env"
-                    )))
-                }
-                _ => None,
-            };
-            out.push(McpServerWork {
-                name: server.clone(),
-                command: decl.command.iter().cloned().chain(decl.args.iter().flatten().cloned()).collect(),
-                cwd: decl.cwd.clone(),
-                endpoint: decl.endpoint.clone(),
-                bearer_env,
-            });
+            out.push(mcp_server_work(decl).map_err(|e| StepError::errored(format!("agent \"{agent}\": {e}")))?);
         }
         Ok(out)
     }

@@ -4,6 +4,7 @@
 
 mod across;
 mod agents;
+pub(crate) use agents::mcp_server_work;
 mod approval;
 mod attempts;
 mod blocks;

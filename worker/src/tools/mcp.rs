@@ -164,6 +164,14 @@ impl McpSessions {
     }
 }
 
+/// rmcp's transport errors name their Rust types; what a person needs is the cause after them.
+fn plain(text: String) -> String {
+    match text.find("Client error: ") {
+        Some(i) => text[i + "Client error: ".len()..].to_string(),
+        None => text,
+    }
+}
+
 fn error(message: String) -> Value {
     json!({ "error": message })
 }
@@ -204,7 +212,7 @@ async fn connect(spec: &McpServerWork, step_dir: &Path) -> Result<RunningService
             }
             steppe_cloud::install_crypto();
             let transport = StreamableHttpClientTransport::from_config(config);
-            ().serve(transport).await.map_err(|e| protocol(format!("connecting to {url}: {e}")))
+            ().serve(transport).await.map_err(|e| protocol(format!("connecting to {url}: {}", plain(e.to_string()))))
         }
         (None, Some((program, args))) => {
             let mut cmd = tokio::process::Command::new(program);
