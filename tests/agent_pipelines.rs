@@ -348,3 +348,96 @@ fn model_retries_are_said_with_their_reason_and_wait() {
     assert!(t.contains("model request failed (") && t.contains("HTTP 503") && t.contains("retrying in 500ms (attempt 2 of 3)"), "{t}");
     assert!(t.contains("recovered"), "{t}");
 }
+
+const PLANTED: &str = "sk-planted-7f3c9a1e5b2d4c6e";
+
+/// A pipeline that prints its API key every way it can: a task's stdout and
+/// stderr, an agent's shell tool, an assert's verdict quoting the output.
+fn leaky_pipeline(work: &Path) {
+    std::fs::write(
+        work.join("p.yml"),
+        "agents:\n- name: leaky\n  source: {model: openrouter/x/y, api_key_env: PLANTED_KEY}\n  tools: [run_shell]\n  env: [PLANTED_KEY]\n\
+         jobs:\n- name: leak\n  plan:\n  - task: shout\n    env: [PLANTED_KEY]\n    run: echo \"task sees $PLANTED_KEY\"; echo \"stderr $PLANTED_KEY\" >&2\n\
+         \x20 - agent: leaky\n    messages: [Print the key.]\n\
+         \x20 - task: judged\n    env: [PLANTED_KEY]\n    run: echo \"judged $PLANTED_KEY\"\n    assert: {stdout: something else}\n",
+    )
+    .expect("write");
+    std::fs::write(work.join("s.yaml"), "model:\n  rules:\n    - when: {has_tool_results: true}\n      say: done\n    - call: run_shell\n      args: {command: 'echo \"agent sees $PLANTED_KEY\"'}\n").expect("write");
+}
+
+/// Everything under `dir`, as text.
+fn every_file(dir: &Path) -> String {
+    let mut out = String::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if let Ok(bytes) = std::fs::read(&p) {
+                out.push_str(&String::from_utf8_lossy(&bytes));
+            }
+        }
+    }
+    out
+}
+
+/// Runs the leaky pipeline and reads back everything a person could: what
+/// it printed, every history view, and every file of `stored`.
+fn leaked(work: &Path, remote: &[&str], stored: &Path, key_here: bool) -> (String, String) {
+    let run = |args: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_steppe"));
+        c.args(args).args(remote).current_dir(work).env_remove("STEPPE_MODEL");
+        if key_here {
+            c.env("PLANTED_KEY", PLANTED);
+        }
+        let o = c.output().expect("run");
+        format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    };
+    let printed = run(&["run", "p.yml", "--script", "s.yaml"]);
+    let mut seen = printed.clone();
+    for view in [&["runs", "p.yml", "--steps"][..], &["runs", "p.yml", "--logs", "--full"], &["runs", "p.yml", "--transcript"], &["runs", "p.yml", "--events"], &["runs", "p.yml", "--trace"]] {
+        seen.push_str(&run(view));
+    }
+    seen.push_str(&every_file(stored));
+    (printed, seen)
+}
+
+/// A planted API key appears nowhere in what a run prints or stores: the
+/// engine masks the values of the pipeline's key variables as `***`.
+#[test]
+fn a_planted_key_appears_nowhere_a_run_prints_or_stores() {
+    let work = std::env::temp_dir().join(format!("steppe-agents-planted-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).expect("mkdir");
+    leaky_pipeline(&work);
+    let (printed, seen) = leaked(&work, &[], &work.join(".steppe"), true);
+    assert!(printed.contains("task sees ***") && printed.contains("stderr ***") && printed.contains("job leak failed: judged"), "{printed}");
+    assert!(seen.contains("agent sees ***") && seen.contains("judged ***"), "the masked lines are there: {seen}");
+    assert!(!seen.contains(PLANTED), "the key leaked: {}", seen.lines().filter(|l| l.contains(PLANTED)).take(5).collect::<Vec<_>>().join("\n"));
+}
+
+/// The same through a coordinator: the key is the worker's alone, and the
+/// worker masks it before anything leaves it.
+#[test]
+fn a_planted_key_stays_on_its_worker_masked() {
+    let dir = common::scratch("agents-planted-cluster");
+    let (mut coord, url, log) = common::serving_logged(&["coordinator", "--listen", "127.0.0.1:0", "--workers", "0", "--state", "state"], &dir);
+    let mut worker = common::child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
+        .args(["worker", "--coordinator", &url, "--slots", "1"])
+        .env("PLANTED_KEY", PLANTED)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("worker");
+    let work = dir.join("p");
+    std::fs::create_dir_all(&work).expect("mkdir");
+    leaky_pipeline(&work);
+    let (printed, seen) = leaked(&work, &["--coordinator", &url], &dir.join("state"), false);
+    common::stop([&mut worker, &mut coord]);
+    let log = log.lock().map(|l| l.clone()).unwrap_or_default();
+    assert!(printed.contains("task sees ***") && printed.contains("job leak failed: judged"), "{printed}");
+    assert!(seen.contains("agent sees ***"), "{seen}");
+    for (what, text) in [("printed or stored", &seen), ("the coordinator's log", &log)] {
+        assert!(!text.contains(PLANTED), "the key leaked into {what}: {}", text.lines().filter(|l| l.contains(PLANTED)).take(5).collect::<Vec<_>>().join("\n"));
+    }
+}

@@ -166,6 +166,9 @@ pub fn make_engine_with(
     cancel_rx: tokio::sync::watch::Receiver<bool>,
 ) -> engine::Engine {
     let dir = if loaded.dir.as_os_str().is_empty() { PathBuf::from(".") } else { loaded.dir.clone() };
+    let env_model = LoadOptions::from_env(Default::default()).env_model;
+    let masked_env = engine::secret_env_names(&loaded.pipeline, env_model.as_deref());
+    steppe_runtime::secrets::remember_env(&masked_env);
     engine::Engine {
         pipeline: Arc::new(loaded.pipeline.clone()),
         dir,
@@ -176,7 +179,7 @@ pub fn make_engine_with(
         out: svc.out.clone(),
         cancel: cancel_rx,
         cancel_tx,
-        env_model: LoadOptions::from_env(Default::default()).env_model,
+        env_model,
         scripted: scripted.as_ref().map(|(p, _)| p.clone()),
         scripted_fallback: scripted.and_then(|(_, f)| f),
         answers,
@@ -185,6 +188,7 @@ pub fn make_engine_with(
         scope,
         docker: if svc.slots > 0 { engine::docker::Docker::Local } else { engine::docker::Docker::Remote(svc.registry.clone()) },
         trace_parent: None,
+        masked_env,
     }
 }
 

@@ -78,7 +78,10 @@ pub async fn execute(
         telemetry::end(&waited, None);
     }
     let cx = telemetry::start(&parent, &a.run_id, format!("execute {}", a.step), vec![KeyValue::new("step", a.step.clone()), pool, worker, KeyValue::new("attempt", i64::from(a.attempt))], None);
+    // The run's secrets held here are masked in everything this step sends back.
+    steppe_runtime::secrets::remember_env(&a.masked_env);
     let mut r = opentelemetry::context::FutureExt::with_context(execute_untraced(a, store, work_root, sink, ledger, cancel), cx.clone()).await;
+    mask_result(&mut r);
     let mut attrs = Vec::new();
     if let Some(code) = r.exit_code {
         attrs.push(KeyValue::new("exit_code", i64::from(code)));
@@ -91,6 +94,40 @@ pub async fn execute(
     telemetry::end(&cx, r.result.as_ref().err().map(|e| e.message.as_str()));
     r.spans = telemetry::take(&a.run_id);
     r
+}
+
+/// Masks the secrets this process holds in what a result carries back.
+fn mask_result(r: &mut AssignmentResult) {
+    use steppe_runtime::secrets::mask;
+    let m = |t: &mut String| {
+        if let std::borrow::Cow::Owned(masked) = mask(t) {
+            *t = masked;
+        }
+    };
+    m(&mut r.stdout);
+    m(&mut r.stderr);
+    if let Err(e) = &mut r.result {
+        m(&mut e.message);
+    }
+    if let Some(o) = &mut r.agent {
+        m(&mut o.response);
+        if let Some(n) = &mut o.note {
+            m(n);
+        }
+        for e in &mut o.transcript {
+            m(&mut e.content);
+        }
+        for t in &mut o.trajectory {
+            let text = t.args.to_string();
+            if let std::borrow::Cow::Owned(masked) = mask(&text) {
+                t.args = serde_json::from_str(&masked).unwrap_or(serde_json::Value::String(masked));
+            }
+        }
+        for d in &mut o.denials {
+            m(&mut d.path);
+            m(&mut d.reason);
+        }
+    }
 }
 
 async fn execute_untraced(

@@ -150,6 +150,8 @@ fn store_file(path: &Path, store: &dyn ArtifactStore) -> Result<steppe_runtime::
 
 impl LineSink for Recorder {
     fn line(&self, run_id: &str, step: &str, stream: Stream, line: &str) {
+        // Secrets this process holds never reach the record, the file or the live view.
+        let line = &*steppe_runtime::secrets::mask(line);
         {
             let mut k = self.kept.lock().unwrap_or_else(|p| p.into_inner());
             let l = OutputLine { stderr: stream == Stream::Stderr, line: line.to_string() };

@@ -110,7 +110,7 @@ pub fn exit(result: Result<ExitCode>) -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            warn!("steppe: error: {}", steppe_runtime::secrets::mask_urls(&causes(&e)));
+            warn!("steppe: error: {}", steppe_runtime::secrets::mask(&causes(&e)));
             if let Some(h) = hint(&e) {
                 warn!("steppe: hint: {}", steppe_runtime::secrets::mask_urls(&h));
             }

@@ -83,6 +83,29 @@ fn grant(tools: Option<&[ToolGrant]>) -> Vec<(String, ToolDef)> {
     out
 }
 
+/// The variables holding a pipeline's secrets — its agents' API keys (their
+/// own `api_key_env` or their provider's), its fallbacks', and its MCP
+/// servers' bearer tokens — whose values are masked wherever text goes.
+pub(crate) fn secret_env_names(p: &steppe_language::model::Pipeline, env_model: Option<&str>) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    let default_model = env_model.map(str::to_string).or_else(|| p.defaults.as_ref().and_then(|d| d.model.clone()));
+    let mut source = |src: Option<&Source>| {
+        let model = src.and_then(|s| s.model.clone()).or_else(|| default_model.clone()).unwrap_or_default();
+        let name = src.and_then(|s| s.api_key_env.clone()).or_else(|| provider_of(&model).and_then(|pr| pr.key_env).map(str::to_string));
+        names.extend(name);
+    };
+    for a in &p.agents {
+        source(a.source.as_ref());
+        for f in a.fallback.iter().flatten() {
+            source(f.source.as_ref());
+        }
+    }
+    names.extend(p.mcp_servers.iter().filter_map(|m| m.auth.as_ref()).filter_map(|a| a.api_key_env.clone()));
+    names.sort();
+    names.dedup();
+    names
+}
+
 /// A declared MCP server as a worker reaches it.
 pub(crate) fn mcp_server_work(decl: &McpServer) -> Result<McpServerWork, String> {
     let bearer_env = match decl.auth.as_ref().and_then(|a| a.type_.as_deref()).unwrap_or("none") {

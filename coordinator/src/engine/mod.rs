@@ -4,7 +4,7 @@
 
 mod across;
 mod agents;
-pub(crate) use agents::mcp_server_work;
+pub(crate) use agents::{mcp_server_work, secret_env_names};
 mod approval;
 mod attempts;
 mod blocks;

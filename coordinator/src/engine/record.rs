@@ -68,6 +68,7 @@ impl JobRun {
         // The worker's spans join the run's trace under the current span (the attempt's).
         a.trace_parent = steppe_worker::telemetry::parent_of(&opentelemetry::Context::current());
         a.enqueued_unix_ns = steppe_worker::telemetry::now_ns();
+        a.masked_env = self.engine.masked_env.clone();
         let step = a.step.clone();
         let mut r = self.engine.dispatcher.dispatch(a).await;
         self.engine.out.record_spans(&self.run_id, std::mem::take(&mut r.spans));

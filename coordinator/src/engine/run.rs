@@ -64,6 +64,9 @@ pub struct Engine {
     /// The submitter's span (W3C traceparent from its request): its runs'
     /// spans go under it.
     pub trace_parent: Option<String>,
+    /// The variables holding the pipeline's secrets: every assignment asks
+    /// its worker to mask their values (this process masks them already).
+    pub masked_env: Vec<String>,
 }
 
 impl Engine {

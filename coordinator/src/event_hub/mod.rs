@@ -272,7 +272,7 @@ fn store_ok() {
 
 /// Everything the hub passes on has the credentials of its URLs masked.
 fn masked(text: String) -> String {
-    match steppe_runtime::secrets::mask_urls(&text) {
+    match steppe_runtime::secrets::mask(&text) {
         std::borrow::Cow::Borrowed(_) => text,
         std::borrow::Cow::Owned(m) => m,
     }
@@ -391,6 +391,7 @@ impl EventHub {
 
     pub fn record_step(&self, mut rec: StepRecord) {
         rec.message = masked(rec.message);
+        rec.detail = rec.detail.map(masked);
         let _ = self.actor.cast(Event::Step(rec));
     }
 

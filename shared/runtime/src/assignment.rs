@@ -85,6 +85,9 @@ pub struct Assignment {
     pub trace_parent: String,
     /// When it was handed to the queue (Unix ns; 0: unknown).
     pub enqueued_unix_ns: u64,
+    /// Variables whose values the worker masks as `***` in everything it
+    /// writes or sends (the run's API keys and bearer tokens).
+    pub masked_env: Vec<String>,
 }
 
 pub use crate::agent_work::ContainerSettings;
@@ -122,6 +125,7 @@ impl Assignment {
             container: ContainerSettings::default(),
             trace_parent: String::new(),
             enqueued_unix_ns: 0,
+            masked_env: Vec::new(),
         }
     }
 

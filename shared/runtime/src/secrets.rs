@@ -1,10 +1,57 @@
 //! Secrets kept out of sight: a URL's user information (`redis://:pw@host`,
-//! `https://token@github.com`) is masked wherever text reaches a terminal,
-//! a log, a store or a client; passwords come from files, so they never
-//! appear in a command line (`ps`).
+//! `https://token@github.com`) and the values of the secrets this process
+//! holds (API keys, bearer tokens: [`remember`]) are masked wherever text
+//! reaches a terminal, a log, a store or a client; passwords come from
+//! files, so they never appear in a command line (`ps`).
 
 use std::borrow::Cow;
-use std::sync::OnceLock;
+use std::sync::{OnceLock, RwLock};
+
+/// Values shorter than this are not masked (they would mask ordinary words).
+const SHORTEST: usize = 8;
+
+fn remembered() -> &'static RwLock<Vec<String>> {
+    static VALUES: OnceLock<RwLock<Vec<String>>> = OnceLock::new();
+    VALUES.get_or_init(|| RwLock::new(Vec::new()))
+}
+
+/// From now on `value` is shown as `***` wherever [`mask`] is applied.
+pub fn remember(value: &str) {
+    let value = value.trim();
+    if value.len() < SHORTEST {
+        return;
+    }
+    let mut values = remembered().write().unwrap_or_else(|p| p.into_inner());
+    if !values.iter().any(|v| v == value) {
+        values.push(value.to_string());
+        // The longest first, so a secret holding another is masked whole.
+        values.sort_by_key(|v| std::cmp::Reverse(v.len()));
+    }
+}
+
+/// Remembers the values of the variables `names` that are set here.
+pub fn remember_env(names: &[String]) {
+    for n in names {
+        if let Ok(v) = std::env::var(n) {
+            remember(&v);
+        }
+    }
+}
+
+/// `text` with every remembered secret and every URL's credentials masked.
+pub fn mask(text: &str) -> Cow<'_, str> {
+    let values = remembered().read().unwrap_or_else(|p| p.into_inner());
+    let mut out: Cow<'_, str> = Cow::Borrowed(text);
+    for v in values.iter() {
+        if out.contains(v.as_str()) {
+            out = Cow::Owned(out.replace(v.as_str(), "***"));
+        }
+    }
+    match out {
+        Cow::Borrowed(t) => mask_urls(t),
+        Cow::Owned(t) => Cow::Owned(mask_urls(&t).into_owned()),
+    }
+}
 
 fn pattern() -> &'static regex::Regex {
     static RE: OnceLock<regex::Regex> = OnceLock::new();
@@ -65,6 +112,15 @@ mod tests {
     fn a_password_goes_into_a_url_that_has_none() {
         assert_eq!(with_password("redis://10.0.0.5:6379/", "p@ss w"), "redis://:p%40ss%20w@10.0.0.5:6379/");
         assert_eq!(with_password("redis://:other@h/", "x"), "redis://:other@h/");
+    }
+
+    #[test]
+    fn remembered_values_are_masked_wherever_they_appear() {
+        remember("sk-or-planted-0123456789");
+        remember("short");
+        assert_eq!(mask("key=sk-or-planted-0123456789; again sk-or-planted-0123456789"), "key=***; again ***");
+        assert_eq!(mask("a short word stays"), "a short word stays");
+        assert_eq!(mask("https://sk-or-planted-0123456789@h/ x"), "https://***@h/ x");
     }
 
     #[test]

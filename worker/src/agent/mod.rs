@@ -119,6 +119,7 @@ impl Conversation<'_> {
     /// Narrates the conversation; the model chose these words and paths, so
     /// their control characters are shown, not passed to a terminal.
     fn say(&self, line: &str) {
+        let line = steppe_runtime::secrets::mask(line);
         for l in line.lines() {
             self.sink.line(&self.run_id, &self.label, Stream::Stdout, &steppe_runtime::printable::escape_controls(l));
         }
@@ -247,7 +248,10 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
     }
     if let Some(var) = &work.api_key_env {
         match std::env::var(var).ok().filter(|v| !v.is_empty()) {
-            Some(k) => conv.key = Some(k),
+            Some(k) => {
+                steppe_runtime::secrets::remember(&k);
+                conv.key = Some(k)
+            }
             None if work.key_required => return Err(StepError::errored(format!("{label}: the API key variable {var} is not set"))),
             None => {}
         }

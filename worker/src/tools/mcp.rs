@@ -208,6 +208,7 @@ async fn connect(spec: &McpServerWork, step_dir: &Path) -> Result<RunningService
             let mut config = StreamableHttpClientTransportConfig::with_uri(url.clone());
             if let Some(var) = &spec.bearer_env {
                 let token = std::env::var(var).ok().filter(|t| !t.is_empty()).ok_or_else(|| McpError::NoToken { server: server.clone(), var: var.clone() })?;
+                steppe_runtime::secrets::remember(&token);
                 config = config.auth_header(token);
             }
             steppe_cloud::install_crypto();

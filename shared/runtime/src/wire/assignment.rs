@@ -30,7 +30,7 @@ fn named_from_wire(v: Vec<v1::NamedArtifact>) -> Result<Vec<(String, ArtifactRef
 }
 
 pub fn assignment_to_wire(a: &Assignment) -> v1::Assignment {
-    let Assignment { id, run_id, step, attempt, pool, epoch, command, template, env, cwd, inputs, outputs, timeout, judge, image, stream, agent, fix, by_reference, container, trace_parent, enqueued_unix_ns } = a;
+    let Assignment { id, run_id, step, attempt, pool, epoch, command, template, env, cwd, inputs, outputs, timeout, judge, image, stream, agent, fix, by_reference, container, trace_parent, enqueued_unix_ns, masked_env } = a;
     v1::Assignment {
         id: id.clone(),
         run_id: run_id.clone(),
@@ -59,6 +59,7 @@ pub fn assignment_to_wire(a: &Assignment) -> v1::Assignment {
         container: Some(container_to_wire(container)),
         trace_parent: trace_parent.clone(),
         enqueued_unix_ns: *enqueued_unix_ns,
+        masked_env: masked_env.clone(),
     }
 }
 
@@ -75,6 +76,7 @@ pub fn assignment_from_wire(a: v1::Assignment) -> Result<Assignment, WireError> 
         container: a.container.map(container_from_wire).unwrap_or_default(),
         trace_parent: a.trace_parent,
         enqueued_unix_ns: a.enqueued_unix_ns,
+        masked_env: a.masked_env,
         command: a.command,
         env: a.env,
         cwd: match a.cwd.ok_or(WireError::Missing("Assignment.cwd"))? {
@@ -213,6 +215,7 @@ mod tests {
             container: ContainerSettings { user: Some("1000:1000".into()), network: Some("none".into()), privileged: true, cpu_shares: Some(512), memory_bytes: Some(1 << 28) },
             trace_parent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
             enqueued_unix_ns: 1_700_000_000_000_000_000,
+            masked_env: vec!["OPENROUTER_API_KEY".into(), "DOCS_TOKEN".into()],
         }
     }
 
