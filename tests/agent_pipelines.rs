@@ -298,7 +298,7 @@ fn mcp_list_and_tools_probe_the_declared_servers() {
     let (code, t) = steppe(&["mcp", "list", "p.yml"]);
     assert_eq!(code, Some(0), "{t}");
     let row = |name: &str| t.lines().find(|l| l.starts_with(name)).unwrap_or_default().to_string();
-    assert!(row("fixture").contains("stdio") && row("fixture").ends_with("ok: 4 tool(s)"), "{t}");
+    assert!(row("fixture").contains("stdio") && row("fixture").ends_with("ok: 7 tool(s)"), "{t}");
     assert!(row("down").contains("unreachable: MCP server \"down\": connecting to http://127.0.0.1:9/mcp") && !row("down").contains("rmcp::"), "{t}");
     let (_, t) = steppe(&["mcp", "list", "p.yml", "--offline"]);
     assert_eq!(t.matches("not probed (--offline)").count(), 2, "{t}");
@@ -308,6 +308,37 @@ fn mcp_list_and_tools_probe_the_declared_servers() {
     let (code, t) = steppe(&["mcp", "tools", "p.yml", "nope"]);
     assert_eq!(code, Some(2));
     assert!(t.contains("no MCP server \"nope\" in p.yml (it declares: fixture, down)"), "{t}");
+}
+
+/// An MCP-backed resource type: check lists the versions, in fetches the
+/// newest (version.json beside the tool's text), out publishes with params
+/// read from the put's inputs ({file: PATH}) and rendered into the tool's args.
+#[test]
+fn an_mcp_backed_resource_type_checks_fetches_and_publishes() {
+    let work = std::env::temp_dir().join(format!("steppe-agents-mcp-resource-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).expect("mkdir");
+    let server = common::repo("tests/support/mcp_server.py").display().to_string();
+    let log = work.join("published.log");
+    std::fs::write(
+        work.join("p.yml"),
+        format!(
+            "mcp_servers:\n- name: tracker\n  command: {}\n  args: [{server}, stdio]\n\
+             resource_types:\n- name: issue\n  config:\n    mcp:\n      server: tracker\n      check: {{tool: versions}}\n      in: {{tool: fetch, args: {{id: '{{{{ .version.id }}}}'}}}}\n      out: {{tool: publish, args: {{title: '{{{{ .params.title }}}}', body: '{{{{ .params.body }}}}', log: {}}}}}\n\
+             resources:\n- name: bugs\n  type: issue\n  source: {{project: demo}}\n\
+             jobs:\n- name: sync\n  plan:\n  - get: bugs\n  - task: read\n    inputs: [bugs]\n    run: cat bugs/version.json bugs/content-0.txt\n\
+             \x20 - task: write\n    outputs: [note]\n    run: echo 'from the pipeline' > note/body.txt\n\
+             \x20 - put: bugs\n    inputs: [note]\n    params: {{title: Nightly, body: {{file: note/body.txt}}}}\n",
+            venv_python(),
+            log.display()
+        ),
+    )
+    .expect("write");
+    let o = Command::new(env!("CARGO_BIN_EXE_steppe")).args(["run", "p.yml"]).current_dir(&work).output().expect("run");
+    let t = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(t.contains("[read]   \"id\": \"2\",") && t.contains("}issue 2 text"), "the newest version (version.json, no newline added) and its text: {t}");
+    assert_eq!(std::fs::read_to_string(&log).unwrap_or_default(), "Nightly: from the pipeline\n", "{t}");
 }
 
 /// A grant that cannot be served fails its step before the conversation

@@ -6,9 +6,11 @@
                                      needing `Authorization: Bearer TOKEN`
 
 Tools: lookup (a small table), add (structured output), boom (fails every
-time), env_names (the variables the server was started with).
+time), env_names (the variables the server was started with); and for an
+MCP-backed resource type: versions, fetch and publish.
 """
 
+import json
 import os
 import socket
 import sys
@@ -43,6 +45,26 @@ def boom() -> str:
 def env_names() -> str:
     """The names of the environment variables this server was started with."""
     return "env: " + ",".join(sorted(os.environ))
+
+
+@server.tool()
+def versions(project: str) -> str:
+    """The project's issues as resource versions, oldest first (a JSON array)."""
+    return json.dumps([{"id": "1", "project": project}, {"id": "2", "project": project}])
+
+
+@server.tool()
+def fetch(id: str) -> str:
+    """One issue's text."""
+    return f"issue {id} text"
+
+
+@server.tool()
+def publish(title: str, body: str, log: str) -> dict:
+    """Publishes a note (appending it to the file `log`) and gives its version."""
+    with open(log, "a") as f:
+        f.write(f"{title}: {body}\n")
+    return {"id": "3", "title": title}
 
 
 def serve_http(token: str) -> None:

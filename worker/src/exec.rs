@@ -213,6 +213,14 @@ async fn run_in(
         }
         return res;
     }
+    if let Some(stage) = &a.mcp {
+        let mut res = match crate::tools::mcp::run_stage(stage, dir).await {
+            Ok(stdout) => AssignmentResult { exit_code: Some(0), stdout, ..AssignmentResult::of(a, Ok(())) },
+            Err(e) => return fail(StepError::errored(format!("{}: {e}", a.step))),
+        };
+        capture(a, dir, store, &mut res).await;
+        return res;
+    }
     let workdir = match &a.cwd {
         Cwd::Snapshot { tree, dir: sub } => {
             let (s, tree, dest) = (store.clone(), tree.clone(), dir.to_path_buf());

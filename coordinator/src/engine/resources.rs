@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::{json, Value};
-use steppe_runtime::assignment::{Assignment, Cwd};
-use steppe_language::model::{Inputs, Resource, ResourceType, Step, VersionSpec};
+use steppe_runtime::assignment::{Assignment, Cwd, McpStage};
+use steppe_language::model::{Inputs, McpConfig, Resource, ResourceType, Step, VersionSpec};
 use steppe_runtime::outcome::StepError;
 use steppe_language::expr::{compile, eval, Env, Stage};
 
@@ -19,11 +19,6 @@ impl JobRun {
         let p = &self.engine.pipeline;
         let r = p.resources.iter().find(|r| r.name == name).ok_or_else(|| StepError::errored(format!("resource \"{name}\" is not declared")))?;
         let t = p.resource_types.iter().find(|t| t.name == r.type_).ok_or_else(|| StepError::errored(format!("resource type \"{}\" is not declared", r.type_)))?;
-        if t.config.as_ref().is_some_and(|c| c.mcp.is_some()) {
-            return Err(StepError::errored(format!(
-                "resource \"{name}\": mcp-backed resource types are not supported by this build of steppe yet"
-            )));
-        }
         Ok((r, t))
     }
 
@@ -69,19 +64,27 @@ impl JobRun {
                 other => Err(StepError::errored(format!("check {name}: expr.check must give an array of objects, got {other}"))),
             };
         }
-        let Some(check) = t.config.as_ref().and_then(|c| c.check.clone()) else {
-            return Err(StepError::errored(format!("resource \"{name}\": could not parse JSON output of check (type \"{}\" declares no check:)", t.name)));
-        };
         let data = json!({"source": r.source.clone().unwrap_or(json!({})), "version": {}});
-        // Rendered by whoever runs it: a hostile template costs a worker.
-        let a = Assignment {
-            env: Self::env_of(r, t),
-            cwd: Cwd::Host(self.engine.dir.clone()),
-            image: t.image.clone(),
-            container: super::containers::settings(fields_of!(t), Default::default()),
-            stream: false,
-            template: Some(data),
-            ..Assignment::command(&self.run_id, &format!("{name} (check)"), check)
+        let a = match t.config.as_ref().and_then(|c| c.mcp.as_ref()) {
+            Some(m) => {
+                let stage = mcp_stage(&self.engine.pipeline, m, "check", &data, data["source"].clone(), &Value::Null).map_err(|e| StepError::errored(format!("check {name}: {e}")))?;
+                Assignment { cwd: Cwd::Host(self.engine.dir.clone()), stream: false, mcp: Some(stage), ..Assignment::command(&self.run_id, &format!("{name} (check)"), String::new()) }
+            }
+            None => {
+                let Some(check) = t.config.as_ref().and_then(|c| c.check.clone()) else {
+                    return Err(StepError::errored(format!("resource \"{name}\": could not parse JSON output of check (type \"{}\" declares no check:)", t.name)));
+                };
+                // Rendered by whoever runs it: a hostile template costs a worker.
+                Assignment {
+                    env: Self::env_of(r, t),
+                    cwd: Cwd::Host(self.engine.dir.clone()),
+                    image: t.image.clone(),
+                    container: super::containers::settings(fields_of!(t), Default::default()),
+                    stream: false,
+                    template: Some(data),
+                    ..Assignment::command(&self.run_id, &format!("{name} (check)"), check)
+                }
+            }
         };
         let res = match &self.engine.submission {
             // In the type's image: on a worker, in an empty directory (the
@@ -212,6 +215,14 @@ impl JobRun {
             let r = write().map_err(|e| StepError::errored(format!("get {name}: {e}")))?;
             return Ok(vec![(artifact.to_string(), r)]);
         }
+        if let Some(m) = t.config.as_ref().and_then(|c| c.mcp.as_ref()).filter(|m| m.in_.is_some()) {
+            let data = json!({"source": r.source.clone().unwrap_or(json!({})), "version": version, "params": params});
+            let stage = mcp_stage(&self.engine.pipeline, m, "in", &data, data["source"].clone(), &version).map_err(|e| StepError::errored(format!("get {name}: {e}")))?;
+            let a = Assignment { cwd: Cwd::CaptureSelf, timeout: s.timeout.and_then(|t| t.to_std()), mcp: Some(stage), ..Assignment::command(&self.run_id, name, String::new()) };
+            let res = self.dispatch(a).await;
+            res.result?;
+            return Ok(res.outputs.into_iter().map(|(_, r)| (artifact.to_string(), r)).collect());
+        }
         let Some(in_cmd) = t.config.as_ref().and_then(|c| c.in_.clone()) else {
             let r = self.store_files(&[("version.json".to_string(), serde_json::to_string_pretty(&version).unwrap_or_default())]).map_err(|e| StepError::errored(e.to_string()))?;
             return Ok(vec![(artifact.to_string(), r)]);
@@ -241,6 +252,13 @@ impl JobRun {
         if let Some(e) = t.config.as_ref().and_then(|c| c.expr.as_ref()) {
             return self.put_expr(s, &name, &label, e.out.clone(), r, t).await;
         }
+        if let Some(m) = t.config.as_ref().and_then(|c| c.mcp.as_ref()) {
+            let a = match self.mcp_out(s, &name, &label, m, r) {
+                Ok(a) => a,
+                Err(e) => return self.finish_err(&label, e),
+            };
+            return self.attempts(&label, a, s.attempts.unwrap_or(1)).await;
+        }
         let Some(out) = t.config.as_ref().and_then(|c| c.out.clone()) else {
             return self.finish_err(&label, StepError::errored(format!("put {name}: type declares no out:")));
         };
@@ -267,6 +285,27 @@ impl JobRun {
 }
 
 impl JobRun {
+    /// An MCP-backed put's assignment: its params' `{file: PATH}` markers
+    /// read from a view of its inputs, then the tool's arguments rendered.
+    fn mcp_out(&self, s: &Step, name: &str, label: &str, m: &McpConfig, r: &Resource) -> Result<Assignment, StepError> {
+        let names = match &s.inputs {
+            Some(Inputs::All) => self.artifacts.lock().map(|a| a.keys().cloned().collect()).unwrap_or_default(),
+            _ => s.input_names().to_vec(),
+        };
+        let tmp = self.temp("put-view");
+        let view = tmp.0.clone();
+        std::fs::create_dir_all(&view).map_err(|e| StepError::errored(e.to_string()))?;
+        for (n, a) in self.input_refs(&names, None) {
+            self.engine.store.materialize(&a, &view.join(n)).map_err(|e| StepError::errored(e.to_string()))?;
+        }
+        let params = s.params.as_ref().map(|p| self.subst_value(p)).transpose().map_err(|e| StepError::errored(format!("put {name}: {e}")))?.unwrap_or(json!({}));
+        let params = resolve_file_markers(params, &view).map_err(|e| StepError::errored(format!("put {name}: {e}")))?;
+        drop(tmp);
+        let data = json!({"source": r.source.clone().unwrap_or(json!({})), "params": params});
+        let stage = mcp_stage(&self.engine.pipeline, m, "out", &data, data["params"].clone(), &Value::Null).map_err(|e| StepError::errored(format!("put {name}: {e}")))?;
+        Ok(Assignment { timeout: s.timeout.and_then(|t| t.to_std()), mcp: Some(stage), ..Assignment::command(&self.run_id, label, String::new()) })
+    }
+
     /// An expr-backed put: evaluated here, with `file()` reading the put's inputs.
     async fn put_expr(self: &Arc<Self>, s: &Step, name: &str, label: &str, out: Option<String>, r: &Resource, t: &ResourceType) -> Done {
         self.engine.out.start_step(&self.run_id, label);
@@ -324,6 +363,36 @@ fn resolve_file_markers(v: Value, view: &std::path::Path) -> Result<Value, Strin
         Value::Array(a) => Ok(Value::Array(a.into_iter().map(|v| resolve_file_markers(v, view)).collect::<Result<_, _>>()?)),
         other => Ok(other),
     }
+}
+
+/// One stage of an MCP-backed type for a worker: its server, its tool and
+/// the arguments — `args:` with every string rendered over `data`, or else
+/// the stage's payload (the source; the put's params).
+fn mcp_stage(p: &steppe_language::model::Pipeline, m: &McpConfig, stage: &str, data: &Value, payload: Value, version: &Value) -> Result<Box<McpStage>, String> {
+    let cfg = match stage {
+        "check" => m.check.as_ref(),
+        "in" => m.in_.as_ref(),
+        _ => m.out.as_ref(),
+    };
+    let tool = cfg.and_then(|c| c.tool.clone()).filter(|t| !t.is_empty()).ok_or_else(|| format!("the type sets no mcp.{stage}.tool"))?;
+    let server = m.server.as_deref().unwrap_or_default();
+    let decl = p.mcp_servers.iter().find(|s| s.name == server).ok_or_else(|| format!("MCP server \"{server}\" is not declared in mcp_servers:"))?;
+    let args = match cfg.and_then(|c| c.args.as_ref()) {
+        Some(a) => rendered(&Value::Object(a.clone()), data)?,
+        None => payload,
+    };
+    let args = if args.is_object() { args } else { json!({}) };
+    Ok(Box::new(McpStage { server: super::mcp_server_work(decl)?, stage: stage.to_string(), tool, args, version: version.clone() }))
+}
+
+/// `v` with every string rendered as a template over `data`; other values as they are.
+fn rendered(v: &Value, data: &Value) -> Result<Value, String> {
+    Ok(match v {
+        Value::String(t) => Value::String(steppe_language::template::render(t, data)?),
+        Value::Array(a) => Value::Array(a.iter().map(|x| rendered(x, data)).collect::<Result<_, _>>()?),
+        Value::Object(m) => Value::Object(m.iter().map(|(k, x)| rendered(x, data).map(|x| (k.clone(), x))).collect::<Result<_, _>>()?),
+        other => other.clone(),
+    })
 }
 
 /// Compiles and evaluates one expr stage over `data` (`{source, version, params}`).

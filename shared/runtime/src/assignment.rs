@@ -88,9 +88,25 @@ pub struct Assignment {
     /// Variables whose values the worker masks as `***` in everything it
     /// writes or sends (the run's API keys and bearer tokens).
     pub masked_env: Vec<String>,
+    /// A resource stage served by an MCP tool (then there is no command).
+    pub mcp: Option<Box<McpStage>>,
 }
 
 pub use crate::agent_work::ContainerSettings;
+
+/// A resource stage served by an MCP tool: the worker reaches the server,
+/// calls the tool and answers as a shell stage would.
+#[derive(Debug, Clone, PartialEq)]
+pub struct McpStage {
+    pub server: crate::agent_work::McpServerWork,
+    /// `check`, `in` or `out`.
+    pub stage: String,
+    pub tool: String,
+    /// The arguments, rendered (a JSON object).
+    pub args: serde_json::Value,
+    /// `in`: the version fetched (written as `version.json`).
+    pub version: serde_json::Value,
+}
 
 impl Assignment {
     /// Whether running it needs a Docker engine: a command in an image, or
@@ -126,6 +142,7 @@ impl Assignment {
             trace_parent: String::new(),
             enqueued_unix_ns: 0,
             masked_env: Vec::new(),
+            mcp: None,
         }
     }
 

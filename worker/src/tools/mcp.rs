@@ -1,6 +1,7 @@
 //! MCP servers an agent step is granted tools of: started (stdio) or reached
 //! (streamable HTTP) for the step, their tools listed and narrowed to the
-//! grant, each call made with its deadline and shaped as a tool result.
+//! grant, each call made with its deadline and shaped as a tool result; and
+//! the stages of MCP-backed resource types.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -13,6 +14,7 @@ use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::{json, Map, Value};
 use steppe_runtime::agent_work::{mcp_tool_name, McpServerWork, ToolDef};
+use steppe_runtime::assignment::McpStage;
 
 use crate::host_env::HOST_ENV;
 
@@ -156,6 +158,19 @@ impl McpSessions {
         shaped(&tool.name, &result, tool.output_cap)
     }
 
+    /// Calls `tool` and gives the server's whole answer (as MCP's JSON), or
+    /// why no answer came.
+    pub async fn call_raw(&self, tool: &McpTool, args: Map<String, Value>) -> Result<Value, String> {
+        let client = self.clients.get(&tool.server).ok_or_else(|| format!("{}: its server is not connected", tool.name))?;
+        let mut params = CallToolRequestParams::new(tool.tool.clone());
+        params.arguments = Some(args);
+        match tokio::time::timeout(tool.timeout, client.call_tool(params)).await {
+            Err(_) => Err(format!("{}: no answer within {}", tool.tool, steppe_language::duration::show(tool.timeout))),
+            Ok(Err(e)) => Err(format!("{}: {}", tool.tool, plain(e.to_string()))),
+            Ok(Ok(r)) => Ok(serde_json::to_value(&r).unwrap_or(Value::Null)),
+        }
+    }
+
     /// Ends every session (a stdio server's process with it).
     pub async fn close(self) {
         for (_, client) in self.clients {
@@ -169,6 +184,62 @@ fn plain(text: String) -> String {
     match text.find("Client error: ") {
         Some(i) => text[i + "Client error: ".len()..].to_string(),
         None => text,
+    }
+}
+
+/// A resource stage served by an MCP tool, as a shell stage would answer:
+/// check prints the versions, in writes `version.json` (and the result's
+/// `result.json` and `content-<i>` files) into `dir`, out prints the new
+/// version (or nothing). An error the tool reports is the stage's error.
+pub async fn run_stage(s: &McpStage, dir: &Path) -> Result<String, String> {
+    let grant = ToolDef::Mcp { server: s.server.name.clone(), tool: Some(s.tool.clone()), tools: Vec::new(), description: None, required: false, max_calls: 0, max_output_bytes: None, timeout_ms: None };
+    let sessions = McpSessions::open(std::slice::from_ref(&s.server), &[&grant], dir).await.map_err(|e| steppe_runtime::causes::of(&e))?;
+    let args = match &s.args {
+        Value::Object(m) => m.clone(),
+        other => return Err(format!("{}: arguments must be a JSON object, not {other}", s.tool)),
+    };
+    let answer = match sessions.tools.first() {
+        Some(tool) => sessions.call_raw(tool, args).await,
+        None => Err(format!("{}: not listed by the server", s.tool)),
+    };
+    sessions.close().await;
+    let answer = answer?;
+    let blocks: Vec<&Value> = answer.get("content").and_then(Value::as_array).into_iter().flatten().collect();
+    let texts: Vec<&str> = blocks.iter().filter_map(|b| b.get("text").and_then(Value::as_str)).collect();
+    if answer.get("isError").and_then(Value::as_bool).unwrap_or(false) {
+        return Err(texts.first().map(|t| t.to_string()).unwrap_or_else(|| format!("{}: the tool reported an error", s.tool)));
+    }
+    let structured = answer.get("structuredContent").filter(|v| !v.is_null());
+    // The structured content if it is of the wanted shape, else the first text block that parses as one.
+    let shaped = |ok: &dyn Fn(&Value) -> bool| -> Option<Value> {
+        structured.filter(|v| ok(v)).cloned().or_else(|| texts.iter().find_map(|t| serde_json::from_str::<Value>(t).ok().filter(|v| ok(v))))
+    };
+    match s.stage.as_str() {
+        "check" => {
+            let versions = shaped(&|v| v.as_array().is_some_and(|a| a.iter().all(Value::is_object))).ok_or_else(|| format!("{}: the tool's answer holds no JSON array of versions (objects)", s.tool))?;
+            Ok(versions.to_string())
+        }
+        "in" => {
+            let write = |name: &str, bytes: &[u8]| std::fs::write(dir.join(name), bytes).map_err(|e| format!("writing {name}: {e}"));
+            write("version.json", serde_json::to_string_pretty(&s.version).unwrap_or_default().as_bytes())?;
+            if let Some(v) = structured {
+                write("result.json", serde_json::to_string_pretty(v).unwrap_or_default().as_bytes())?;
+            }
+            for (i, b) in blocks.iter().enumerate() {
+                match (b.get("text").and_then(Value::as_str), b.get("data").and_then(Value::as_str)) {
+                    (Some(t), _) => write(&format!("content-{i}.txt"), t.as_bytes())?,
+                    (None, Some(data)) => {
+                        use base64::Engine as _;
+                        let bytes = base64::engine::general_purpose::STANDARD.decode(data).map_err(|e| format!("content {i}: {e}"))?;
+                        let ext = b.get("mimeType").and_then(Value::as_str).and_then(|m| m.split('/').nth(1)).filter(|e| e.chars().all(|c| c.is_ascii_alphanumeric())).unwrap_or("bin");
+                        write(&format!("content-{i}.{ext}"), &bytes)?;
+                    }
+                    _ => write(&format!("content-{i}.json"), serde_json::to_string_pretty(b).unwrap_or_default().as_bytes())?,
+                }
+            }
+            Ok(String::new())
+        }
+        _ => Ok(shaped(&Value::is_object).map(|v| v.to_string()).unwrap_or_default()),
     }
 }
 

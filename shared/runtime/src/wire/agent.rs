@@ -84,10 +84,7 @@ pub fn work_to_wire(w: &AgentWork) -> v1::AgentWork {
         image: image.clone(),
         container: Some(container_to_wire(container)),
         env: env.clone(),
-        mcp_servers: mcp_servers
-            .iter()
-            .map(|m| v1::McpServer { name: m.name.clone(), command: m.command.clone(), cwd: m.cwd.clone(), endpoint: m.endpoint.clone(), bearer_env: m.bearer_env.clone() })
-            .collect(),
+        mcp_servers: mcp_servers.iter().map(mcp_server_to_wire).collect(),
     }
 }
 
@@ -173,11 +170,16 @@ pub fn work_from_wire(w: v1::AgentWork) -> Result<AgentWork, WireError> {
         image,
         container: container.map(container_from_wire).unwrap_or_default(),
         env,
-        mcp_servers: mcp_servers
-            .into_iter()
-            .map(|m| McpServerWork { name: m.name, command: m.command, cwd: m.cwd, endpoint: m.endpoint, bearer_env: m.bearer_env })
-            .collect(),
+        mcp_servers: mcp_servers.into_iter().map(mcp_server_from_wire).collect(),
     })
+}
+
+pub fn mcp_server_to_wire(m: &McpServerWork) -> v1::McpServer {
+    v1::McpServer { name: m.name.clone(), command: m.command.clone(), cwd: m.cwd.clone(), endpoint: m.endpoint.clone(), bearer_env: m.bearer_env.clone() }
+}
+
+pub fn mcp_server_from_wire(m: v1::McpServer) -> McpServerWork {
+    McpServerWork { name: m.name, command: m.command, cwd: m.cwd, endpoint: m.endpoint, bearer_env: m.bearer_env }
 }
 
 pub fn container_to_wire(c: &ContainerSettings) -> v1::ContainerSettings {

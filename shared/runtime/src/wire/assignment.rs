@@ -9,7 +9,7 @@ use super::agent::{container_from_wire, container_to_wire, outcome_from_wire, ou
 use super::json::{json_from_wire, json_to_wire};
 use super::WireError;
 use crate::artifacts::ArtifactRef;
-use crate::assignment::{Assignment, AssignmentResult, Cwd, Judge, OutputLine, OutputRecord};
+use crate::assignment::{Assignment, AssignmentResult, Cwd, Judge, McpStage, OutputLine, OutputRecord};
 use crate::outcome::{Class, StepError};
 
 fn artifact_to_wire(r: &ArtifactRef) -> v1::ArtifactRef {
@@ -30,7 +30,7 @@ fn named_from_wire(v: Vec<v1::NamedArtifact>) -> Result<Vec<(String, ArtifactRef
 }
 
 pub fn assignment_to_wire(a: &Assignment) -> v1::Assignment {
-    let Assignment { id, run_id, step, attempt, pool, epoch, command, template, env, cwd, inputs, outputs, timeout, judge, image, stream, agent, fix, by_reference, container, trace_parent, enqueued_unix_ns, masked_env } = a;
+    let Assignment { id, run_id, step, attempt, pool, epoch, command, template, env, cwd, inputs, outputs, timeout, judge, image, stream, agent, fix, by_reference, container, trace_parent, enqueued_unix_ns, masked_env, mcp } = a;
     v1::Assignment {
         id: id.clone(),
         run_id: run_id.clone(),
@@ -60,6 +60,13 @@ pub fn assignment_to_wire(a: &Assignment) -> v1::Assignment {
         trace_parent: trace_parent.clone(),
         enqueued_unix_ns: *enqueued_unix_ns,
         masked_env: masked_env.clone(),
+        mcp: mcp.as_deref().map(|m| v1::McpStage {
+            server: Some(super::agent::mcp_server_to_wire(&m.server)),
+            stage: m.stage.clone(),
+            tool: m.tool.clone(),
+            args: Some(json_to_wire(&m.args)),
+            version: Some(json_to_wire(&m.version)),
+        }),
     }
 }
 
@@ -77,6 +84,16 @@ pub fn assignment_from_wire(a: v1::Assignment) -> Result<Assignment, WireError> 
         trace_parent: a.trace_parent,
         enqueued_unix_ns: a.enqueued_unix_ns,
         masked_env: a.masked_env,
+        mcp: match a.mcp {
+            None => None,
+            Some(m) => Some(Box::new(McpStage {
+                server: super::agent::mcp_server_from_wire(m.server.ok_or(WireError::Missing("McpStage.server"))?),
+                stage: m.stage,
+                tool: m.tool,
+                args: json_from_wire(m.args.ok_or(WireError::Missing("McpStage.args"))?).map_err(|problem| WireError::Json { field: "McpStage.args", problem })?,
+                version: json_from_wire(m.version.ok_or(WireError::Missing("McpStage.version"))?).map_err(|problem| WireError::Json { field: "McpStage.version", problem })?,
+            })),
+        },
         command: a.command,
         env: a.env,
         cwd: match a.cwd.ok_or(WireError::Missing("Assignment.cwd"))? {
@@ -216,6 +233,13 @@ mod tests {
             trace_parent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
             enqueued_unix_ns: 1_700_000_000_000_000_000,
             masked_env: vec!["OPENROUTER_API_KEY".into(), "DOCS_TOKEN".into()],
+            mcp: Some(Box::new(McpStage {
+                server: crate::agent_work::McpServerWork { name: "tracker".into(), command: vec!["/usr/bin/tracker".into(), "--stdio".into()], ..Default::default() },
+                stage: "in".into(),
+                tool: "fetch_issue".into(),
+                args: serde_json::json!({"id": 7, "repo": "acme/ci"}),
+                version: serde_json::json!({"ref": "abc"}),
+            })),
         }
     }
 
