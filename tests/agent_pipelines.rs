@@ -472,3 +472,53 @@ fn a_planted_key_stays_on_its_worker_masked() {
         assert!(!text.contains(PLANTED), "the key leaked into {what}: {}", text.lines().filter(|l| l.contains(PLANTED)).take(5).collect::<Vec<_>>().join("\n"));
     }
 }
+
+/// A free loopback port (nothing listens on it once this returns).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
+}
+
+/// Preflight: a primary that does not answer gives way to its first
+/// fallback that does, said once, before any step; an agent with none fails
+/// its job before any step runs; --no-preflight skips the probe.
+#[test]
+fn preflight_pins_a_fallback_or_fails_the_job_before_its_steps() {
+    let work = std::env::temp_dir().join(format!("steppe-agents-preflight-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).expect("mkdir");
+    std::fs::write(work.join("s.yaml"), "model:\n  rules:\n    - say: hello from the fallback\n").expect("write");
+    let (live, dead) = (free_port(), free_port());
+    let mut model = common::child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
+        .args(["scripted-model", "--script", "s.yaml", "--listen", &format!("127.0.0.1:{live}")])
+        .current_dir(&work)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("scripted model");
+    common::wait_for("the scripted model to listen", std::time::Duration::from_secs(10), || std::net::TcpStream::connect(("127.0.0.1", live)).is_ok());
+    std::fs::write(
+        work.join("p.yml"),
+        format!(
+            "agents:\n- name: a\n  source: {{model: dead-model, endpoint: 'http://127.0.0.1:{dead}/v1/'}}\n  fallback:\n  - source: {{model: live-model, endpoint: 'http://127.0.0.1:{live}/v1/'}}\n\
+             - name: b\n  source: {{model: dead-model, endpoint: 'http://127.0.0.1:{dead}/v1/'}}\n\
+             jobs:\n- name: ok\n  plan:\n  - agent: a\n    messages: [Say hello.]\n- name: down\n  plan:\n  - agent: b\n    messages: [Say hello.]\n"
+        ),
+    )
+    .expect("write");
+    let steppe = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_steppe")).args(args).current_dir(&work).env_remove("STEPPE_MODEL").output().expect("run");
+        (o.status.code(), format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)))
+    };
+    let (code, t) = steppe(&["run", "p.yml", "--job", "ok"]);
+    assert_eq!(code, Some(0), "{t}");
+    assert!(t.contains("preflight: agent a runs on its fallback live-model — dead-model is unavailable"), "{t}");
+    assert!(t.contains("hello from the fallback") && !t.contains("model request failed"), "the step asked the fallback only: {t}");
+    let (code, t) = steppe(&["run", "p.yml", "--job", "down"]);
+    assert_eq!(code, Some(2), "{t}");
+    assert!(t.contains("job \"down\": preflight failed, no steps were run:") && t.contains(&format!("agent \"b\": dead-model at http://127.0.0.1:{dead}/v1/:")), "{t}");
+    assert!(!t.contains("▶ b"), "no step ran: {t}");
+    let (code, t) = steppe(&["run", "p.yml", "--job", "down", "--no-preflight"]);
+    assert_eq!(code, Some(2), "{t}");
+    assert!(t.contains("▶ b") && !t.contains("preflight failed"), "without preflight the step starts and meets the dead model itself: {t}");
+    let _ = model.kill();
+    let _ = model.wait();
+}

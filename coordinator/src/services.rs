@@ -140,8 +140,8 @@ pub async fn start_services_with(state: &Path, runs: Arc<dyn steppe_runtime::sto
 
 /// An engine for one loaded pipeline on the shared services (sharing their
 /// Ctrl-C switch).
-pub fn make_engine(svc: &Services, loaded: &steppe_language::Loaded, scope: Scope, answers: Vec<(String, String)>, scripted: Option<(String, Option<String>)>) -> Arc<engine::Engine> {
-    Arc::new(make_engine_with(svc, loaded, scope, answers, scripted, svc.cancel_tx.clone(), svc.cancel_rx.clone()))
+pub fn make_engine(svc: &Services, loaded: &steppe_language::Loaded, scope: Scope, answers: Vec<(String, String)>, scripted: Option<(String, Option<String>)>, preflight: bool) -> Arc<engine::Engine> {
+    Arc::new(engine::Engine { preflight, ..make_engine_with(svc, loaded, scope, answers, scripted, svc.cancel_tx.clone(), svc.cancel_rx.clone()) })
 }
 
 /// The name a pipeline's history goes under: `--pipeline NAME`, else the
@@ -189,6 +189,7 @@ pub fn make_engine_with(
         docker: if svc.slots > 0 { engine::docker::Docker::Local } else { engine::docker::Docker::Remote(svc.registry.clone()) },
         trace_parent: None,
         masked_env,
+        preflight: true,
     }
 }
 

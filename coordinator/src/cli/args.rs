@@ -48,6 +48,10 @@ pub struct ExecArgs {
     /// Print only the summary, not each step.
     #[arg(long, short)]
     pub quiet: bool,
+    /// Do not probe the models a job uses before its first step (as
+    /// `defaults.preflight.disabled: true` does).
+    #[arg(long)]
+    pub no_preflight: bool,
     /// Answer an agent's ask_user question ahead: every question containing
     /// SUBSTRING (case-insensitive) gets ANSWER. Repeatable.
     #[arg(long = "answer", value_name = "SUBSTRING=ANSWER")]

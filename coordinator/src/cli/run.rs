@@ -115,5 +115,5 @@ pub(super) async fn engine(loaded: &steppe_language::Loaded, exec: &ExecArgs, sc
         crate::server::serve(&svc, addr, crate::server::ServeOptions::default())?;
     }
     let scope = steppe_runtime::store::Scope::new("", &crate::services::pipeline_name(exec.pipeline_name.as_deref(), &loaded.path)?);
-    Ok(make_engine(&svc, loaded, scope, parse_answers(&exec.answer)?, scripted))
+    Ok(make_engine(&svc, loaded, scope, parse_answers(&exec.answer)?, scripted, !exec.no_preflight))
 }

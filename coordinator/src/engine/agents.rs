@@ -181,40 +181,19 @@ impl JobRun {
     fn resolve_at(&self, s: &Step, cell: &Cell, vocab: Option<&[String]>, depth: usize) -> Result<AgentWork, StepError> {
         let name = s.agent.clone().unwrap_or_default();
         let def = self.agent_def(&name).ok_or_else(|| StepError::errored(format!("agent \"{name}\" is not declared")))?;
-        let model = def
-            .source
-            .as_ref()
-            .and_then(|s| s.model.clone())
-            .or_else(|| self.engine.env_model.clone())
-            .or_else(|| self.engine.pipeline.defaults.as_ref().and_then(|d| d.model.clone()))
-            .ok_or_else(|| StepError::errored(format!("agent \"{name}\" has no model")))?;
-        if model.starts_with('@') {
-            return Err(StepError::errored(format!("agent \"{name}\": cli agents ({model}) are not supported by this build of steppe yet")));
-        }
-        let src = def.source.clone().unwrap_or_default();
-        let primary = self.endpoint(&src, &model, self.engine.scripted.as_deref());
+        let (primary, mut fallbacks) = self.sources_of(def)?;
+        // A primary that did not answer preflight: the fallback pinned for it serves.
+        let primary = match super::preflight::pinned_fallback(&self.engine.scope.pipeline, &name).filter(|i| *i < fallbacks.len()) {
+            Some(i) => {
+                let rest = fallbacks.split_off(i + 1);
+                let served = fallbacks.pop().unwrap_or(primary);
+                fallbacks = rest;
+                served
+            }
+            None => primary,
+        };
         let (wire_model, base_url, key_env, key_required, string_choice) =
             (primary.model, primary.base_url, primary.api_key_env, primary.key_required, primary.string_tool_choice);
-        let fallbacks: Vec<Endpoint> = match (&self.engine.scripted, &self.engine.scripted_fallback) {
-            // Under a scenario only the first fallback is pointed at the scenario's fallback script.
-            (Some(_), Some(fb_url)) => def
-                .fallback
-                .iter()
-                .flatten()
-                .take(1)
-                .filter_map(|f| f.source.as_ref())
-                .map(|fs| self.endpoint(fs, fs.model.as_deref().unwrap_or(&model), Some(fb_url)))
-                .collect(),
-            (Some(_), None) => Vec::new(),
-            (None, _) => def
-                .fallback
-                .iter()
-                .flatten()
-                .filter_map(|f| f.source.as_ref())
-                .filter(|fs| !fs.model.as_deref().unwrap_or_default().starts_with('@'))
-                .map(|fs| self.endpoint(fs, fs.model.as_deref().unwrap_or(&model), None))
-                .collect(),
-        };
         let render = |t: &str| self.subst(t).and_then(|t| render_cell(&t, cell)).map_err(|e| StepError::errored(format!("{name}: {e}")));
         let (image, container) = self.resolved_image(s, cell).map_err(|e| StepError::errored(format!("{name}: {}", e.message)))?;
         let mut messages = Vec::new();
@@ -327,6 +306,44 @@ impl JobRun {
     }
 
     /// Where a source is reached: its provider prefix or endpoint, or the scripted model.
+    /// Where an agent's model is reached, and its fallbacks in order.
+    pub(super) fn sources_of(&self, def: &AgentDef) -> Result<(Endpoint, Vec<Endpoint>), StepError> {
+        let name = &def.name;
+        let model = def
+            .source
+            .as_ref()
+            .and_then(|s| s.model.clone())
+            .or_else(|| self.engine.env_model.clone())
+            .or_else(|| self.engine.pipeline.defaults.as_ref().and_then(|d| d.model.clone()))
+            .ok_or_else(|| StepError::errored(format!("agent \"{name}\" has no model")))?;
+        if model.starts_with('@') {
+            return Err(StepError::errored(format!("agent \"{name}\": cli agents ({model}) are not supported by this build of steppe yet")));
+        }
+        let src = def.source.clone().unwrap_or_default();
+        let primary = self.endpoint(&src, &model, self.engine.scripted.as_deref());
+        let fallbacks: Vec<Endpoint> = match (&self.engine.scripted, &self.engine.scripted_fallback) {
+            // Under a scenario only the first fallback is pointed at the scenario's fallback script.
+            (Some(_), Some(fb_url)) => def
+                .fallback
+                .iter()
+                .flatten()
+                .take(1)
+                .filter_map(|f| f.source.as_ref())
+                .map(|fs| self.endpoint(fs, fs.model.as_deref().unwrap_or(&model), Some(fb_url)))
+                .collect(),
+            (Some(_), None) => Vec::new(),
+            (None, _) => def
+                .fallback
+                .iter()
+                .flatten()
+                .filter_map(|f| f.source.as_ref())
+                .filter(|fs| !fs.model.as_deref().unwrap_or_default().starts_with('@'))
+                .map(|fs| self.endpoint(fs, fs.model.as_deref().unwrap_or(&model), None))
+                .collect(),
+        };
+        Ok((primary, fallbacks))
+    }
+
     fn endpoint(&self, src: &Source, model: &str, scripted: Option<&str>) -> Endpoint {
         let provider = provider_of(model);
         let wire = match provider {

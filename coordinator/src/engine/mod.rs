@@ -13,6 +13,7 @@ mod context;
 pub mod docker;
 mod load_var;
 mod plan;
+mod preflight;
 mod run;
 mod record;
 mod resources;

@@ -84,6 +84,9 @@ impl JobRun {
         if let Err(e) = self.containers_ready().await {
             return JobResult { result: Err(e), build_ok: false, log: Vec::new() };
         }
+        if let Err(e) = self.preflight().await {
+            return JobResult { result: Err(e), build_ok: false, log: Vec::new() };
+        }
         let job_timeout = self.job.timeout.and_then(|t| t.to_std());
         let started = Instant::now();
         let (mut result, mut log) = self.walk_plan(0, job_timeout, started).await;

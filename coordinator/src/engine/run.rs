@@ -67,6 +67,8 @@ pub struct Engine {
     /// The variables holding the pipeline's secrets: every assignment asks
     /// its worker to mask their values (this process masks them already).
     pub masked_env: Vec<String>,
+    /// Probe the models a job uses before its first step (off: `--no-preflight`).
+    pub preflight: bool,
 }
 
 impl Engine {

@@ -18,7 +18,6 @@ pub const NOT_HONOURED: &[(&str, &str)] = &[
     ("max_consecutive_failures", "a job is not paused after failures yet"),
     ("webhook_token_env", "steppe serves no webhooks yet"),
     ("delegate_budget_percent", "sub-agents share their caller's budget as a whole"),
-    ("preflight", "steppe does not probe models before a run yet"),
     ("compact_after_tokens", "conversations are not compacted yet; they stop at their token budget"),
     ("context_window", "conversations are not compacted yet; they stop at their token budget"),
     ("version_history", "resource versions are all kept"),
@@ -41,7 +40,6 @@ pub fn warn(p: &Pipeline, r: &mut Report) {
             (d.delegate_budget_percent.is_some(), "delegate_budget_percent"),
             (d.version_history.is_some(), "version_history"),
             (d.run_history.is_some(), "run_history"),
-            (d.preflight.is_some(), "preflight"),
         ] {
             if set {
                 say(format!("defaults.{key}"), key);
@@ -67,7 +65,6 @@ pub fn warn(p: &Pipeline, r: &mut Report) {
     for (i, a) in p.agents.iter().enumerate() {
         for (set, key) in [
             (a.delegate_budget_percent.is_some(), "delegate_budget_percent"),
-            (a.preflight.is_some(), "preflight"),
             (a.compact_after_tokens.is_some(), "compact_after_tokens"),
             (a.context_window.is_some(), "context_window"),
         ] {

@@ -1,0 +1,148 @@
+//! Preflight: before a job's first step, each model source its agents use is
+//! asked for one token (an answer is trusted for a while); a primary that does
+//! not answer gives way to the first fallback that does, pinned for the
+//! process; when an agent has none, the job fails before any step runs.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use steppe_language::model::{AgentDef, ToolGrant};
+use steppe_runtime::agent_work::Endpoint;
+use steppe_runtime::outcome::StepError;
+
+use super::run::JobRun;
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+const TRUST: Duration = Duration::from_secs(5 * 60);
+/// What `defaults.preflight.cache` may ask for at most.
+const TRUST_MAX: Duration = Duration::from_secs(15 * 60);
+
+/// Sources that answered, and when.
+fn trusted() -> &'static Mutex<HashMap<String, Instant>> {
+    static T: OnceLock<Mutex<HashMap<String, Instant>>> = OnceLock::new();
+    T.get_or_init(Default::default)
+}
+
+/// Agents whose primary did not answer: the fallback that serves them
+/// instead (its index), by pipeline and agent.
+fn pinned() -> &'static Mutex<HashMap<(String, String), usize>> {
+    static P: OnceLock<Mutex<HashMap<(String, String), usize>>> = OnceLock::new();
+    P.get_or_init(Default::default)
+}
+
+/// The fallback agent `agent` of `pipeline` was pinned to, if any.
+pub(super) fn pinned_fallback(pipeline: &str, agent: &str) -> Option<usize> {
+    pinned().lock().ok()?.get(&(pipeline.to_string(), agent.to_string())).copied()
+}
+
+fn key_of(e: &Endpoint) -> String {
+    format!("model|{}|{}", e.base_url, e.model)
+}
+
+/// Asks `e` for one token. A key variable not set here is not a failure:
+/// the worker that runs the step may hold it (and says so if not).
+pub(super) async fn probe(e: &Endpoint, timeout: Duration) -> Result<(), String> {
+    let key = e.api_key_env.as_deref().and_then(|v| std::env::var(v).ok()).filter(|k| !k.is_empty());
+    if key.is_none() && e.key_required {
+        return Ok(());
+    }
+    let body = json!({"model": e.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1});
+    match tokio::time::timeout(timeout, steppe_worker::provider::chat(&e.base_url, key.as_deref(), &body, 1, &|_| {})).await {
+        Err(_) => Err(format!("no answer within {}", steppe_language::duration::show(timeout))),
+        Ok(Err(err)) => Err(steppe_runtime::secrets::mask(&err.to_string()).into_owned()),
+        Ok(Ok(_)) => Ok(()),
+    }
+}
+
+impl JobRun {
+    /// The agents this job's plan, its hooks and its fix agents reach, and
+    /// the sub-agents they grant, each once.
+    fn reached_agents(&self) -> Vec<&AgentDef> {
+        let p = &self.engine.pipeline;
+        let mut names: BTreeSet<String> = BTreeSet::new();
+        steppe_language::model::walk::each_step_of(&self.job, "", &mut |s, _| {
+            names.extend(s.agent.clone());
+            names.extend(s.fix.as_ref().and_then(|f| f.agent()).map(str::to_string));
+        });
+        let mut queue: Vec<String> = names.iter().cloned().collect();
+        while let Some(n) = queue.pop() {
+            let Some(def) = p.agents.iter().find(|a| a.name == n) else { continue };
+            for g in def.tools.iter().flatten() {
+                if let ToolGrant::Spec(spec) = g {
+                    if let Some(child) = spec.agent.clone().filter(|c| names.insert(c.clone())) {
+                        queue.push(child);
+                    }
+                }
+            }
+        }
+        names.iter().filter_map(|n| p.agents.iter().find(|a| &a.name == n)).collect()
+    }
+
+    /// Probes what the job's agents use; pins fallbacks for primaries that
+    /// do not answer. Err: the job fails, naming each agent and source.
+    pub(super) async fn preflight(self: &Arc<Self>) -> Result<(), StepError> {
+        let defaults = self.engine.pipeline.defaults.as_ref().and_then(|d| d.preflight.as_ref());
+        if !self.engine.preflight || defaults.and_then(|d| d.disabled).unwrap_or(false) {
+            return Ok(());
+        }
+        let timeout = defaults.and_then(|d| d.timeout).and_then(|t| t.to_std()).unwrap_or(TIMEOUT);
+        let trust = defaults.and_then(|d| d.cache).and_then(|t| t.to_std()).unwrap_or(TRUST).min(TRUST_MAX);
+        let mut problems: Vec<String> = Vec::new();
+        // One probe per source, whoever uses it.
+        let mut answered: HashMap<String, Result<(), String>> = HashMap::new();
+        for def in self.reached_agents() {
+            let wanted = def.preflight.unwrap_or(true);
+            let Ok((primary, fallbacks)) = self.sources_of(def) else { continue };
+            if !wanted || primary.model.is_empty() {
+                continue;
+            }
+            let mut outcome = None;
+            for (i, e) in std::iter::once(&primary).chain(fallbacks.iter()).enumerate() {
+                let key = key_of(e);
+                let fresh = trusted().lock().ok().and_then(|t| t.get(&key).copied()).is_some_and(|at| at.elapsed() < trust);
+                let r = if fresh {
+                    Ok(())
+                } else {
+                    match answered.get(&key) {
+                        Some(r) => r.clone(),
+                        None => {
+                            let r = probe(e, timeout).await;
+                            if r.is_ok() {
+                                if let Ok(mut t) = trusted().lock() {
+                                    t.insert(key.clone(), Instant::now());
+                                }
+                            }
+                            answered.insert(key.clone(), r.clone());
+                            r
+                        }
+                    }
+                };
+                match r {
+                    Ok(()) => {
+                        outcome = Some(i);
+                        break;
+                    }
+                    Err(why) => problems.push(format!("agent \"{}\": {} at {}: {why}", def.name, e.model, e.base_url)),
+                }
+            }
+            match outcome {
+                Some(0) => {}
+                Some(i) => {
+                    problems.retain(|p| !p.starts_with(&format!("agent \"{}\":", def.name)));
+                    let served = &fallbacks[i - 1];
+                    self.engine.out.run_note(&self.run_id, &format!("preflight: agent {} runs on its fallback {} — {} is unavailable", def.name, served.model, primary.model));
+                    if let Ok(mut p) = pinned().lock() {
+                        p.insert((self.engine.scope.pipeline.clone(), def.name.clone()), i - 1);
+                    }
+                }
+                None => {}
+            }
+        }
+        if problems.is_empty() {
+            return Ok(());
+        }
+        Err(StepError::errored(format!("job \"{}\": preflight failed, no steps were run:\n  {}", self.job.name, problems.join("\n  "))))
+    }
+}
