@@ -285,21 +285,26 @@ impl JobRun {
 }
 
 impl JobRun {
-    /// An MCP-backed put's assignment: its params' `{file: PATH}` markers
-    /// read from a view of its inputs, then the tool's arguments rendered.
-    fn mcp_out(&self, s: &Step, name: &str, label: &str, m: &McpConfig, r: &Resource) -> Result<Assignment, StepError> {
+    /// A put's inputs materialized in a temporary directory (gone when dropped).
+    fn put_view(&self, s: &Step) -> Result<super::temp::TempDir, StepError> {
         let names = match &s.inputs {
             Some(Inputs::All) => self.artifacts.lock().map(|a| a.keys().cloned().collect()).unwrap_or_default(),
             _ => s.input_names().to_vec(),
         };
         let tmp = self.temp("put-view");
-        let view = tmp.0.clone();
-        std::fs::create_dir_all(&view).map_err(|e| StepError::errored(e.to_string()))?;
+        std::fs::create_dir_all(&tmp.0).map_err(|e| StepError::errored(e.to_string()))?;
         for (n, a) in self.input_refs(&names, None) {
-            self.engine.store.materialize(&a, &view.join(n)).map_err(|e| StepError::errored(e.to_string()))?;
+            self.engine.store.materialize(&a, &tmp.0.join(n)).map_err(|e| StepError::errored(e.to_string()))?;
         }
+        Ok(tmp)
+    }
+
+    /// An MCP-backed put's assignment: its params' `{file: PATH}` markers
+    /// read from a view of its inputs, then the tool's arguments rendered.
+    fn mcp_out(&self, s: &Step, name: &str, label: &str, m: &McpConfig, r: &Resource) -> Result<Assignment, StepError> {
+        let tmp = self.put_view(s)?;
         let params = s.params.as_ref().map(|p| self.subst_value(p)).transpose().map_err(|e| StepError::errored(format!("put {name}: {e}")))?.unwrap_or(json!({}));
-        let params = resolve_file_markers(params, &view).map_err(|e| StepError::errored(format!("put {name}: {e}")))?;
+        let params = resolve_file_markers(params, &tmp.0).map_err(|e| StepError::errored(format!("put {name}: {e}")))?;
         drop(tmp);
         let data = json!({"source": r.source.clone().unwrap_or(json!({})), "params": params});
         let stage = mcp_stage(&self.engine.pipeline, m, "out", &data, data["params"].clone(), &Value::Null).map_err(|e| StepError::errored(format!("put {name}: {e}")))?;
@@ -312,16 +317,8 @@ impl JobRun {
         let t0 = Instant::now();
         let result = async {
             let src = out.ok_or_else(|| StepError::errored(format!("put {name}: type sets no expr.out")))?;
-            let names = match &s.inputs {
-                Some(Inputs::All) => self.artifacts.lock().map(|a| a.keys().cloned().collect()).unwrap_or_default(),
-                _ => s.input_names().to_vec(),
-            };
-            let tmp = self.temp("put-view");
+            let tmp = self.put_view(s)?;
             let view = tmp.0.clone();
-            std::fs::create_dir_all(&view).map_err(|e| StepError::errored(e.to_string()))?;
-            for (n, a) in self.input_refs(&names, None) {
-                self.engine.store.materialize(&a, &view.join(n)).map_err(|e| StepError::errored(e.to_string()))?;
-            }
             let params = s.params.as_ref().map(|p| self.subst_value(p)).transpose().map_err(|e| StepError::errored(format!("put {name}: {e}")))?.unwrap_or(json!({}));
             let params = resolve_file_markers(params, &view).map_err(|e| StepError::errored(format!("put {name}: {e}")));
             let read = |p: &str| -> Result<String, String> {
