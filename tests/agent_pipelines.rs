@@ -508,6 +508,14 @@ fn preflight_pins_a_fallback_or_fails_the_job_before_its_steps() {
         let o = Command::new(env!("CARGO_BIN_EXE_steppe")).args(args).current_dir(&work).env_remove("STEPPE_MODEL").output().expect("run");
         (o.status.code(), format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)))
     };
+    // The command: every job probed, nothing run or recorded.
+    let (code, t) = steppe(&["preflight", "p.yml"]);
+    assert_eq!(code, Some(2), "{t}");
+    assert!(t.contains("job ok:\n  fallback: agent a runs on its fallback live-model — dead-model is unavailable"), "{t}");
+    assert!(t.contains(&format!("job down:\n  failed: agent \"b\": dead-model at http://127.0.0.1:{dead}/v1/:")), "{t}");
+    assert!(!work.join(".steppe").exists(), "preflight records nothing");
+    let (code, t) = steppe(&["preflight", "p.yml", "--job", "ok"]);
+    assert_eq!(code, Some(0), "{t}");
     let (code, t) = steppe(&["run", "p.yml", "--job", "ok"]);
     assert_eq!(code, Some(0), "{t}");
     assert!(t.contains("preflight: agent a runs on its fallback live-model — dead-model is unavailable"), "{t}");

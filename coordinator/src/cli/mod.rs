@@ -16,6 +16,7 @@ pub mod history;
 mod history_source;
 pub mod jobs;
 pub mod mcp;
+pub mod preflight;
 pub mod log;
 pub mod reference;
 pub mod run;
@@ -76,6 +77,7 @@ pub enum Command {
     Web(web::WebArgs),
     Completions(completions::CompletionsArgs),
     Mcp(mcp::McpArgs),
+    Preflight(preflight::PreflightArgs),
 }
 
 impl Command {
@@ -100,6 +102,7 @@ impl Command {
             Command::Web(a) => a.run(),
             Command::Completions(a) => a.run(),
             Command::Mcp(a) => a.run(),
+            Command::Preflight(a) => a.run(),
         }
     }
 }

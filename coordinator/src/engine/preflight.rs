@@ -87,62 +87,80 @@ impl JobRun {
         if !self.engine.preflight || defaults.and_then(|d| d.disabled).unwrap_or(false) {
             return Ok(());
         }
+        let report = self.probe_sources().await;
+        for p in &report.pinned {
+            self.engine.out.run_note(&self.run_id, &format!("preflight: {p}"));
+        }
+        if report.problems.is_empty() {
+            return Ok(());
+        }
+        Err(StepError::errored(format!("job \"{}\": preflight failed, no steps were run:\n  {}", self.job.name, report.problems.join("\n  "))))
+    }
+
+    /// Probes every source the job's agents use (those that opted out
+    /// aside) and pins fallbacks: what answered, what was pinned, what failed.
+    pub async fn probe_sources(self: &Arc<Self>) -> Report {
+        let defaults = self.engine.pipeline.defaults.as_ref().and_then(|d| d.preflight.as_ref());
         let timeout = defaults.and_then(|d| d.timeout).and_then(|t| t.to_std()).unwrap_or(TIMEOUT);
         let trust = defaults.and_then(|d| d.cache).and_then(|t| t.to_std()).unwrap_or(TRUST).min(TRUST_MAX);
-        let mut problems: Vec<String> = Vec::new();
+        let mut report = Report::default();
         // One probe per source, whoever uses it.
         let mut answered: HashMap<String, Result<(), String>> = HashMap::new();
         for def in self.reached_agents() {
-            let wanted = def.preflight.unwrap_or(true);
             let Ok((primary, fallbacks)) = self.sources_of(def) else { continue };
-            if !wanted || primary.model.is_empty() {
+            if !def.preflight.unwrap_or(true) || primary.model.is_empty() {
                 continue;
             }
-            let mut outcome = None;
+            let mut failed: Vec<String> = Vec::new();
+            let mut served = None;
             for (i, e) in std::iter::once(&primary).chain(fallbacks.iter()).enumerate() {
                 let key = key_of(e);
                 let fresh = trusted().lock().ok().and_then(|t| t.get(&key).copied()).is_some_and(|at| at.elapsed() < trust);
-                let r = if fresh {
-                    Ok(())
-                } else {
-                    match answered.get(&key) {
-                        Some(r) => r.clone(),
-                        None => {
-                            let r = probe(e, timeout).await;
-                            if r.is_ok() {
-                                if let Ok(mut t) = trusted().lock() {
-                                    t.insert(key.clone(), Instant::now());
-                                }
+                let r = match answered.get(&key) {
+                    _ if fresh => Ok(()),
+                    Some(r) => r.clone(),
+                    None => {
+                        let r = probe(e, timeout).await;
+                        if r.is_ok() {
+                            if let Ok(mut t) = trusted().lock() {
+                                t.insert(key.clone(), Instant::now());
                             }
-                            answered.insert(key.clone(), r.clone());
-                            r
                         }
+                        answered.insert(key.clone(), r.clone());
+                        r
                     }
                 };
                 match r {
                     Ok(()) => {
-                        outcome = Some(i);
+                        served = Some(i);
                         break;
                     }
-                    Err(why) => problems.push(format!("agent \"{}\": {} at {}: {why}", def.name, e.model, e.base_url)),
+                    Err(why) => failed.push(format!("agent \"{}\": {} at {}: {why}", def.name, e.model, e.base_url)),
                 }
             }
-            match outcome {
-                Some(0) => {}
+            match served {
+                Some(0) => report.ok.push(format!("agent \"{}\": {} at {}", def.name, primary.model, primary.base_url)),
                 Some(i) => {
-                    problems.retain(|p| !p.starts_with(&format!("agent \"{}\":", def.name)));
-                    let served = &fallbacks[i - 1];
-                    self.engine.out.run_note(&self.run_id, &format!("preflight: agent {} runs on its fallback {} — {} is unavailable", def.name, served.model, primary.model));
+                    let fb = &fallbacks[i - 1];
+                    report.pinned.push(format!("agent {} runs on its fallback {} — {} is unavailable", def.name, fb.model, primary.model));
                     if let Ok(mut p) = pinned().lock() {
                         p.insert((self.engine.scope.pipeline.clone(), def.name.clone()), i - 1);
                     }
                 }
-                None => {}
+                None => report.problems.extend(failed),
             }
         }
-        if problems.is_empty() {
-            return Ok(());
-        }
-        Err(StepError::errored(format!("job \"{}\": preflight failed, no steps were run:\n  {}", self.job.name, problems.join("\n  "))))
+        report
     }
+}
+
+/// What a preflight found.
+#[derive(Debug, Default)]
+pub struct Report {
+    /// Agents whose primary answered.
+    pub ok: Vec<String>,
+    /// Agents that run on a fallback, and why.
+    pub pinned: Vec<String>,
+    /// Agents none of whose sources answered: one line per source.
+    pub problems: Vec<String>,
 }
