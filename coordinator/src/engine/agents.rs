@@ -106,6 +106,26 @@ pub(crate) fn secret_env_names(p: &steppe_language::model::Pipeline, env_model: 
     names
 }
 
+/// Context windows by model name (lowercase, `.` as `-`, most specific first).
+const WINDOWS: &[(&str, u64)] = &[("gpt-oss", 131_072), ("gpt-5", 400_000), ("gemini", 1_000_000), ("qwen", 262_144), ("claude", 200_000)];
+const WINDOW_UNKNOWN: u64 = 128_000;
+
+/// When a conversation is compacted (agent-steps §3.9): `compact_after_tokens`
+/// (0: never), else 80% of `context_window`, else 80% of the model's known window.
+fn compaction_budget(def: &AgentDef, model: &str) -> u64 {
+    if let Some(n) = def.compact_after_tokens {
+        return n.max(0) as u64;
+    }
+    let window = match def.context_window {
+        Some(w) if w > 0 => w as u64,
+        _ => {
+            let name = model.to_lowercase().replace('.', "-");
+            WINDOWS.iter().find(|(k, _)| name.contains(k)).map(|(_, w)| *w).unwrap_or(WINDOW_UNKNOWN)
+        }
+    };
+    window * 4 / 5
+}
+
 /// A declared MCP server as a worker reaches it.
 pub(crate) fn mcp_server_work(decl: &McpServer) -> Result<McpServerWork, String> {
     let bearer_env = match decl.auth.as_ref().and_then(|a| a.type_.as_deref()).unwrap_or("none") {
@@ -192,6 +212,7 @@ impl JobRun {
             }
             None => primary,
         };
+        let wire_model_for_budget = primary.model.clone();
         let (wire_model, base_url, key_env, key_required, string_choice) =
             (primary.model, primary.base_url, primary.api_key_env, primary.key_required, primary.string_tool_choice);
         let render = |t: &str| self.subst(t).and_then(|t| render_cell(&t, cell)).map_err(|e| StepError::errored(format!("{name}: {e}")));
@@ -275,6 +296,7 @@ impl JobRun {
             container,
             env: s.env.clone().or_else(|| def.env.clone()).unwrap_or_default(),
             mcp_servers,
+            compact_budget: compaction_budget(def, &wire_model_for_budget),
         })
     }
 

@@ -63,6 +63,9 @@ pub struct AgentWork {
     pub env: Vec<String>,
     /// The MCP servers its grant names (started or reached by the worker, for this step).
     pub mcp_servers: Vec<McpServerWork>,
+    /// Tokens the conversation may hold before its older part is
+    /// summarized (agent-steps §3.9); 0: never compacted.
+    pub compact_budget: u64,
 }
 
 /// An MCP server as the worker reaches it.

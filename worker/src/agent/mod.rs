@@ -323,6 +323,8 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
         conv.messages.push(json!({"role": "assistant", "tool_calls": [{"id": id, "type": "function", "function": {"name": "read_file", "arguments": json!({"path": p}).to_string()}}]}));
         conv.messages.push(json!({"role": "tool", "tool_call_id": id, "content": json!({"content": text}).to_string()}));
     }
+    // The original request, restated after a compaction.
+    let prompt = user_messages.first().cloned().unwrap_or_default();
     let mut pending_messages = user_messages.into_iter();
     if let Some(first) = pending_messages.next() {
         conv.messages.push(json!({"role": "user", "content": first}));
@@ -338,6 +340,7 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
     let mut warned_loop = false;
     let mut turn = 0u32;
     let mut last_message = pending_messages.len() == 0;
+    let mut compaction = compact::Compaction { budget: work.compact_budget, ..Default::default() };
     loop {
         if work.max_turns > 0 && turn >= work.max_turns {
             break;
@@ -351,6 +354,7 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
                 conv.messages.push(json!({"role": "user", "content": format!("Less than a fifth of this step's {} deadline is left (about {}). Wrap up: finish with what you have.", steppe_language::duration::show(total), steppe_language::duration::show(left))}));
             }
         }
+        conv.maybe_compact(&mut compaction, &prompt).await;
         turn += 1;
         conv.out.turns = turn;
         // The turn's span ends with this iteration (its context dropped).
@@ -611,6 +615,7 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
     Ok(())
 }
 
+mod compact;
 mod judge;
 mod request;
 mod schema;

@@ -18,8 +18,6 @@ pub const NOT_HONOURED: &[(&str, &str)] = &[
     ("max_consecutive_failures", "a job is not paused after failures yet"),
     ("webhook_token_env", "steppe serves no webhooks yet"),
     ("delegate_budget_percent", "sub-agents share their caller's budget as a whole"),
-    ("compact_after_tokens", "conversations are not compacted yet; they stop at their token budget"),
-    ("context_window", "conversations are not compacted yet; they stop at their token budget"),
     ("version_history", "resource versions are all kept"),
     ("run_history", "runs are all kept"),
     ("workspace", "step directories are always fresh copies of their inputs"),
@@ -65,8 +63,6 @@ pub fn warn(p: &Pipeline, r: &mut Report) {
     for (i, a) in p.agents.iter().enumerate() {
         for (set, key) in [
             (a.delegate_budget_percent.is_some(), "delegate_budget_percent"),
-            (a.compact_after_tokens.is_some(), "compact_after_tokens"),
-            (a.context_window.is_some(), "context_window"),
         ] {
             if set {
                 say(format!("agents[{i}].{key}"), key);

@@ -45,6 +45,7 @@ pub fn work_to_wire(w: &AgentWork) -> v1::AgentWork {
         max_questions,
         ask,
         mcp_servers,
+        compact_budget,
     } = w;
     v1::AgentWork {
         agent: agent.clone(),
@@ -85,6 +86,7 @@ pub fn work_to_wire(w: &AgentWork) -> v1::AgentWork {
         container: Some(container_to_wire(container)),
         env: env.clone(),
         mcp_servers: mcp_servers.iter().map(mcp_server_to_wire).collect(),
+        compact_budget: *compact_budget,
     }
 }
 
@@ -125,6 +127,7 @@ pub fn work_from_wire(w: v1::AgentWork) -> Result<AgentWork, WireError> {
         container,
         env,
         mcp_servers,
+        compact_budget,
     } = w;
     let job_counter = job_budget.as_ref().map(|b| b.counter.clone()).filter(|c| !c.is_empty());
     Ok(AgentWork {
@@ -171,6 +174,7 @@ pub fn work_from_wire(w: v1::AgentWork) -> Result<AgentWork, WireError> {
         container: container.map(container_from_wire).unwrap_or_default(),
         env,
         mcp_servers: mcp_servers.into_iter().map(mcp_server_from_wire).collect(),
+        compact_budget,
     })
 }
 
@@ -440,6 +444,7 @@ pub(crate) mod tests {
                 McpServerWork { name: "files".into(), command: vec!["python3".into(), "server.py".into()], cwd: Some("tools".into()), ..Default::default() },
                 McpServerWork { name: "docs".into(), endpoint: Some("http://127.0.0.1:9/mcp".into()), bearer_env: Some("DOCS_TOKEN".into()), ..Default::default() },
             ],
+            compact_budget: 102_400,
         }
     }
 
