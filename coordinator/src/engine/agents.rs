@@ -297,6 +297,11 @@ impl JobRun {
             env: s.env.clone().or_else(|| def.env.clone()).unwrap_or_default(),
             mcp_servers,
             compact_budget: compaction_budget(def, &wire_model_for_budget),
+            delegate_percent: def
+                .delegate_budget_percent
+                .or_else(|| self.engine.pipeline.defaults.as_ref().and_then(|d| d.delegate_budget_percent))
+                .unwrap_or(10)
+                .clamp(1, 100) as u32,
         })
     }
 

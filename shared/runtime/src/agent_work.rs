@@ -66,6 +66,8 @@ pub struct AgentWork {
     /// Tokens the conversation may hold before its older part is
     /// summarized (agent-steps §3.9); 0: never compacted.
     pub compact_budget: u64,
+    /// The share (percent) of its remaining token allowance a sub-agent call gets.
+    pub delegate_percent: u32,
 }
 
 /// An MCP server as the worker reaches it.

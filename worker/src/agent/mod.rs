@@ -526,6 +526,18 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
                                 child.messages = vec![AgentMessage::Text(request.to_string())];
                                 child.dir = work.dir.clone();
                                 child.verdicts.clear();
+                                // Its allowance: a share of what the caller has left (or its own, if smaller).
+                                let allowance = work.budget_tokens.map(|cap| cap.saturating_sub(conv.out.tokens) * u64::from(work.delegate_percent.max(1)) / 100);
+                                if allowance == Some(0) {
+                                    let r = error(format!("{name}: the delegating agent has no token allowance left for a sub-agent; finish without this helper"));
+                                    conv.record("result", &name, &r.to_string());
+                                    conv.messages.push(json!({"role": "tool", "tool_call_id": id, "content": r.to_string()}));
+                                    conv.out.trajectory.push(TrajectoryEntry { name: name.clone(), args: args.clone(), ok: false });
+                                    continue;
+                                }
+                                if let Some(a) = allowance {
+                                    child.budget_tokens = Some(child.budget_tokens.map_or(a, |own| own.min(a)));
+                                }
                                 let (r, o) = converse(&child, root, &conv.run_id, conv.sink.clone(), conv.ledger.clone(), name.clone()).await;
                                 conv.out.tokens += o.tokens;
                                 conv.out.denials.extend(o.denials);

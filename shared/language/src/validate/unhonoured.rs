@@ -17,7 +17,6 @@ pub const NOT_HONOURED: &[(&str, &str)] = &[
     ("interruptible", "a new run does not interrupt an older one yet"),
     ("max_consecutive_failures", "a job is not paused after failures yet"),
     ("webhook_token_env", "steppe serves no webhooks yet"),
-    ("delegate_budget_percent", "sub-agents share their caller's budget as a whole"),
     ("version_history", "resource versions are all kept"),
     ("run_history", "runs are all kept"),
     ("workspace", "step directories are always fresh copies of their inputs"),
@@ -35,7 +34,6 @@ pub fn warn(p: &Pipeline, r: &mut Report) {
     };
     if let Some(d) = &p.defaults {
         for (set, key) in [
-            (d.delegate_budget_percent.is_some(), "delegate_budget_percent"),
             (d.version_history.is_some(), "version_history"),
             (d.run_history.is_some(), "run_history"),
         ] {
@@ -57,16 +55,6 @@ pub fn warn(p: &Pipeline, r: &mut Report) {
     for (i, res) in p.resources.iter().enumerate() {
         if res.webhook_token_env.is_some() {
             say(format!("resources[{i}].webhook_token_env"), "webhook_token_env");
-        }
-    }
-    // Built-in profiles set none of these; only what the file says is named.
-    for (i, a) in p.agents.iter().enumerate() {
-        for (set, key) in [
-            (a.delegate_budget_percent.is_some(), "delegate_budget_percent"),
-        ] {
-            if set {
-                say(format!("agents[{i}].{key}"), key);
-            }
         }
     }
     for (j, job) in p.jobs.iter().enumerate() {

@@ -46,6 +46,7 @@ pub fn work_to_wire(w: &AgentWork) -> v1::AgentWork {
         ask,
         mcp_servers,
         compact_budget,
+        delegate_percent,
     } = w;
     v1::AgentWork {
         agent: agent.clone(),
@@ -87,6 +88,7 @@ pub fn work_to_wire(w: &AgentWork) -> v1::AgentWork {
         env: env.clone(),
         mcp_servers: mcp_servers.iter().map(mcp_server_to_wire).collect(),
         compact_budget: *compact_budget,
+        delegate_percent: *delegate_percent,
     }
 }
 
@@ -128,6 +130,7 @@ pub fn work_from_wire(w: v1::AgentWork) -> Result<AgentWork, WireError> {
         env,
         mcp_servers,
         compact_budget,
+        delegate_percent,
     } = w;
     let job_counter = job_budget.as_ref().map(|b| b.counter.clone()).filter(|c| !c.is_empty());
     Ok(AgentWork {
@@ -175,6 +178,7 @@ pub fn work_from_wire(w: v1::AgentWork) -> Result<AgentWork, WireError> {
         env,
         mcp_servers: mcp_servers.into_iter().map(mcp_server_from_wire).collect(),
         compact_budget,
+        delegate_percent,
     })
 }
 
@@ -445,6 +449,7 @@ pub(crate) mod tests {
                 McpServerWork { name: "docs".into(), endpoint: Some("http://127.0.0.1:9/mcp".into()), bearer_env: Some("DOCS_TOKEN".into()), ..Default::default() },
             ],
             compact_budget: 102_400,
+            delegate_percent: 25,
         }
     }
 
