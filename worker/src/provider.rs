@@ -37,6 +37,12 @@ pub fn client() -> reqwest::Client {
         .clone()
 }
 
+/// Whether `base_url` is OpenRouter's (its host or a subdomain), whose
+/// requests carry a session id and, for Anthropic models, a cache marker.
+pub fn is_openrouter(base_url: &str) -> bool {
+    steppe_runtime::agent_work::url_host(base_url).is_some_and(|h| h == "openrouter.ai" || h.ends_with(".openrouter.ai"))
+}
+
 fn retryable(status: u16) -> bool {
     matches!(status, 408 | 409 | 429) || (500..600).contains(&status)
 }
@@ -44,11 +50,19 @@ fn retryable(status: u16) -> bool {
 /// POSTs `body` to `<base_url>chat/completions`; returns the parsed response.
 /// `retrying` hears each retry: why, and how long it waits first.
 pub async fn chat(base_url: &str, key: Option<&str>, body: &Value, attempts: u32, retrying: &(dyn Fn(&str) + Sync)) -> Result<Value, ProviderError> {
+    chat_with(base_url, key, &[], body, attempts, retrying).await
+}
+
+/// As [`chat`], with extra request headers.
+pub async fn chat_with(base_url: &str, key: Option<&str>, headers: &[(&str, &str)], body: &Value, attempts: u32, retrying: &(dyn Fn(&str) + Sync)) -> Result<Value, ProviderError> {
     let url = format!("{base_url}chat/completions");
     let attempts = attempts.max(1);
     let mut last = String::new();
     for n in 1..=attempts {
         let mut req = client().post(&url).json(body);
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
         if let Some(k) = key {
             req = req.bearer_auth(k);
         }
@@ -159,6 +173,14 @@ fn repair_json(s: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn openrouter_is_its_host_or_a_subdomain() {
+        assert!(super::is_openrouter("https://openrouter.ai/api/v1/"));
+        assert!(super::is_openrouter("https://eu.openrouter.ai/api/v1/"));
+        assert!(!super::is_openrouter("https://notopenrouter.ai/v1/"));
+        assert!(!super::is_openrouter("http://127.0.0.1:9/v1/"));
+    }
+
     use super::*;
 
     #[test]

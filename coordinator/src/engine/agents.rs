@@ -302,6 +302,7 @@ impl JobRun {
                 .or_else(|| self.engine.pipeline.defaults.as_ref().and_then(|d| d.delegate_budget_percent))
                 .unwrap_or(10)
                 .clamp(1, 100) as u32,
+            session: steppe_runtime::agent_work::session_label(&self.job.name, &self.run_id, &name),
         })
     }
 

@@ -68,6 +68,18 @@ pub struct AgentWork {
     pub compact_budget: u64,
     /// The share (percent) of its remaining token allowance a sub-agent call gets.
     pub delegate_percent: u32,
+    /// OpenRouter's `x-session-id` for its requests (prompt caching): the
+    /// same for one agent throughout a run.
+    pub session: String,
+}
+
+/// `<job>-<run>-<agent>`, each part kept to `[A-Za-z0-9._-]` (others become
+/// `-`) and 64 characters, the whole to 256: OpenRouter's session id.
+pub fn session_label(job: &str, run_id: &str, agent: &str) -> String {
+    let clean = |s: &str| s.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '-' }).take(64).collect::<String>();
+    let mut label = format!("{}-{}-{}", clean(job), clean(run_id), clean(agent));
+    label.truncate(256);
+    label
 }
 
 /// An MCP server as the worker reaches it.
@@ -244,6 +256,12 @@ mod reach_tests {
             w.reach_unspecified_at("10.1.2.3");
             assert_eq!(w.base_url, kept);
         }
+    }
+
+    #[test]
+    fn session_labels_keep_to_openrouters_alphabet_and_length() {
+        assert_eq!(session_label("build app", "r-1a2-3", "réviewer"), "build-app-r-1a2-3-r-viewer");
+        assert_eq!(session_label(&"j".repeat(100), "r", "a").len(), 64 + 1 + 1 + 1 + 1);
     }
 
     #[test]

@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 use steppe_runtime::outcome::StepError;
 
 use super::Conversation;
-use crate::provider::{chat, ProviderError};
+use crate::provider::ProviderError;
 
 impl Conversation<'_> {
     pub(super) async fn request(&mut self, with_tools: bool, forced: Option<&str>) -> Result<Value, StepError> {
@@ -32,8 +32,14 @@ impl Conversation<'_> {
         self.job_budget_left().await?;
         let call_cx = crate::telemetry::start(&opentelemetry::Context::current(), &self.run_id, format!("model call {}", self.model), vec![opentelemetry::KeyValue::new("model", self.model.clone())], None);
         let resp = loop {
+            // OpenRouter's prompt caching: a session per agent and run, a cache marker for Anthropic models.
+            let openrouter = crate::provider::is_openrouter(&self.base_url);
+            if openrouter && (self.model.starts_with("anthropic/") || self.model.starts_with("~anthropic/")) {
+                body["cache_control"] = json!({"type": "ephemeral"});
+            }
+            let headers: Vec<(&str, &str)> = if openrouter && !self.work.session.is_empty() { vec![("x-session-id", self.work.session.as_str())] } else { Vec::new() };
             let say = |line: &str| self.say(line);
-            let answer = chat(&self.base_url, self.key.as_deref(), &body, self.work.attempts, &say).await;
+            let answer = crate::provider::chat_with(&self.base_url, self.key.as_deref(), &headers, &body, self.work.attempts, &say).await;
             match answer {
                 Ok(r) => break r,
                 Err(ProviderError::Unwell(m)) if self.next_fallback < self.work.fallbacks.len() => {
@@ -45,6 +51,9 @@ impl Conversation<'_> {
                     self.base_url = fb.base_url.clone();
                     self.string_tool_choice = fb.string_tool_choice;
                     self.key = fb.api_key_env.as_ref().and_then(|v| std::env::var(v).ok()).filter(|k| !k.is_empty());
+                    if let Some(k) = &self.key {
+                        steppe_runtime::secrets::remember(k);
+                    }
                     if fb.key_required && self.key.is_none() {
                         return Err(StepError::errored(format!("{}: fallback {}: its API key variable is not set", self.label, fb.model)));
                     }

@@ -47,6 +47,7 @@ pub fn work_to_wire(w: &AgentWork) -> v1::AgentWork {
         mcp_servers,
         compact_budget,
         delegate_percent,
+        session,
     } = w;
     v1::AgentWork {
         agent: agent.clone(),
@@ -89,6 +90,7 @@ pub fn work_to_wire(w: &AgentWork) -> v1::AgentWork {
         mcp_servers: mcp_servers.iter().map(mcp_server_to_wire).collect(),
         compact_budget: *compact_budget,
         delegate_percent: *delegate_percent,
+        session: session.clone(),
     }
 }
 
@@ -131,6 +133,7 @@ pub fn work_from_wire(w: v1::AgentWork) -> Result<AgentWork, WireError> {
         mcp_servers,
         compact_budget,
         delegate_percent,
+        session,
     } = w;
     let job_counter = job_budget.as_ref().map(|b| b.counter.clone()).filter(|c| !c.is_empty());
     Ok(AgentWork {
@@ -179,6 +182,7 @@ pub fn work_from_wire(w: v1::AgentWork) -> Result<AgentWork, WireError> {
         mcp_servers: mcp_servers.into_iter().map(mcp_server_from_wire).collect(),
         compact_budget,
         delegate_percent,
+        session,
     })
 }
 
@@ -450,6 +454,7 @@ pub(crate) mod tests {
             ],
             compact_budget: 102_400,
             delegate_percent: 25,
+            session: "build-r-1-reviewer".into(),
         }
     }
 
