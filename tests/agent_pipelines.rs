@@ -530,3 +530,46 @@ fn preflight_pins_a_fallback_or_fails_the_job_before_its_steps() {
     let _ = model.kill();
     let _ = model.wait();
 }
+
+/// ask_user on a terminal asks the person at it (through a pseudo-terminal
+/// made by `script`): an answer outside the options is asked again, the
+/// one typed reaches the model. Without a terminal nobody is asked.
+#[test]
+fn ask_user_asks_the_person_at_the_terminal() {
+    use std::io::Write;
+    let work = std::env::temp_dir().join(format!("steppe-agents-ask-tty-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).expect("mkdir");
+    std::fs::write(
+        work.join("p.yml"),
+        "agents:\n- name: painter\n  source: {model: openrouter/x/y}\n  tools:\n  - builtin: ask_user\n    options_required: true\njobs:\n- name: paint\n  plan:\n  - agent: painter\n    messages: [Ask which colour to use, then say it.]\n",
+    )
+    .expect("write");
+    std::fs::write(
+        work.join("s.yaml"),
+        "model:\n  rules:\n    - when: {tool_result_contains: '\"source\":\"person\"'}\n      say: painting it as told\n    - call: ask_user\n      args: {question: Which colour?, options: [red, blue]}\n",
+    )
+    .expect("write");
+    let command = format!("'{}' run p.yml --script s.yaml", env!("CARGO_BIN_EXE_steppe"));
+    let mut child = common::child_of_this_test("script")
+        .args(["-q", "-e", "-c", &command, "/dev/null"])
+        .current_dir(&work)
+        .env_remove("STEPPE_MODEL")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("script (util-linux)");
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(b"green\nblue\n").expect("type the answers");
+    let out = child.wait_with_output().expect("the run");
+    drop(stdin);
+    let t = String::from_utf8_lossy(&out.stdout).replace('\r', "");
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    assert!(t.contains("? Which colour? [red | blue]") && t.contains("(answer with one of: red, blue)"), "{t}");
+    assert!(t.contains("[painter] answer: blue") && t.contains("painting it as told"), "{t}");
+    // No terminal: nobody to ask, no default — the step is aborted, saying how to answer ahead.
+    let o = Command::new(env!("CARGO_BIN_EXE_steppe")).args(["run", "p.yml", "--script", "s.yaml"]).current_dir(&work).env_remove("STEPPE_MODEL").stdin(std::process::Stdio::null()).output().expect("run");
+    let t = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert_eq!(o.status.code(), Some(130), "{t}");
+    assert!(t.contains("nobody answered") && !t.contains("? Which colour?"), "{t}");
+}

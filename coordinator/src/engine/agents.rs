@@ -330,6 +330,9 @@ impl JobRun {
             answered_by,
             default: spec.and_then(|sp| sp.default.clone()),
             options_required: spec.and_then(|sp| sp.options_required).unwrap_or(false),
+            // A person is asked at this process's terminal when the step runs here.
+            inline: self.engine.submission.is_none() && matches!(self.engine.docker, super::docker::Docker::Local) && std::io::IsTerminal::is_terminal(&std::io::stdin()),
+            timeout_ms: spec.and_then(|sp| sp.timeout).and_then(|t| t.to_std()).map(|t| t.as_millis() as u64),
         })))
     }
 

@@ -31,7 +31,7 @@ impl Terminal {
 
     /// `… 12 done · 6 running (4 waiting for a worker): compile 3.2s, … · 1m4s` on the last terminal line.
     fn status(&mut self) {
-        if !self.live || self.running.is_empty() {
+        if !self.live || self.running.is_empty() || steppe_worker::agent::person_is_answering() {
             return;
         }
         let line = status_line(&self.running, self.waiting, self.done, self.since.map(|s| s.elapsed()).unwrap_or_default());

@@ -124,6 +124,10 @@ pub struct AskSpec {
     pub answered_by: Option<SubAgent>,
     pub default: Option<String>,
     pub options_required: bool,
+    /// A person at the run's terminal is asked (the step runs in that process).
+    pub inline: bool,
+    /// How long a person is waited on; None: as long as it takes.
+    pub timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]

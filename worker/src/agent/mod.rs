@@ -502,6 +502,9 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
                                     answer = None;
                                 }
                             }
+                            if answer.is_none() && ask.inline {
+                                answer = ask_person(&question, &options, ask.options_required, ask.timeout_ms.map(Duration::from_millis)).await;
+                            }
                             let result = match (answer, &ask.default) {
                                 (Some(a), _) => a,
                                 (None, Some(d)) => json!({"answered": false, "answer": d, "source": "default", "note": "nobody answered; the declared default was used"}),
@@ -627,12 +630,15 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
     Ok(())
 }
 
+mod ask;
 mod compact;
 mod judge;
 mod request;
 mod schema;
 
 pub use judge::judge;
+use ask::ask_person;
+pub use ask::person_is_answering;
 use judge::{unmet_files, unmet_tool_calls};
 use schema::{schema_for, verdict_schema};
 

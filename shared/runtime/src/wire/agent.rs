@@ -82,7 +82,7 @@ pub fn work_to_wire(w: &AgentWork) -> v1::AgentWork {
         max_questions: *max_questions,
         ask: ask.as_deref().map(|a| {
             let answered_by = a.answered_by.as_ref().map(|s| Box::new(sub_agent_to_wire(s)));
-            Box::new(v1::AskSpec { answered_by, default: a.default.clone(), options_required: a.options_required })
+            Box::new(v1::AskSpec { answered_by, default: a.default.clone(), options_required: a.options_required, inline: a.inline, timeout_ms: a.timeout_ms })
         }),
         image: image.clone(),
         container: Some(container_to_wire(container)),
@@ -174,6 +174,8 @@ pub fn work_from_wire(w: v1::AgentWork) -> Result<AgentWork, WireError> {
                 answered_by: a.answered_by.map(|s| sub_agent_from_wire(*s)).transpose()?,
                 default: a.default,
                 options_required: a.options_required,
+                inline: a.inline,
+                timeout_ms: a.timeout_ms,
             })),
         },
         image,
@@ -444,6 +446,8 @@ pub(crate) mod tests {
                 answered_by: (depth > 0).then(|| SubAgent { name: "oracle".into(), description: "knows".into(), work: full_work(depth - 1) }),
                 default: Some("no".into()),
                 options_required: true,
+                inline: true,
+                timeout_ms: Some(300_000),
             })),
             image: Some("python:3.12".into()),
             container: ContainerSettings { user: Some("0".into()), network: Some("none".into()), privileged: false, cpu_shares: Some(256), memory_bytes: None },
