@@ -527,6 +527,15 @@ fn preflight_pins_a_fallback_or_fails_the_job_before_its_steps() {
     let (code, t) = steppe(&["run", "p.yml", "--job", "down", "--no-preflight"]);
     assert_eq!(code, Some(2), "{t}");
     assert!(t.contains("▶ b") && !t.contains("preflight failed"), "without preflight the step starts and meets the dead model itself: {t}");
+    // Through a coordinator, the same, --no-preflight carried by the submission.
+    let (mut coord, url, _log) = common::serving_logged(&["coordinator", "--listen", "127.0.0.1:0", "--workers", "1", "--state", "state"], &work);
+    let (code, t) = steppe(&["run", "p.yml", "--job", "down", "--coordinator", &url]);
+    assert_eq!(code, Some(2), "{t}");
+    assert!(t.contains("job \"down\": preflight failed, no steps were run:") && !t.contains("▶ b"), "{t}");
+    let (code, t) = steppe(&["submit", "p.yml", "--job", "down", "--no-preflight", "--coordinator", &url]);
+    assert_eq!(code, Some(2), "{t}");
+    assert!(t.contains("▶ b") && !t.contains("preflight failed"), "{t}");
+    common::stop([&mut coord]);
     let _ = model.kill();
     let _ = model.wait();
 }
@@ -559,12 +568,32 @@ fn ask_user_asks_the_person_at_the_terminal() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("script (util-linux)");
+    // Typed as a person would: each answer once its prompt is on the screen.
     let mut stdin = child.stdin.take().expect("stdin");
-    stdin.write_all(b"green\nblue\n").expect("type the answers");
-    let out = child.wait_with_output().expect("the run");
+    let seen = common::Log::default();
+    let mut stdout = child.stdout.take().expect("stdout");
+    let kept = seen.clone();
+    let reader = std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = std::io::Read::read(&mut stdout, &mut buf) {
+            if n == 0 {
+                break;
+            }
+            if let Ok(mut g) = kept.lock() {
+                g.push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        }
+    });
+    let has = |what: &str| seen.lock().map(|l| l.contains(what)).unwrap_or(false);
+    common::wait_for("the question", std::time::Duration::from_secs(20), || has("? Which colour?"));
+    stdin.write_all(b"green\n").expect("type");
+    common::wait_for("the question again", std::time::Duration::from_secs(20), || has("(answer with one of: red, blue)"));
+    stdin.write_all(b"blue\n").expect("type");
+    let status = child.wait().expect("the run");
     drop(stdin);
-    let t = String::from_utf8_lossy(&out.stdout).replace('\r', "");
-    assert_eq!(out.status.code(), Some(0), "{t}");
+    let _ = reader.join();
+    let t = seen.lock().map(|l| l.replace('\r', "")).unwrap_or_default();
+    assert_eq!(status.code(), Some(0), "{t}");
     assert!(t.contains("? Which colour? [red | blue]") && t.contains("(answer with one of: red, blue)"), "{t}");
     assert!(t.contains("[painter] answer: blue") && t.contains("painting it as told"), "{t}");
     // No terminal: nobody to ask, no default — the step is aborted, saying how to answer ahead.

@@ -141,6 +141,7 @@ impl RunService {
         let mut engine = crate::services::make_engine_with(&self.svc, &loaded, scope, answers, scripted, Arc::new(cancel_tx), cancel_rx);
         engine.decide_with = "--coordinator URL".into();
         engine.trace_parent = self.trace_parent.clone();
+        engine.preflight = !req.no_preflight;
         engine.submission = Some(Arc::new(crate::engine::Submission::new(root.to_path_buf(), sub_dir, self.svc.store.clone())));
         if !req.pool.is_empty() {
             if let Err(e) = steppe_runtime::queue::check_pool_name(&req.pool) {

@@ -72,6 +72,9 @@ pub struct SubmitArgs {
     /// the steps' progress and output.
     #[arg(short, long)]
     quiet: bool,
+    /// Do not probe the models a job uses before its first step.
+    #[arg(long)]
+    no_preflight: bool,
     #[command(flatten)]
     script: ScriptArgs,
     #[command(flatten)]
@@ -80,7 +83,7 @@ pub struct SubmitArgs {
 
 impl SubmitArgs {
     pub fn run(self) -> Result<ExitCode> {
-        let SubmitArgs { pipeline, job, test, detach, coordinator, token_file, tls_ca, pool, answer, include, name, quiet, script, vars } = self;
+        let SubmitArgs { pipeline, job, test, detach, coordinator, token_file, tls_ca, pool, answer, include, name, quiet, no_preflight, script, vars } = self;
         let remote = Remote::new(&coordinator, token_file.as_deref(), tls_ca.as_deref())?;
         let mut vars = vars.resolve()?;
         let scenario = script.prepare(&pipeline, &mut vars)?;
@@ -90,7 +93,7 @@ impl SubmitArgs {
         let mut include = include;
         include.extend(scenario.iter().flat_map(|s| s.files.iter().cloned()));
         let (scenario, dump_requests) = scenario.map(|s| (Some(s.text), s.dump)).unwrap_or_default();
-        let o = SubmitOptions { job, test, detach, pool, vars: vars.into_iter().collect(), answers: answer, include, name, scenario, dump_requests, quiet };
+        let o = SubmitOptions { job, test, detach, pool, vars: vars.into_iter().collect(), answers: answer, include, name, scenario, dump_requests, quiet, no_preflight };
         let code = runtime()?.block_on(submit(&remote, &pipeline, o))?;
         Ok(ExitCode::from(u8::try_from(code).unwrap_or(2)))
     }
@@ -113,6 +116,7 @@ impl ExecArgs {
             scenario: scenario.map(|s| s.text.clone()),
             dump_requests: scenario.and_then(|s| s.dump.clone()),
             quiet: self.quiet,
+            no_preflight: self.no_preflight,
             ..Default::default()
         };
         let code = runtime()?.block_on(submit(&remote, path, o))?;
@@ -196,13 +200,15 @@ pub struct SubmitOptions {
     pub dump_requests: Option<PathBuf>,
     /// `-q`: the verdict lines only.
     pub quiet: bool,
+    /// `--no-preflight`: the job's models are not probed first.
+    pub no_preflight: bool,
 }
 
 /// `steppe submit`: loads the pipeline here (so problems show before anything
 /// is sent), sends it with every file it reads and what `--include` or
 /// `.steppe-include` add, prints what comes back.
 pub async fn submit(remote: &Remote, path: &Path, o: SubmitOptions) -> anyhow::Result<i32> {
-    let SubmitOptions { job, test, detach, pool, vars, answers, include, name: pipeline_name, scenario, dump_requests, quiet } = o;
+    let SubmitOptions { job, test, detach, pool, vars, answers, include, name: pipeline_name, scenario, dump_requests, quiet, no_preflight } = o;
     // Checked here too, so a bad name is said before anything is sent.
     let pipeline_name = crate::services::pipeline_name(pipeline_name.as_deref(), path)?;
     let (job, pool) = (job.as_deref(), pool.as_deref());
@@ -218,7 +224,7 @@ pub async fn submit(remote: &Remote, path: &Path, o: SubmitOptions) -> anyhow::R
     if let Some(p) = pool {
         steppe_runtime::queue::check_pool_name(p).map_err(|e| anyhow::anyhow!("--pool {e}"))?;
     }
-    let req = SubmitRequest { pipeline: name, files, job: job.unwrap_or_default().to_string(), vars, test, answers, detach, pool: pool.unwrap_or_default().to_string(), name: pipeline_name, dump_requests: dump_requests.is_some(), scenario: scenario.unwrap_or_default(), quiet };
+    let req = SubmitRequest { pipeline: name, files, job: job.unwrap_or_default().to_string(), vars, test, answers, detach, pool: pool.unwrap_or_default().to_string(), name: pipeline_name, dump_requests: dump_requests.is_some(), scenario: scenario.unwrap_or_default(), quiet, no_preflight };
     let size = prost::Message::encoded_len(&req);
     if size > crate::bundle::SUBMISSION_MAX {
         anyhow::bail!(

@@ -288,7 +288,7 @@ async fn connect(spec: &McpServerWork, step_dir: &Path) -> Result<RunningService
         }
         (None, Some((program, args))) => {
             let mut cmd = tokio::process::Command::new(program);
-            cmd.args(args).env_clear().kill_on_drop(true).stderr(std::process::Stdio::null());
+            cmd.args(args).env_clear().kill_on_drop(true);
             for name in HOST_ENV {
                 if let Some(v) = std::env::var_os(name) {
                     cmd.env(name, v);
@@ -299,7 +299,18 @@ async fn connect(spec: &McpServerWork, step_dir: &Path) -> Result<RunningService
                 None => step_dir.to_path_buf(),
             });
             let shown = spec.command.join(" ");
-            let transport = TokioChildProcess::new(cmd).map_err(|source| McpError::Spawn { server: server.clone(), command: shown.clone(), source })?;
+            let (transport, stderr) = TokioChildProcess::builder(cmd).stderr(std::process::Stdio::piped()).spawn().map_err(|source| McpError::Spawn { server: server.clone(), command: shown.clone(), source })?;
+            // What the server says on stderr goes to the debug log, not to the step.
+            if let Some(stderr) = stderr {
+                let name = server.clone();
+                tokio::spawn(async move {
+                    use tokio::io::AsyncBufReadExt;
+                    let mut lines = tokio::io::BufReader::new(stderr).lines();
+                    while let Ok(Some(line)) = lines.next_line().await {
+                        tracing::debug!(server = %name, "MCP server stderr: {}", steppe_runtime::secrets::mask(&line));
+                    }
+                });
+            }
             ().serve(transport).await.map_err(|e| protocol(format!("starting {shown}: {e}")))
         }
         (None, None) => Err(protocol("it has neither an endpoint nor a command".into())),
