@@ -76,13 +76,18 @@ impl JobRun {
             c
         });
         let ledger = self.engine.dispatcher.ledger.clone();
+        // The most the counter ever read, and what finished cells reported:
+        // a counter that could not be read (a busy store) never looks like room.
+        let (most_read, finished) = (Arc::new(std::sync::atomic::AtomicU64::new(0)), Arc::new(std::sync::atomic::AtomicU64::new(0)));
         let spent = || {
-            let (ledger, counter) = (ledger.clone(), counter.clone());
+            let (ledger, counter, most_read, finished) = (ledger.clone(), counter.clone(), most_read.clone(), finished.clone());
             async move {
-                match counter {
+                let read = match counter {
                     Some(c) => ledger.spend(&c, 0).await.unwrap_or(0),
                     None => 0,
-                }
+                };
+                let most = most_read.fetch_max(read, std::sync::atomic::Ordering::Relaxed).max(read);
+                most.max(finished.load(std::sync::atomic::Ordering::Relaxed))
             }
         };
         // What each cell holds of the budget while it runs (reserve_per_cell,
@@ -99,6 +104,7 @@ impl JobRun {
             let stopped = stopped.clone();
             let held = held.clone();
             let admission = admission.clone();
+            let finished = finished.clone();
             async move {
                 let _p = gate.acquire_owned().await;
                 if let Some(b) = budget {
@@ -122,6 +128,9 @@ impl JobRun {
                     }
                 }
                 let done = self.step(s, c.clone(), false).await;
+                if let Some(o) = &done.agent {
+                    finished.fetch_add(o.tokens, std::sync::atomic::Ordering::Relaxed);
+                }
                 if budget.is_some() {
                     let mut h = held.0.lock().unwrap_or_else(|p| p.into_inner());
                     *h = h.saturating_sub(reserve);
