@@ -585,9 +585,16 @@ fn ask_user_asks_the_person_at_the_terminal() {
         }
     });
     let has = |what: &str| seen.lock().map(|l| l.contains(what)).unwrap_or(false);
-    common::wait_for("the question", std::time::Duration::from_secs(20), || has("? Which colour?"));
+    let wait = |what: &str| {
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !has(what) {
+            assert!(std::time::Instant::now() < until, "{what:?} never showed; the terminal showed:\n{}", seen.lock().map(|l| l.clone()).unwrap_or_default());
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    wait("? Which colour?");
     stdin.write_all(b"green\n").expect("type");
-    common::wait_for("the question again", std::time::Duration::from_secs(20), || has("(answer with one of: red, blue)"));
+    wait("(answer with one of: red, blue)");
     stdin.write_all(b"blue\n").expect("type");
     let status = child.wait().expect("the run");
     drop(stdin);

@@ -38,8 +38,11 @@ pub(super) async fn ask_person(question: &str, options: &[String], options_requi
     let read = tokio::task::spawn_blocking(move || -> Option<String> {
         let shown = if opts.is_empty() { String::new() } else { format!(" [{}]", opts.join(" | ")) };
         for _ in 0..3 {
-            eprint!("\r\x1b[2K? {q}{shown}\n> ");
-            let _ = std::io::stderr().flush();
+            // One write, so the run's other lines cannot land inside the prompt.
+            let prompt = format!("\r\x1b[2K? {q}{shown}\n> ");
+            let mut err = std::io::stderr().lock();
+            let _ = err.write_all(prompt.as_bytes()).and_then(|()| err.flush());
+            drop(err);
             let mut line = String::new();
             if std::io::stdin().lock().read_line(&mut line).ok()? == 0 {
                 return None;
@@ -51,7 +54,8 @@ pub(super) async fn ask_person(question: &str, options: &[String], options_requi
             if !options_required || opts.is_empty() || opts.contains(&answer) {
                 return Some(answer);
             }
-            eprintln!("  (answer with one of: {})", opts.join(", "));
+            let again = format!("  (answer with one of: {})\n", opts.join(", "));
+            let _ = std::io::stderr().lock().write_all(again.as_bytes());
         }
         None
     });
