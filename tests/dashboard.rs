@@ -200,6 +200,8 @@ fn a_coordinators_dashboard_signs_in_by_token_and_shows_a_team_its_own() {
     b.goto(&format!("{site}/login"));
     b.type_into("input[name=token]", blue.trim());
     b.click("button");
+    // The runs page after signing in (under load the click's navigation can take a moment).
+    wait_for("blue's runs page", Duration::from_secs(10), || b.text_of("#runs").contains("blue-job"));
     let runs = b.text_of("#runs");
     assert!(runs.contains("blue-job") && !runs.contains("red-job"), "blue sees its own runs only: {runs}");
     let cookie = b.js("return document.cookie").as_str().unwrap_or_default().to_string();
