@@ -20,6 +20,17 @@ pub struct WorkerInfo {
     pub last_seen_ago: Duration,
 }
 
+impl WorkerInfo {
+    /// Whether it takes from the queue of `pool`: its pool's, or — a worker
+    /// that runs containers — its pool's container queue (`POOL.containers`).
+    pub fn serves(&self, pool: &str) -> bool {
+        match pool.strip_suffix(steppe_runtime::queue::CONTAINERS) {
+            Some(base) => self.pool == base && self.containers,
+            None => self.pool == pool,
+        }
+    }
+}
+
 pub enum RegistryMsg {
     Joined { name: String, slots: u32, remote: bool, pool: String, containers: bool },
     Heartbeat { name: String },

@@ -233,11 +233,7 @@ pub async fn serve_metrics(svc: &Arc<Services>, addr: std::net::SocketAddr) -> s
             for pool in pools {
                 let label = PoolLabel { pool: pool.clone() };
                 let f = figures.iter().find(|f| f.pool == pool).cloned().unwrap_or_default();
-                // A pool's container queue is served by its workers that run containers.
-                let serving: Vec<_> = match pool.strip_suffix(steppe_runtime::queue::CONTAINERS) {
-                    Some(base) => workers.iter().filter(|w| w.pool == base && w.containers).collect(),
-                    None => workers.iter().filter(|w| w.pool == pool).collect(),
-                };
+                let serving: Vec<_> = workers.iter().filter(|w| w.serves(&pool)).collect();
                 let slots: i64 = serving.iter().map(|w| i64::from(w.slots)).sum();
                 m.backlog.get_or_create(&label).set(f.waiting);
                 m.in_flight.get_or_create(&label).set(f.in_flight);

@@ -51,7 +51,7 @@ fn line(waits: &[LongWait], workers: &[WorkerInfo]) -> String {
         Some(p) => (p, true),
         None => (w.pool.as_str(), false),
     };
-    let serving: Vec<&WorkerInfo> = workers.iter().filter(|i| i.pool == pool && (i.containers || !containers)).collect();
+    let serving: Vec<&WorkerInfo> = workers.iter().filter(|i| i.serves(&w.pool)).collect();
     let what = if containers { format!("a worker of pool {pool} that runs containers") } else { format!("a worker of pool {pool}") };
     let waited = format!("{:.1}s", w.waited.as_secs_f64());
     let mut step = steppe_runtime::printable::escape_controls(&w.step).into_owned();

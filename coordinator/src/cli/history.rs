@@ -201,11 +201,15 @@ struct LogsView {
     step: Option<String>,
 }
 
+/// One line a step wrote, as `--logs` shows it (`line` already made printable).
+fn say_output(step: &str, stderr: bool, line: &str) {
+    say!("[{}]{} {}", shown(step), if stderr { " (stderr)" } else { "" }, line);
+}
+
 /// Prints a run's logs: each step's record, or (`full`) its whole output in
 /// place of head, gap and tail.
 fn print_logs(h: &History, lines: &[steppe_runtime::store::LogLine], view: &LogsView) -> Result<()> {
     let lines: Vec<&steppe_runtime::store::LogLine> = lines.iter().filter(|l| view.step.as_deref().is_none_or(|s| s == l.step)).collect();
-    let show = |step: &str, stderr: bool, line: &str| say!("[{}]{} {}", shown(step), if stderr { " (stderr)" } else { "" }, line);
     // With --full, a step's head, gap line and tail make way for its whole output.
     let mut replaced: std::collections::HashMap<usize, (usize, &str)> = Default::default();
     if view.full {
@@ -222,12 +226,12 @@ fn print_logs(h: &History, lines: &[steppe_runtime::store::LogLine], view: &Logs
         if let Some((end, digest)) = replaced.get(&i) {
             let step = &lines[i].step;
             for (stderr, line) in h.full_output(digest)? {
-                show(step, stderr, &line);
+                say_output(step, stderr, &line);
             }
             i = end + 1;
             continue;
         }
-        show(&lines[i].step, lines[i].stderr, &lines[i].line);
+        say_output(&lines[i].step, lines[i].stderr, &lines[i].line);
         i += 1;
     }
     if let (Some(step), true) = (&view.step, lines.is_empty()) {
@@ -306,7 +310,7 @@ fn runs(h: &History, job: Option<&str>, limit: usize, steps: bool, run: Option<&
             say!("… {} is still running; its output so far:", shown(&s.step));
             // Its lines since it (last) started.
             for e in live.iter().filter(|e| e.is_output() && e.step == s.step && e.at_ms >= s.started_ms) {
-                say!("[{}]{} {}", shown(&e.step), if e.kind == "stderr" { " (stderr)" } else { "" }, shown(&e.message));
+                say_output(&e.step, e.kind == "stderr", &shown(&e.message));
             }
         }
     }

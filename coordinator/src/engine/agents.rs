@@ -91,8 +91,7 @@ pub(crate) fn secret_env_names(p: &steppe_language::model::Pipeline, env_model: 
     let default_model = env_model.map(str::to_string).or_else(|| p.defaults.as_ref().and_then(|d| d.model.clone()));
     let mut source = |src: Option<&Source>| {
         let model = src.and_then(|s| s.model.clone()).or_else(|| default_model.clone()).unwrap_or_default();
-        let name = src.and_then(|s| s.api_key_env.clone()).or_else(|| provider_of(&model).and_then(|pr| pr.key_env).map(str::to_string));
-        names.extend(name);
+        names.extend(key_env(src.and_then(|s| s.api_key_env.as_deref()), &model));
     };
     for a in &p.agents {
         source(a.source.as_ref());
@@ -104,6 +103,11 @@ pub(crate) fn secret_env_names(p: &steppe_language::model::Pipeline, env_model: 
     names.sort();
     names.dedup();
     names
+}
+
+/// The variable holding a source's API key: its own `api_key_env`, else its provider's.
+fn key_env(api_key_env: Option<&str>, model: &str) -> Option<String> {
+    api_key_env.map(str::to_string).or_else(|| provider_of(model).and_then(|p| p.key_env).map(str::to_string))
 }
 
 /// Context windows by model name (lowercase, `.` as `-`, most specific first).
@@ -336,7 +340,6 @@ impl JobRun {
         })))
     }
 
-    /// Where a source is reached: its provider prefix or endpoint, or the scripted model.
     /// Where an agent's model is reached, and its fallbacks in order.
     pub(super) fn sources_of(&self, def: &AgentDef) -> Result<(Endpoint, Vec<Endpoint>), StepError> {
         let name = &def.name;
@@ -375,6 +378,7 @@ impl JobRun {
         Ok((primary, fallbacks))
     }
 
+    /// Where a source is reached: its provider prefix or endpoint, or the scripted model.
     fn endpoint(&self, src: &Source, model: &str, scripted: Option<&str>) -> Endpoint {
         let provider = provider_of(model);
         let wire = match provider {
@@ -391,7 +395,7 @@ impl JobRun {
         Endpoint {
             model: wire,
             base_url: base,
-            api_key_env: src.api_key_env.clone().or(provider.and_then(|p| p.key_env.map(str::to_string))),
+            api_key_env: key_env(src.api_key_env.as_deref(), model),
             key_required: src.api_key_env.is_some() || provider.is_some_and(|p| p.key_required),
             string_tool_choice: src.string_tool_choice.unwrap_or(provider.is_some_and(|p| p.string_tool_choice)),
         }

@@ -117,13 +117,12 @@ impl HubState {
         }
         let kept = self.live_kept.entry((run_id.to_string(), line.step.clone())).or_default();
         *kept += 1;
-        match (*kept).cmp(&LIVE_KEPT_MAX) {
-            std::cmp::Ordering::Less | std::cmp::Ordering::Equal => self.event(run_id, if line.stderr { "stderr" } else { "stdout" }, &line.step, &line.line),
-            std::cmp::Ordering::Greater if *kept == LIVE_KEPT_MAX + 1 => {
-                let note = format!("… {} wrote more than {LIVE_KEPT_MAX} lines: the rest is in its record when it ends (`steppe runs --logs`)", escape_controls(&line.step));
-                self.event(run_id, "note", &line.step, &note)
-            }
-            std::cmp::Ordering::Greater => {}
+        let kept = *kept;
+        if kept <= LIVE_KEPT_MAX {
+            self.event(run_id, if line.stderr { "stderr" } else { "stdout" }, &line.step, &line.line);
+        } else if kept == LIVE_KEPT_MAX + 1 {
+            let note = format!("… {} wrote more than {LIVE_KEPT_MAX} lines: the rest is in its record when it ends (`steppe runs --logs`)", escape_controls(&line.step));
+            self.event(run_id, "note", &line.step, &note);
         }
     }
 

@@ -142,20 +142,15 @@ impl McpSessions {
     /// content}` on success, `{error}` when the server says the call failed,
     /// the transport fails or the deadline passes.
     pub async fn call(&self, tool: &McpTool, args: &Value) -> Value {
-        let Some(client) = self.clients.get(&tool.server) else { return error(format!("{}: its server is not connected", tool.name)) };
         let arguments: Map<String, Value> = match args {
             Value::Object(m) => m.clone(),
             Value::Null => Map::new(),
             _ => return error(format!("{}: arguments must be a JSON object", tool.name)),
         };
-        let mut params = CallToolRequestParams::new(tool.tool.clone());
-        params.arguments = Some(arguments);
-        let result = match tokio::time::timeout(tool.timeout, client.call_tool(params)).await {
-            Err(_) => return error(format!("{}: no answer within {}", tool.name, steppe_language::duration::show(tool.timeout))),
-            Ok(Err(e)) => return error(format!("{}: {e}", tool.name)),
-            Ok(Ok(r)) => serde_json::to_value(&r).unwrap_or(Value::Null),
-        };
-        shaped(&tool.name, &result, tool.output_cap)
+        match self.call_raw(tool, arguments).await {
+            Ok(result) => shaped(&tool.name, &result, tool.output_cap),
+            Err(e) => error(e),
+        }
     }
 
     /// Calls `tool` and gives the server's whole answer (as MCP's JSON), or
@@ -165,8 +160,8 @@ impl McpSessions {
         let mut params = CallToolRequestParams::new(tool.tool.clone());
         params.arguments = Some(args);
         match tokio::time::timeout(tool.timeout, client.call_tool(params)).await {
-            Err(_) => Err(format!("{}: no answer within {}", tool.tool, steppe_language::duration::show(tool.timeout))),
-            Ok(Err(e)) => Err(format!("{}: {}", tool.tool, plain(e.to_string()))),
+            Err(_) => Err(format!("{}: no answer within {}", tool.name, steppe_language::duration::show(tool.timeout))),
+            Ok(Err(e)) => Err(format!("{}: {}", tool.name, plain(e.to_string()))),
             Ok(Ok(r)) => Ok(serde_json::to_value(&r).unwrap_or(Value::Null)),
         }
     }
@@ -187,6 +182,11 @@ fn plain(text: String) -> String {
     }
 }
 
+/// The text blocks of a `tools/call` answer, in order.
+fn texts(answer: &Value) -> Vec<&str> {
+    answer.get("content").and_then(Value::as_array).into_iter().flatten().filter_map(|c| c.get("text").and_then(Value::as_str)).collect()
+}
+
 /// A resource stage served by an MCP tool, as a shell stage would answer:
 /// check prints the versions, in writes `version.json` (and the result's
 /// `result.json` and `content-<i>` files) into `dir`, out prints the new
@@ -205,7 +205,7 @@ pub async fn run_stage(s: &McpStage, dir: &Path) -> Result<String, String> {
     sessions.close().await;
     let answer = answer?;
     let blocks: Vec<&Value> = answer.get("content").and_then(Value::as_array).into_iter().flatten().collect();
-    let texts: Vec<&str> = blocks.iter().filter_map(|b| b.get("text").and_then(Value::as_str)).collect();
+    let texts = texts(&answer);
     if answer.get("isError").and_then(Value::as_bool).unwrap_or(false) {
         return Err(texts.first().map(|t| t.to_string()).unwrap_or_else(|| format!("{}: the tool reported an error", s.tool)));
     }
@@ -250,8 +250,7 @@ fn error(message: String) -> Value {
 /// A `tools/call` result as the model reads it: its text blocks joined by
 /// newlines (cut at `cap`) and its structured content; `isError` → `{error}`.
 fn shaped(name: &str, result: &Value, cap: usize) -> Value {
-    let text: Vec<&str> = result.get("content").and_then(Value::as_array).into_iter().flatten().filter_map(|c| c.get("text").and_then(Value::as_str)).collect();
-    let text = cut(&text.join("\n"), cap);
+    let text = cut(&texts(result).join("\n"), cap);
     if result.get("isError").and_then(Value::as_bool).unwrap_or(false) {
         return error(if text.is_empty() { format!("{name}: the server reported an error") } else { text });
     }
