@@ -188,6 +188,37 @@ fn ask_user_presets_through_the_cluster() {
     assert!(text(&out).contains("nobody answered") && text(&out).contains("--answer"), "{}", text(&out));
 }
 
+/// Through a cluster a parked question goes worker → coordinator → whoever
+/// answers with `steppe questions answer --coordinator`, and the answer back
+/// to the worker holding the conversation.
+#[test]
+fn a_parked_question_is_answered_through_the_coordinator() {
+    let base = scratch("agent-ask-parked");
+    let cluster = Cluster::start(&base, "2");
+    std::fs::write(
+        base.join("p.yml"),
+        "agents:\n- name: w\n  source: {model: openrouter/x/y}\n  tools: [{builtin: ask_user, timeout: 2m}]\njobs:\n- name: j\n  plan:\n  - agent: w\n    messages: [Ask.]\n    assert:\n      stdout: minor\n",
+    )
+    .expect("write");
+    std::fs::write(
+        base.join("s.yaml"),
+        "model:\n  rules:\n    - when: {tool_result_contains: '\"answer\":\"minor\"'}\n      say: minor\n    - call: ask_user\n      args: {question: Which bump?}\n",
+    )
+    .expect("write");
+    let (mut run, log) = spawn_logged(&["run", "p.yml", "--script", "s.yaml", "--coordinator", &cluster.url], &base);
+    wait_in_log(&log, "steppe questions answer 1 <answer> --coordinator URL", std::time::Duration::from_secs(60));
+    let listed = steppe(&["questions", "--coordinator", &cluster.url], &base);
+    assert!(listed.status.success() && text(&listed).contains("Which bump?") && text(&listed).contains(" p "), "{}", text(&listed));
+    let answered = steppe(&["questions", "answer", "1", "minor", "--coordinator", &cluster.url], &base);
+    assert!(answered.status.success() && text(&answered).contains("answered: question 1"), "{}", text(&answered));
+    let status = run.wait().expect("the run");
+    let t = log.lock().map(|l| l.clone()).unwrap_or_default();
+    assert_eq!(status.code(), Some(0), "{t}\ncoordinator:\n{}", cluster.log.lock().map(|l| l.clone()).unwrap_or_default());
+    assert!(t.contains("answer: minor"), "{t}");
+    let again = steppe(&["questions", "answer", "1", "major", "--coordinator", &cluster.url], &base);
+    assert!(!again.status.success() && text(&again).contains("already answered"), "{}", text(&again));
+}
+
 /// A job budget is one counter for every worker: four ensemble members on
 /// two workers, each turn 500 tokens, against a 3,000-token job budget.
 /// Alone, each member would spend up to the whole budget (12,000 together);

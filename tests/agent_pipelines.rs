@@ -86,7 +86,18 @@ fn denials_and_tokens_are_recorded() {
     let t = steppe(&["runs", "p.yml", "--transcript"]);
     assert!(t.contains("call     read_file") && t.contains("result   read_file") && t.contains("text") && t.contains("nope"), "{t}");
     let t = steppe(&["runs", "p.yml", "--cost"]);
-    assert!(t.contains("1,234") && t.contains("unpriced"), "{t}");
+    assert!(t.contains("1,234") && t.contains("unpriced"), "a model with no price is unpriced, not $0.00: {t}");
+    // Priced by a price file: 1,234 tokens split 80/20 by the scripted model, at $1 in and $2 out per million.
+    std::fs::write(work.join("prices.json"), r#"{"qwen/qwen3.7-flash": {"input": 1, "output": 2}}"#).expect("write");
+    let o = Command::new(env!("CARGO_BIN_EXE_steppe")).args(["test", "p.yml", "--script", "s.yaml"]).env("STEPPE_PRICES", work.join("prices.json")).current_dir(&work).output().expect("run");
+    assert!(String::from_utf8_lossy(&o.stdout).contains("usage: 1,234 tokens"), "{}", String::from_utf8_lossy(&o.stdout));
+    let t = steppe(&["runs", "p.yml", "--cost"]);
+    let newest = t.lines().nth(1).unwrap_or_default();
+    assert!(newest.contains("1,234") && newest.contains("$0.0015"), "{t}");
+    assert!(t.lines().any(|l| l.starts_with("total") && l.contains("2,468") && l.contains("≥$0.0015")), "one run priced, one not: {t}");
+    let run = newest.split_whitespace().next().unwrap_or_default().to_string();
+    let t = steppe(&["runs", "p.yml", "--cost", "--run", &run]);
+    assert!(t.lines().any(|l| l.starts_with("snoop") && l.contains("$0.0015") && l.contains("stop")), "{t}");
 }
 
 /// `--answer` answers ask_user ahead; with no answer and no default the step is aborted.
@@ -166,202 +177,6 @@ fn a_refused_web_fetch_is_a_recorded_denial() {
     assert!(t.contains("sandbox: 1 tool call(s) refused"), "{t}");
     let (_, t) = steppe(&["runs", "p.yml", "--steps"]);
     assert!(t.contains("denied: web_fetch https://issues.example/open — host \"issues.example\", which is not in this tool's allow: list (specification.website)"), "{t}");
-}
-
-/// The Python interpreter of the suite's venv (scripts/test installs the `mcp` SDK there).
-fn venv_python() -> String {
-    std::env::var_os("STEPPE_VENV").map(|v| std::path::PathBuf::from(v).join("bin/python")).filter(|p| p.exists()).map(|p| p.display().to_string()).unwrap_or_else(|| "python3".into())
-}
-
-/// Tools of real MCP servers (the Python SDK's), over stdio and over
-/// streamable HTTP with a bearer token: listed, narrowed to the grant,
-/// called, their results and errors reaching the model; the stdio server
-/// sees the host allowlist only, never the worker's secrets.
-#[test]
-fn mcp_tools_over_stdio_and_http_reach_the_model() {
-    mcp_tools_reach_the_model(None);
-}
-
-/// The same through a coordinator: the worker starts the stdio server and
-/// holds the token, the coordinator neither.
-#[test]
-fn mcp_tools_reach_the_model_through_a_cluster() {
-    let dir = common::scratch("agents-mcp-cluster");
-    let (mut coord, url, _log) = common::serving_logged(&["coordinator", "--listen", "127.0.0.1:0", "--workers", "0", "--state", "state"], &dir);
-    let mut worker = common::child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
-        .args(["worker", "--coordinator", &url, "--slots", "1"])
-        .env("FIXTURE_TOKEN", "s3cr3t-fixture-token")
-        .env("FIXTURE_PRIVATE_KEY", "never-passed-to-the-server")
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("worker");
-    mcp_tools_reach_the_model(Some(&url));
-    common::stop([&mut worker, &mut coord]);
-}
-
-fn mcp_tools_reach_the_model(coordinator: Option<&str>) {
-    use std::io::BufRead;
-    let work = std::env::temp_dir().join(format!("steppe-agents-mcp-{}-{}", std::process::id(), coordinator.is_some()));
-    let _ = std::fs::remove_dir_all(&work);
-    std::fs::create_dir_all(&work).expect("mkdir");
-    let python = venv_python();
-    let server = common::repo("tests/support/mcp_server.py").display().to_string();
-    let mut http = common::child_of_this_test(&python).args([server.as_str(), "http", "s3cr3t-fixture-token"]).stdout(std::process::Stdio::piped()).spawn().expect("the HTTP MCP server");
-    let mut first = String::new();
-    std::io::BufReader::new(http.stdout.take().expect("stdout")).read_line(&mut first).expect("its port");
-    let endpoint = format!("http://127.0.0.1:{}/mcp", first.trim());
-    std::fs::write(
-        work.join("p.yml"),
-        "mcp_servers:\n- name: fixture\n  command: ((python))\n  args: [((server)), stdio]\n- name: remote\n  endpoint: ((endpoint))\n  auth: {type: bearer, api_key_env: FIXTURE_TOKEN}\n\
-         agents:\n- name: researcher\n  source: {model: openrouter/x/y}\n  tools:\n  - {mcp: fixture, tool: lookup, required: true}\n  - {mcp: fixture, tools: [add, boom, env_names]}\n  - {mcp: remote}\n\
-         jobs:\n- name: look\n  plan:\n  - agent: researcher\n    messages: [Look up alpha.]\n    assert:\n      tool_calls:\n      - name: fixture__lookup\n        args: {key: alpha}\n\
-         - name: narrowed\n  plan:\n  - agent: researcher\n    tools: [fixture__lookup]\n    messages: [Look up alpha.]\n",
-    )
-    .expect("write");
-    // Each rule answers the newest result: lookup → add → boom → the remote lookup → env_names → done.
-    std::fs::write(
-        work.join("s.yaml"),
-        r#"model:
-  rules:
-    - when: {tool_result_contains: "env: "}
-      say: done
-    - when: {tool_result_contains: "remote: last letter"}
-      call: fixture__env_names
-      args: {}
-    - when: {tool_result_contains: "failed on purpose"}
-      call: remote__lookup
-      args: {key: omega}
-    - when: {tool_result_contains: '"result":5'}
-      call: fixture__boom
-      args: {}
-    - when: {tool_result_contains: "local: first letter"}
-      call: fixture__add
-      args: {a: 2, b: 3}
-    - when: {offers_tool: fixture__add}
-      call: fixture__lookup
-      args: {key: alpha}
-    - when: {has_tool_results: false}
-      call: fixture__lookup
-      args: {key: omega}
-    - say: only lookup here
-"#,
-    )
-    .expect("write");
-    let remote: Vec<&str> = coordinator.map(|u| vec!["--coordinator", u]).unwrap_or_default();
-    let steppe = |job: &str| {
-        let o = Command::new(env!("CARGO_BIN_EXE_steppe"))
-            .args(["run", "p.yml", "--job", job, "--script", "s.yaml", "--var", &format!("python={python}"), "--var", &format!("server={server}"), "--var", &format!("endpoint={endpoint}")])
-            .args(&remote)
-            .current_dir(&work)
-            .env_remove("STEPPE_MODEL")
-            .env("FIXTURE_TOKEN", "s3cr3t-fixture-token")
-            .env("FIXTURE_PRIVATE_KEY", "never-passed-to-the-server")
-            .output()
-            .expect("run");
-        (o.status.code(), format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)))
-    };
-    let (code, t) = steppe("look");
-    assert_eq!(code, Some(0), "{t}");
-    for call in ["→ fixture__lookup", "→ fixture__add", "→ fixture__boom", "→ remote__lookup", "→ fixture__env_names"] {
-        assert!(t.contains(call), "{call} in {t}");
-    }
-    let transcript = Command::new(env!("CARGO_BIN_EXE_steppe")).args(["runs", "p.yml", "--transcript"]).args(&remote).current_dir(&work).output().expect("runs");
-    let transcript = String::from_utf8_lossy(&transcript.stdout).to_string();
-    assert!(transcript.contains("local: first letter") && transcript.contains("remote: last letter"), "{transcript}");
-    assert!(transcript.contains("the fixture failed on purpose"), "a failed call reaches the model as an error: {transcript}");
-    assert!(transcript.contains("PATH") && !transcript.contains("FIXTURE_PRIVATE_KEY") && !transcript.contains("FIXTURE_TOKEN"), "the stdio server sees the host allowlist only: {transcript}");
-    // A step that narrows the grant to one tool is offered that tool only.
-    let (code, t) = steppe("narrowed");
-    assert_eq!(code, Some(0), "{t}");
-    assert!(t.contains("→ fixture__lookup {\"key\":\"omega\"}") && t.contains("only lookup here") && !t.contains("→ fixture__add"), "{t}");
-    let _ = http.kill();
-    let _ = http.wait();
-}
-
-/// `steppe mcp list` probes every declared server (exit 0 whatever they
-/// say); `steppe mcp tools` lists one server's tools as they are granted.
-#[test]
-fn mcp_list_and_tools_probe_the_declared_servers() {
-    let work = std::env::temp_dir().join(format!("steppe-agents-mcp-list-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&work);
-    std::fs::create_dir_all(&work).expect("mkdir");
-    let server = common::repo("tests/support/mcp_server.py").display().to_string();
-    std::fs::write(
-        work.join("p.yml"),
-        format!("mcp_servers:\n- name: fixture\n  command: {}\n  args: [{server}, stdio]\n- name: down\n  endpoint: http://127.0.0.1:9/mcp\njobs:\n- name: j\n  plan:\n  - task: t\n    run: 'true'\n", venv_python()),
-    )
-    .expect("write");
-    let steppe = |args: &[&str]| {
-        let o = Command::new(env!("CARGO_BIN_EXE_steppe")).args(args).current_dir(&work).output().expect("run");
-        (o.status.code(), format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)))
-    };
-    let (code, t) = steppe(&["mcp", "list", "p.yml"]);
-    assert_eq!(code, Some(0), "{t}");
-    let row = |name: &str| t.lines().find(|l| l.starts_with(name)).unwrap_or_default().to_string();
-    assert!(row("fixture").contains("stdio") && row("fixture").ends_with("ok: 7 tool(s)"), "{t}");
-    assert!(row("down").contains("unreachable: MCP server \"down\": connecting to http://127.0.0.1:9/mcp") && !row("down").contains("rmcp::"), "{t}");
-    let (_, t) = steppe(&["mcp", "list", "p.yml", "--offline"]);
-    assert_eq!(t.matches("not probed (--offline)").count(), 2, "{t}");
-    let (code, t) = steppe(&["mcp", "tools", "p.yml", "fixture"]);
-    assert_eq!(code, Some(0), "{t}");
-    assert!(t.contains("fixture__lookup\n    Look up a key in the fixture's table.") && t.contains("fixture__boom"), "{t}");
-    let (code, t) = steppe(&["mcp", "tools", "p.yml", "nope"]);
-    assert_eq!(code, Some(2));
-    assert!(t.contains("no MCP server \"nope\" in p.yml (it declares: fixture, down)"), "{t}");
-}
-
-/// An MCP-backed resource type: check lists the versions, in fetches the
-/// newest (version.json beside the tool's text), out publishes with params
-/// read from the put's inputs ({file: PATH}) and rendered into the tool's args.
-#[test]
-fn an_mcp_backed_resource_type_checks_fetches_and_publishes() {
-    let work = std::env::temp_dir().join(format!("steppe-agents-mcp-resource-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&work);
-    std::fs::create_dir_all(&work).expect("mkdir");
-    let server = common::repo("tests/support/mcp_server.py").display().to_string();
-    let log = work.join("published.log");
-    std::fs::write(
-        work.join("p.yml"),
-        format!(
-            "mcp_servers:\n- name: tracker\n  command: {}\n  args: [{server}, stdio]\n\
-             resource_types:\n- name: issue\n  config:\n    mcp:\n      server: tracker\n      check: {{tool: versions}}\n      in: {{tool: fetch, args: {{id: '{{{{ .version.id }}}}'}}}}\n      out: {{tool: publish, args: {{title: '{{{{ .params.title }}}}', body: '{{{{ .params.body }}}}', log: {}}}}}\n\
-             resources:\n- name: bugs\n  type: issue\n  source: {{project: demo}}\n\
-             jobs:\n- name: sync\n  plan:\n  - get: bugs\n  - task: read\n    inputs: [bugs]\n    run: cat bugs/version.json bugs/content-0.txt\n\
-             \x20 - task: write\n    outputs: [note]\n    run: echo 'from the pipeline' > note/body.txt\n\
-             \x20 - put: bugs\n    inputs: [note]\n    params: {{title: Nightly, body: {{file: note/body.txt}}}}\n",
-            venv_python(),
-            log.display()
-        ),
-    )
-    .expect("write");
-    let o = Command::new(env!("CARGO_BIN_EXE_steppe")).args(["run", "p.yml"]).current_dir(&work).output().expect("run");
-    let t = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-    assert_eq!(o.status.code(), Some(0), "{t}");
-    assert!(t.contains("[read]   \"id\": \"2\",") && t.contains("}issue 2 text"), "the newest version (version.json, no newline added) and its text: {t}");
-    assert_eq!(std::fs::read_to_string(&log).unwrap_or_default(), "Nightly: from the pipeline\n", "{t}");
-}
-
-/// A grant that cannot be served fails its step before the conversation
-/// starts, naming the server — never a step run with fewer tools.
-#[test]
-fn a_grant_that_cannot_be_served_fails_before_the_step_starts() {
-    let work = std::env::temp_dir().join(format!("steppe-agents-mcp-down-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&work);
-    std::fs::create_dir_all(&work).expect("mkdir");
-    std::fs::write(
-        work.join("p.yml"),
-        "mcp_servers:\n- name: tracker\n  endpoint: http://127.0.0.1:9/mcp\n- name: missing\n  command: ./no-such-server\nagents:\n- name: w\n  source: {model: openrouter/x/y}\n  tools: [read_file, {mcp: tracker}]\n- name: v\n  source: {model: openrouter/x/y}\n  tools: [{mcp: missing}]\n\
-         jobs:\n- name: granted\n  plan:\n  - agent: w\n    messages: [Look.]\n- name: narrowed\n  plan:\n  - agent: w\n    tools: [read_file]\n    messages: [Look.]\n- name: unstartable\n  plan:\n  - agent: v\n    messages: [Look.]\n",
-    )
-    .expect("write");
-    std::fs::write(work.join("s.yaml"), "model:\n  rules:\n    - say: done\n").expect("write");
-    let o = Command::new(env!("CARGO_BIN_EXE_steppe")).args(["test", "p.yml", "--script", "s.yaml"]).current_dir(&work).env_remove("STEPPE_MODEL").output().expect("run");
-    let t = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-    assert_eq!(o.status.code(), Some(2), "{t}");
-    assert!(t.contains("FAIL granted") && t.contains("MCP server \"tracker\": connecting to http://127.0.0.1:9/mcp"), "{t}");
-    assert!(t.contains("FAIL unstartable") && t.contains("MCP server \"missing\" could not start (./no-such-server)"), "{t}");
-    assert!(t.contains("PASS narrowed"), "a step that leaves the server out runs: {t}");
-    assert!(!t.contains("MCP server(s)") && !t.contains("not honoured"), "{t}");
 }
 
 /// A model that fails a request is retried, and the retry is said: why, the
@@ -542,7 +357,7 @@ fn preflight_pins_a_fallback_or_fails_the_job_before_its_steps() {
 
 /// ask_user on a terminal asks the person at it (through a pseudo-terminal
 /// made by `script`): an answer outside the options is asked again, the
-/// one typed reaches the model. Without a terminal nobody is asked.
+/// one typed reaches the model.
 #[test]
 fn ask_user_asks_the_person_at_the_terminal() {
     use std::io::Write;
@@ -603,9 +418,73 @@ fn ask_user_asks_the_person_at_the_terminal() {
     assert_eq!(status.code(), Some(0), "{t}");
     assert!(t.contains("? Which colour? [red | blue]") && t.contains("(answer with one of: red, blue)"), "{t}");
     assert!(t.contains("[painter] answer: blue") && t.contains("painting it as told"), "{t}");
-    // No terminal: nobody to ask, no default — the step is aborted, saying how to answer ahead.
-    let o = Command::new(env!("CARGO_BIN_EXE_steppe")).args(["run", "p.yml", "--script", "s.yaml"]).current_dir(&work).env_remove("STEPPE_MODEL").stdin(std::process::Stdio::null()).output().expect("run");
-    let t = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-    assert_eq!(o.status.code(), Some(130), "{t}");
-    assert!(t.contains("nobody answered") && !t.contains("? Which colour?"), "{t}");
+}
+
+/// With nobody at a terminal, `steppe run` parks an ask_user question in the
+/// pipeline's store: `steppe questions` lists it, `steppe questions answer`
+/// answers it and the run goes on; a second step asking the same question
+/// in the run gets the same answer without asking anyone. An answered
+/// question cannot be answered again.
+#[test]
+fn ask_user_parks_the_question_until_steppe_questions_answers_it() {
+    let work = std::env::temp_dir().join(format!("steppe-agents-ask-parked-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).expect("mkdir");
+    std::fs::write(
+        work.join("p.yml"),
+        "agents:\n- name: writer\n  source: {model: openrouter/x/y}\n  tools:\n  - builtin: ask_user\n    timeout: 2m\njobs:\n- name: release\n  plan:\n  - agent: writer\n    messages: [Ask which bump this is.]\n    assert: {stdout: minor}\n  - agent: writer\n    messages: [Ask again.]\n    assert: {stdout: minor}\n",
+    )
+    .expect("write");
+    std::fs::write(
+        work.join("s.yaml"),
+        "model:\n  rules:\n    - when: {tool_result_contains: '\"answer\":\"minor\"'}\n      say: minor\n    - call: ask_user\n      args: {question: Which bump is this release?, options: [major, minor, patch]}\n",
+    )
+    .expect("write");
+    let (mut child, log) = common::spawn_logged(&["run", "p.yml", "--script", "s.yaml"], &work);
+    common::wait_in_log(&log, "question 1: waiting up to 2m0s — steppe questions answer 1 <answer> -p p.yml", std::time::Duration::from_secs(60));
+    let (code, out, err) = common::run_steppe(&["questions", "-p", "p.yml"], &work);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("Which bump is this release?") && out.contains("options: major | minor | patch") && out.contains("writer") && out.contains("release"), "{out}");
+    let (code, out, err) = common::run_steppe(&["questions", "answer", "1", "minor", "-p", "p.yml"], &work);
+    assert_eq!((code, out.trim()), (0, "answered: question 1"), "{err}");
+    let status = child.wait().expect("the run");
+    let t = log.lock().map(|l| l.clone()).unwrap_or_default();
+    assert_eq!(status.code(), Some(0), "{t}");
+    assert!(t.contains("question 1: answered by") && t.contains("answered earlier in this run"), "{t}");
+    assert_eq!(t.matches("waiting up to").count(), 1, "the second step was not parked: {t}");
+    let (code, out, err) = common::run_steppe(&["questions", "answer", "1", "major", "-p", "p.yml"], &work);
+    assert!(code != 0 && err.contains("already answered") && err.contains("minor"), "{out}{err}");
+    let (code, out, _) = common::run_steppe(&["questions", "-p", "p.yml"], &work);
+    assert!(code == 0 && out.contains("no questions waiting"), "{out}");
+    let (code, _, err) = common::run_steppe(&["questions", "answer", "99", "x", "-p", "p.yml"], &work);
+    assert!(code != 0 && err.contains("no question 99"), "{err}");
+}
+
+/// A parked question nobody answers expires: with `default:` the model is
+/// told the default was used; without one the step is aborted.
+#[test]
+fn an_unanswered_parked_question_expires() {
+    let work = std::env::temp_dir().join(format!("steppe-agents-ask-expiry-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).expect("mkdir");
+    let pipeline = |default: &str| format!("agents:\n- name: w\n  source: {{model: openrouter/x/y}}\n  tools:\n  - builtin: ask_user\n    timeout: 1s\n{default}jobs:\n- name: j\n  plan:\n  - agent: w\n    messages: [Ask.]\n");
+    std::fs::write(work.join("d.yml"), pipeline("    default: patch\n")).expect("write");
+    std::fs::write(work.join("n.yml"), pipeline("")).expect("write");
+    std::fs::write(
+        work.join("s.yaml"),
+        "model:\n  rules:\n    - when: {tool_result_contains: '\"source\":\"default\"'}\n      say: going with the default\n    - call: ask_user\n      args: {question: Which bump?}\n",
+    )
+    .expect("write");
+    let run = |file: &str| {
+        let o = Command::new(env!("CARGO_BIN_EXE_steppe")).args(["run", file, "--script", "s.yaml"]).current_dir(&work).env_remove("STEPPE_MODEL").stdin(std::process::Stdio::null()).output().expect("run");
+        (o.status.code(), format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)))
+    };
+    let (code, t) = run("d.yml");
+    assert_eq!(code, Some(0), "{t}");
+    assert!(t.contains("waiting up to 1s") && t.contains("answer: patch") && t.contains("going with the default"), "{t}");
+    let (code, t) = run("n.yml");
+    assert_eq!(code, Some(130), "aborted, not failed: {t}");
+    assert!(t.contains("nobody answered"), "{t}");
+    let (_, out, _) = common::run_steppe(&["questions", "-p", "n.yml"], &work);
+    assert!(out.contains("no questions waiting"), "an expired question is not left waiting: {out}");
 }

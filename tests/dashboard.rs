@@ -90,7 +90,8 @@ fn a_pipelines_dashboard_in_a_browser() {
     std::fs::write(
         work.join("p.yml"),
         format!(
-            "agents:\n- name: helper\n  source: {{model: openrouter/x/y}}\n  tools: [run_shell]\njobs:\n\
+            "agents:\n- name: helper\n  source: {{model: openrouter/x/y}}\n  tools: [run_shell]\n- name: asker\n  source: {{model: openrouter/x/y}}\n  tools: [{{builtin: ask_user, timeout: 2m}}]\njobs:\n\
+             - name: asks\n  plan:\n  - agent: asker\n    messages: [Ask which colour.]\n\
              - name: slow\n  plan:\n  - task: first\n    run: sleep 1; echo one\n  - in_parallel:\n    - {{task: left, run: sleep 1}}\n    - {{task: right, run: sleep 1.5}}\n  - task: last\n    run: sleep 0.5; echo done\n\
              - name: gated\n  plan:\n  - approval:\n      message: Ship it?\n      timeout: 2m\n  - task: deploy\n    run: echo deployed\n\
              - name: talk\n  plan:\n  - agent: helper\n    messages: [Look around.]\n\
@@ -148,6 +149,23 @@ fn a_pipelines_dashboard_in_a_browser() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("deployed"));
     b.goto(&format!("{url}/approvals"));
     assert!(!b.text_of("#approvals").contains("Ship it?"));
+
+    // A parked question answered from the page: the agent reads the answer.
+    std::fs::write(work.join("q.yaml"), "model:\n  rules:\n    - when: {tool_result_contains: '\"answer\":\"teal\"'}\n      say: painting it teal\n    - call: ask_user\n      args: {question: 'Which colour? <b>not bold</b>', options: [teal, red]}\n").expect("write");
+    let asks = child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(["run", "p.yml", "--job", "asks", "--script", "q.yaml"]).current_dir(&work).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().expect("run");
+    wait_for("the question listed", Duration::from_secs(20), || {
+        b.goto(&format!("{url}/approvals"));
+        b.text_of("#questions").contains("Which colour? <b>not bold</b>")
+    });
+    assert!(b.text_of("#questions").contains("options: teal | red") && b.text_of("#questions").contains("asker"), "{}", b.text_of("#questions"));
+    b.type_into("#questions input[name=answer]", "teal");
+    b.shot("questions");
+    b.click("#questions button");
+    let out = asks.wait_with_output().expect("wait");
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("painting it teal"), "{}", String::from_utf8_lossy(&out.stdout));
+    b.goto(&format!("{url}/approvals"));
+    assert!(b.text_of("#questions").contains("no question waits"), "{}", b.text_of("#questions"));
 
     // Hostile names and output stay text, on the runs list, the run and the step.
     b.goto(&format!("{url}/?job=hostile"));

@@ -10,11 +10,11 @@ use steppe_proto::v1::history_client::HistoryClient;
 use steppe_proto::v1::history_query::What;
 use steppe_proto::v1::history_server::History;
 use steppe_proto::v1::history_reply::Reply;
-use steppe_proto::v1::{self as v1, DecideReply, DecideRequest, HistoryQuery, HistoryReply, RunsQuery};
+use steppe_proto::v1::{self as v1, AnswerReply, AnswerRequest, DecideReply, DecideRequest, HistoryQuery, HistoryReply, RunsQuery};
 use steppe_runtime::auth::{Identity, Role};
-use steppe_runtime::store::{ApprovalRecord, LogLine, PipelineSummary, RunEvent, RunFilter, RunRecord, Scope, StepRecord, Store, StoreError};
+use steppe_runtime::store::{ApprovalRecord, LogLine, PipelineSummary, QuestionRecord, RunEvent, RunFilter, RunRecord, Scope, StepRecord, Store, StoreError};
 use steppe_runtime::wire::history::{
-    approval_from_wire, approval_to_wire, event_from_wire, event_to_wire, log_from_wire, log_to_wire, pipeline_from_wire, pipeline_to_wire, reply_kind, run_from_wire, run_to_wire, step_from_wire,
+    approval_from_wire, approval_to_wire, question_from_wire, question_to_wire, event_from_wire, event_to_wire, log_from_wire, log_to_wire, pipeline_from_wire, pipeline_to_wire, reply_kind, run_from_wire, run_to_wire, step_from_wire,
     step_to_wire,
 };
 use tonic::codegen::InterceptedService;
@@ -62,6 +62,11 @@ impl History for HistoryService {
                     let pipeline = nonempty(&q.pipeline);
                     Reply::Approvals(v1::ApprovalList { approvals: store.pending_approvals(who.team_filter(), pipeline.as_deref())?.into_iter().map(approval_to_wire).collect() })
                 }
+                What::Question(id) => Reply::Question(v1::FoundQuestion { question: store.question(id)?.filter(|q| who.sees(&q.team)).map(question_to_wire) }),
+                What::PendingQuestions(q) => {
+                    let pipeline = nonempty(&q.pipeline);
+                    Reply::Questions(v1::QuestionList { questions: store.pending_questions(who.team_filter(), pipeline.as_deref())?.into_iter().map(question_to_wire).collect() })
+                }
                 What::Spans(id) => Reply::Spans(v1::SpanList {
                     spans: if visible(&id)? { store.spans(&id)?.iter().map(steppe_runtime::wire::trace::span_to_wire).collect() } else { Vec::new() },
                 }),
@@ -89,6 +94,23 @@ impl History for HistoryService {
         .map_err(|e| Status::unavailable(e.to_string()))?
         .ok_or_else(|| Status::not_found(format!("no approval {} in your team's history", d.id)))?;
         Ok(Response::new(DecideReply { decided }))
+    }
+
+    async fn answer(&self, req: Request<AnswerRequest>) -> Result<Response<AnswerReply>, Status> {
+        let who = reader(Identity::of(&req))?;
+        let store = self.store.clone();
+        let a = req.into_inner();
+        let answered = tokio::task::spawn_blocking(move || -> Result<Option<bool>, StoreError> {
+            match store.question(a.id)? {
+                Some(q) if who.sees(&q.team) => store.settle_question(a.id, Some(&a.answer), &format!("person:{}", a.answerer), steppe_runtime::store::now_ms()).map(Some),
+                _ => Ok(None),
+            }
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?
+        .map_err(|e| Status::unavailable(e.to_string()))?
+        .ok_or_else(|| Status::not_found(format!("no question {} in your team's history", a.id)))?;
+        Ok(Response::new(AnswerReply { answered }))
     }
 }
 
@@ -248,6 +270,31 @@ impl Store for RemoteStore {
         let req = DecideRequest { id, approve, reason: reason.to_string(), approver: approver.to_string() };
         let reply = self.rt.block_on(client.decide(req)).map_err(|s| self.err(s.message()))?;
         Ok(reply.into_inner().decided)
+    }
+    fn ask_question(&self, _: &QuestionRecord) -> Result<(QuestionRecord, bool), StoreError> {
+        Err(self.read_only())
+    }
+    fn question(&self, id: i64) -> Result<Option<QuestionRecord>, StoreError> {
+        match self.ask(What::Question(id))? {
+            Reply::Question(found) => Ok(found.question.map(question_from_wire)),
+            other => Err(self.unexpected("a question", &other)),
+        }
+    }
+    fn pending_questions(&self, _team: Option<&str>, pipeline: Option<&str>) -> Result<Vec<QuestionRecord>, StoreError> {
+        match self.ask(What::PendingQuestions(v1::PendingQuery { pipeline: pipeline.unwrap_or_default().to_string() }))? {
+            Reply::Questions(l) => Ok(l.questions.into_iter().map(question_from_wire).collect()),
+            other => Err(self.unexpected("pending questions", &other)),
+        }
+    }
+    /// Only a person's answer goes over the wire (`source` is `person:<name>`).
+    fn settle_question(&self, id: i64, answer: Option<&str>, source: &str, _: i64) -> Result<bool, StoreError> {
+        let (Some(answer), Some(answerer)) = (answer, source.strip_prefix("person:")) else {
+            return Err(self.read_only());
+        };
+        let mut client = self.client.clone();
+        let req = AnswerRequest { id, answer: answer.to_string(), answerer: answerer.to_string() };
+        let reply = self.rt.block_on(client.answer(req)).map_err(|s| self.err(s.message()))?;
+        Ok(reply.into_inner().answered)
     }
     fn record_versions(&self, _: &Scope, _: &str, _: &[serde_json::Value]) -> Result<(), StoreError> {
         Err(self.read_only())

@@ -142,6 +142,7 @@ impl RunService {
         engine.decide_with = "--coordinator URL".into();
         engine.trace_parent = self.trace_parent.clone();
         engine.preflight = !req.no_preflight;
+        engine.park_questions = !req.test;
         engine.submission = Some(Arc::new(crate::engine::Submission::new(root.to_path_buf(), sub_dir, self.svc.store.clone())));
         if !req.pool.is_empty() {
             if let Err(e) = steppe_runtime::queue::check_pool_name(&req.pool) {

@@ -82,6 +82,32 @@ impl Coordinator for WorkerService {
         }
     }
 
+    async fn ask(&self, req: Request<steppe_proto::v1::QuestionRecord>) -> Result<Response<steppe_proto::v1::AskReply>, Status> {
+        steppe_runtime::auth::require(steppe_runtime::auth::Identity::of(&req), &[steppe_runtime::auth::Role::Worker, steppe_runtime::auth::Role::Admin], "ask a question")?;
+        let q = steppe_runtime::wire::history::question_from_wire(req.into_inner());
+        match self.dispatcher.ledger.ask(q).await {
+            Ok((q, filed)) => Ok(Response::new(steppe_proto::v1::AskReply { question: Some(steppe_runtime::wire::history::question_to_wire(q)), filed })),
+            Err(e) => Err(Status::unavailable(format!("filing a question: {e}"))),
+        }
+    }
+
+    async fn question(&self, req: Request<steppe_proto::v1::QuestionRef>) -> Result<Response<steppe_proto::v1::FoundQuestion>, Status> {
+        steppe_runtime::auth::require(steppe_runtime::auth::Identity::of(&req), &[steppe_runtime::auth::Role::Worker, steppe_runtime::auth::Role::Admin], "read a question")?;
+        match self.dispatcher.ledger.question(req.into_inner().id).await {
+            Ok(q) => Ok(Response::new(steppe_proto::v1::FoundQuestion { question: q.map(steppe_runtime::wire::history::question_to_wire) })),
+            Err(e) => Err(Status::unavailable(format!("reading a question: {e}"))),
+        }
+    }
+
+    async fn settle(&self, req: Request<steppe_proto::v1::SettleRequest>) -> Result<Response<steppe_proto::v1::SettleReply>, Status> {
+        steppe_runtime::auth::require(steppe_runtime::auth::Identity::of(&req), &[steppe_runtime::auth::Role::Worker, steppe_runtime::auth::Role::Admin], "answer a question")?;
+        let r = req.into_inner();
+        match self.dispatcher.ledger.settle(r.id, r.answer.as_deref(), &r.source).await {
+            Ok(settled) => Ok(Response::new(steppe_proto::v1::SettleReply { settled })),
+            Err(e) => Err(Status::unavailable(format!("recording an answer: {e}"))),
+        }
+    }
+
     async fn session(&self, req: Request<Streaming<WorkerMessage>>) -> Result<Response<Self::SessionStream>, Status> {
         let peer = req.remote_addr().map(|a| a.to_string()).unwrap_or_else(|| "unknown".into());
         let who = steppe_runtime::auth::require(steppe_runtime::auth::Identity::of(&req), &[steppe_runtime::auth::Role::Worker, steppe_runtime::auth::Role::Admin], "serve assignments")?;

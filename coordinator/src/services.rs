@@ -190,6 +190,7 @@ pub fn make_engine_with(
         trace_parent: None,
         masked_env,
         preflight: true,
+        park_questions: true,
     }
 }
 

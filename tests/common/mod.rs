@@ -135,6 +135,49 @@ pub fn serving_child_logged(child: std::process::Child) -> (std::process::Child,
     (child, url, log)
 }
 
+/// `steppe ARGS` in `dir` started in the background with no terminal
+/// (stdin closed), everything it prints kept in a [`Log`].
+pub fn spawn_logged(args: &[&str], dir: &Path) -> (std::process::Child, Log) {
+    let mut child = child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("STEPPE_MODEL")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn steppe");
+    let log = Log::default();
+    let (stdout, stderr) = (child.stdout.take().expect("stdout"), child.stderr.take().expect("stderr"));
+    let sources: [Box<dyn std::io::Read + Send>; 2] = [Box::new(stdout), Box::new(stderr)];
+    for src in sources {
+        let log = log.clone();
+        std::thread::spawn(move || {
+            for l in std::io::BufRead::lines(std::io::BufReader::new(src)).map_while(Result::ok) {
+                if let Ok(mut g) = log.lock() {
+                    g.push_str(&l);
+                    g.push('\n');
+                }
+            }
+        });
+    }
+    (child, log)
+}
+
+/// Waits up to `limit` for `log` to hold `what`; panics showing the log.
+pub fn wait_in_log(log: &Log, what: &str, limit: Duration) {
+    let t0 = Instant::now();
+    while !log.lock().map(|l| l.contains(what)).unwrap_or(false) {
+        assert!(t0.elapsed() < limit, "{what:?} never showed; the process printed:\n{}", log.lock().map(|l| l.clone()).unwrap_or_default());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The Python interpreter of the suite's venv (scripts/test installs the `mcp` SDK there).
+pub fn venv_python() -> String {
+    std::env::var_os("STEPPE_VENV").map(|v| std::path::PathBuf::from(v).join("bin/python")).filter(|p| p.exists()).map(|p| p.display().to_string()).unwrap_or_else(|| "python3".into())
+}
+
 /// A path of this repository (`tests/run`, `docs`, `deploy/build-image.sh`).
 pub fn repo(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel)

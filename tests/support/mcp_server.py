@@ -83,6 +83,8 @@ def serve_http(token: str) -> None:
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
+    # Listening before the port is told: a client connecting at once waits in the backlog.
+    sock.listen(128)
     print(sock.getsockname()[1], flush=True)
     config = uvicorn.Config(guarded, log_level="warning", lifespan="on")
     uvicorn.Server(config).run(sockets=[sock])

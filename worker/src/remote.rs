@@ -158,6 +158,31 @@ impl Ledger for CoordinatorLedger {
             c.spend(SpendRequest { counter: counter.to_string(), tokens }).await.map(|r| r.into_inner().total).map_err(|s| format!("the coordinator: {}", s.message()))
         })
     }
+
+    fn ask<'a>(&'a self, q: steppe_runtime::store::QuestionRecord) -> steppe_runtime::budget::LedgerFuture<'a, (steppe_runtime::store::QuestionRecord, bool)> {
+        Box::pin(async move {
+            let mut c = self.0.clone();
+            let r = c.ask(steppe_runtime::wire::history::question_to_wire(q)).await.map_err(|s| format!("the coordinator: {}", s.message()))?.into_inner();
+            let q = r.question.ok_or("the coordinator filed no question")?;
+            Ok((steppe_runtime::wire::history::question_from_wire(q), r.filed))
+        })
+    }
+
+    fn question(&self, id: i64) -> steppe_runtime::budget::LedgerFuture<'_, Option<steppe_runtime::store::QuestionRecord>> {
+        Box::pin(async move {
+            let mut c = self.0.clone();
+            let r = c.question(steppe_proto::v1::QuestionRef { id }).await.map_err(|s| format!("the coordinator: {}", s.message()))?.into_inner();
+            Ok(r.question.map(steppe_runtime::wire::history::question_from_wire))
+        })
+    }
+
+    fn settle<'a>(&'a self, id: i64, answer: Option<&'a str>, source: &'a str) -> steppe_runtime::budget::LedgerFuture<'a, bool> {
+        Box::pin(async move {
+            let mut c = self.0.clone();
+            let req = steppe_proto::v1::SettleRequest { id, answer: answer.map(str::to_string), source: source.to_string() };
+            c.settle(req).await.map(|r| r.into_inner().settled).map_err(|s| format!("the coordinator: {}", s.message()))
+        })
+    }
 }
 
 impl Running {

@@ -25,6 +25,18 @@ impl Coordinator for Stand {
         Err(Status::unimplemented("this stand keeps no budgets"))
     }
 
+    async fn ask(&self, _: Request<v1::QuestionRecord>) -> Result<Response<v1::AskReply>, Status> {
+        Err(Status::unimplemented("this stand keeps no questions"))
+    }
+
+    async fn question(&self, _: Request<v1::QuestionRef>) -> Result<Response<v1::FoundQuestion>, Status> {
+        Err(Status::unimplemented("this stand keeps no questions"))
+    }
+
+    async fn settle(&self, _: Request<v1::SettleRequest>) -> Result<Response<v1::SettleReply>, Status> {
+        Err(Status::unimplemented("this stand keeps no questions"))
+    }
+
     async fn session(&self, req: Request<Streaming<WorkerMessage>>) -> Result<Response<Self::SessionStream>, Status> {
         let mut inbound = req.into_inner();
         let (tx, rx) = mpsc::channel(16);

@@ -353,7 +353,7 @@ fn decide(args: &DecideArgs, approve: bool) -> Result<ExitCode> {
     let h = History::open(pipeline.as_deref(), None, &args.remote)?;
     let reason = args.reason.as_str();
     let store = h.store.as_ref().with_context(|| format!("nothing has run yet for {}", h.label))?;
-    let approver = ["STEPPE_APPROVER", "USER", "LOGNAME"].iter().find_map(|v| std::env::var(v).ok().filter(|s| !s.is_empty())).unwrap_or_else(|| "unknown".into());
+    let approver = steppe_runtime::store::person_here();
     let Some(rec) = store.approval(id)? else {
         anyhow::bail!("no approval {id} for {}", h.label);
     };
@@ -372,21 +372,32 @@ fn runs_cost(h: &History, job: Option<&str>, limit: usize, run: Option<&str>) ->
         say!("no runs recorded for {}", h.label);
         return Ok(ExitCode::SUCCESS);
     };
+    use steppe_runtime::prices::{show_cost, Spend};
     match run {
         None => {
-            say!("{:<26} {:>12} {:>11} {:>6}", "RUN", "TOKENS", "COST", "STEPS");
+            say!("{:<26} {:<16} {:>12} {:>7} {:>11} {:>6}", "RUN", "JOB", "TOKENS", "CACHED", "COST", "STEPS");
+            let (mut all, mut all_steps, mut all_priced) = (Spend::default(), 0, 0);
             for r in h.runs(store.as_ref(), job, limit)? {
-                let steps = store.steps(&r.id)?;
-                let agent: Vec<_> = steps.iter().filter(|s| s.tokens.is_some()).collect();
-                let tokens: i64 = agent.iter().filter_map(|s| s.tokens).sum();
-                // Hosted providers report tokens, not dollars: no cost is recorded, which is not $0.00.
-                say!("{:<26} {:>12} {:>11} {:>6}", r.id, thousands(tokens), "unpriced", agent.len());
+                let (spend, steps, priced) = Spend::total(&store.steps(&r.id)?);
+                // Unpriced (no provider cost, no price for the model) is not $0.00.
+                say!("{:<26} {:<16} {:>12} {:>7} {:>11} {:>6}", r.id, shown(&r.job), thousands(spend.tokens), spend.cached_share(), show_cost(spend.cost_usd, steps, priced), steps);
+                all.tokens += spend.tokens;
+                all.prompt += spend.prompt;
+                all.cached += spend.cached;
+                all.cost_usd = match (all.cost_usd, spend.cost_usd) {
+                    (Some(a), Some(b)) => Some(a + b),
+                    (a, b) => a.or(b),
+                };
+                (all_steps, all_priced) = (all_steps + steps, all_priced + priced);
             }
+            say!("{:<26} {:<16} {:>12} {:>7} {:>11} {:>6}", "total", "", thousands(all.tokens), all.cached_share(), show_cost(all.cost_usd, all_steps, all_priced), all_steps);
         }
         Some(id) => {
-            say!("{:<40} {:>12} {:>9}", "STEP", "TOKENS", "DURATION");
-            for s in store.steps(id)?.into_iter().filter(|s| s.tokens.is_some()) {
-                say!("{:<40} {:>12} {:>9}", shown(&s.name), thousands(s.tokens.unwrap_or(0)), fmt_ms(s.duration_ms));
+            say!("{:<40} {:>12} {:>7} {:>11} {:>9}  FINISH", "STEP", "TOKENS", "CACHED", "COST", "DURATION");
+            for s in store.steps(id)? {
+                let Some(spend) = Spend::of(&s) else { continue };
+                let finish = if spend.finish == "length" { "length <-- truncated".to_string() } else { spend.finish.clone() };
+                say!("{:<40} {:>12} {:>7} {:>11} {:>9}  {}", shown(&s.name), thousands(spend.tokens), spend.cached_share(), show_cost(spend.cost_usd, 1, usize::from(spend.cost_usd.is_some())), fmt_ms(s.duration_ms), finish);
             }
         }
     }

@@ -17,6 +17,7 @@ mod history_source;
 pub mod jobs;
 pub mod mcp;
 pub mod preflight;
+pub mod questions;
 pub mod log;
 pub mod reference;
 pub mod run;
@@ -66,6 +67,7 @@ pub enum Command {
     Runs(history::RunsArgs),
     Jobs(jobs::JobsArgs),
     Approvals(history::ApprovalsArgs),
+    Questions(questions::QuestionsArgs),
     Pipelines(history::PipelinesArgs),
     /// Approve a parked approval: the run continues.
     Approve(history::DecideArgs),
@@ -93,6 +95,7 @@ impl Command {
             Command::Runs(a) => a.run(),
             Command::Jobs(a) => a.run(),
             Command::Approvals(a) => a.run(),
+            Command::Questions(a) => a.run(),
             Command::Pipelines(a) => a.run(),
             Command::Approve(a) => a.run(true),
             Command::Reject(a) => a.run(false),

@@ -1,5 +1,6 @@
 //! `steppe preflight`: the model sources a pipeline's jobs would use, each
-//! asked for one token, as a run does before its first step.
+//! asked for one token, and the MCP servers they are granted, reached, as a
+//! run does before its first step.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -13,14 +14,18 @@ use super::{load_reporting, runtime, scratch};
 use crate::engine::JobRun;
 use crate::text::shown;
 
-/// Probe the models a pipeline's jobs use; run nothing.
+/// Probe the models and MCP servers a pipeline's jobs use; run nothing.
 ///
 /// Each agent a job reaches (its steps, hooks, fix agents and the sub-agents
 /// they grant) has its model source asked for one token; a primary that does
-/// not answer is replaced by the first fallback that does. Nothing is
-/// recorded. A source whose API key variable is not set here is not probed.
+/// not answer is replaced by the first fallback that does. The MCP servers
+/// it is granted tools of are reached: an HTTP server is connected to and
+/// the granted tool names looked up in its list; a stdio server's program
+/// is looked for on PATH. Nothing is recorded. A source (or an MCP server)
+/// whose key (or token) variable is not set here is not probed.
 ///
-/// Exit status: 0 when every agent has a source that answers, 2 otherwise.
+/// Exit status: 0 when every agent has a source that answers and MCP
+/// servers that serve its grants, 2 otherwise.
 ///
 /// Examples:
 ///   steppe preflight ci.yml
@@ -57,7 +62,7 @@ impl PreflightArgs {
             let report = rt.block_on(run.probe_sources());
             say!("job {}:", shown(&job.name));
             if report.ok.is_empty() && report.pinned.is_empty() && report.problems.is_empty() {
-                say!("  no model to probe");
+                say!("  nothing to probe");
             }
             for l in &report.ok {
                 say!("  ok: {}", shown(l));

@@ -13,7 +13,7 @@ use super::scenario::ScriptArgs;
 use super::{cores, load_reporting, runtime, scratch};
 use crate::engine;
 use crate::run_actor::{run_id, run_until_signal};
-use crate::services::{make_engine, parse_answers, start_services};
+use crate::services::{parse_answers, start_services};
 use crate::text::shown;
 
 /// Run one job of a pipeline, on this machine.
@@ -87,7 +87,7 @@ fn run_job(path: &Path, job: Option<&str>, script: &ScriptArgs, exec: &ExecArgs,
             Some(sc) => Some(sc.serve().await?),
             None => None,
         };
-        let engine = engine(&loaded, exec, scratch.path(), model.as_ref().map(|m| m.targets())).await?;
+        let engine = engine(&loaded, exec, scratch.path(), model.as_ref().map(|m| m.targets()), true).await?;
         anyhow::Ok((run_until_signal(&engine, &job, run_id()).await, model))
     })?;
     let outcome = steppe_runtime::outcome::Outcome::of(&result.result);
@@ -109,11 +109,15 @@ fn run_job(path: &Path, job: Option<&str>, script: &ScriptArgs, exec: &ExecArgs,
 }
 
 /// Builds the engine of embedded mode: services under the pipeline's `.steppe/`.
-pub(super) async fn engine(loaded: &steppe_language::Loaded, exec: &ExecArgs, scratch: &Path, scripted: Option<(String, Option<String>)>) -> Result<Arc<engine::Engine>> {
+/// `park_questions`: an unanswerable ask_user question waits in the store
+/// (`steppe run`), rather than taking its default or aborting (`steppe test`).
+pub(super) async fn engine(loaded: &steppe_language::Loaded, exec: &ExecArgs, scratch: &Path, scripted: Option<(String, Option<String>)>, park_questions: bool) -> Result<Arc<engine::Engine>> {
     let svc = start_services(&loaded.dir.join(".steppe"), &steppe_runtime::store::db_path(&loaded.path), scratch, exec.workers.unwrap_or_else(cores), exec.quiet, exec.listen.is_some()).await?;
     if let Some(addr) = exec.listen {
         crate::server::serve(&svc, addr, crate::server::ServeOptions::default())?;
     }
     let scope = steppe_runtime::store::Scope::new("", &crate::services::pipeline_name(exec.pipeline_name.as_deref(), &loaded.path)?);
-    Ok(make_engine(&svc, loaded, scope, parse_answers(&exec.answer)?, scripted, !exec.no_preflight))
+    let answers = parse_answers(&exec.answer)?;
+    let built = crate::services::make_engine_with(&svc, loaded, scope, answers, scripted, svc.cancel_tx.clone(), svc.cancel_rx.clone());
+    Ok(Arc::new(engine::Engine { preflight: !exec.no_preflight, park_questions, ..built }))
 }

@@ -65,7 +65,7 @@ fn test(path: &Path, only: Option<&str>, script: &ScriptArgs, exec: &ExecArgs, v
     };
     let targets = model.as_ref().map(|m| m.targets());
     let scratch = scratch()?;
-    let engine = rt.block_on(engine(&loaded, exec, scratch.path(), targets))?;
+    let engine = rt.block_on(engine(&loaded, exec, scratch.path(), targets, false))?;
     let jobs = match crate::services::pick_jobs(&loaded.pipeline.jobs, only, &path.display().to_string()) {
         Ok(j) => j,
         Err(e) => {

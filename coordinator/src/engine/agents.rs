@@ -202,7 +202,7 @@ impl JobRun {
         self.resolve_at(s, cell, vocab, 0)
     }
 
-    fn resolve_at(&self, s: &Step, cell: &Cell, vocab: Option<&[String]>, depth: usize) -> Result<AgentWork, StepError> {
+    pub(super) fn resolve_at(&self, s: &Step, cell: &Cell, vocab: Option<&[String]>, depth: usize) -> Result<AgentWork, StepError> {
         let name = s.agent.clone().unwrap_or_default();
         let def = self.agent_def(&name).ok_or_else(|| StepError::errored(format!("agent \"{name}\" is not declared")))?;
         let (primary, mut fallbacks) = self.sources_of(def)?;
@@ -217,6 +217,16 @@ impl JobRun {
             None => primary,
         };
         let wire_model_for_budget = primary.model.clone();
+        // `@claude/sonnet`: the claude CLI, asked for sonnet (the rest passed through untouched).
+        let cli = primary.model.strip_prefix('@').map(|spec| {
+            let (program, model) = spec.split_once('/').unwrap_or((spec, ""));
+            steppe_runtime::agent_work::CliWork {
+                program: program.to_string(),
+                model: model.to_string(),
+                project_settings: def.settings.as_deref() == Some("project"),
+                budget_usd: def.budget.as_ref().and_then(|b| b.usd),
+            }
+        });
         let (wire_model, base_url, key_env, key_required, string_choice) =
             (primary.model, primary.base_url, primary.api_key_env, primary.key_required, primary.string_tool_choice);
         let render = |t: &str| self.subst(t).and_then(|t| render_cell(&t, cell)).map_err(|e| StepError::errored(format!("{name}: {e}")));
@@ -276,7 +286,8 @@ impl JobRun {
             tools,
             verdicts,
             note_required: self.note_read(&name),
-            max_turns: s.max_turns.or(def.max_turns).unwrap_or(30).max(0) as u32,
+            // A CLI agent's turns are uncapped unless it says otherwise (seed 000).
+            max_turns: s.max_turns.or(def.max_turns).unwrap_or(if cli.is_some() { 0 } else { 30 }).max(0) as u32,
             attempts: s.attempts.or(def.attempts).unwrap_or(3).max(1) as u32,
             timeout_ms: if timeout.is_zero() { None } else { Some(timeout.as_millis() as u64) },
             temperature: def.temperature,
@@ -307,6 +318,7 @@ impl JobRun {
                 .unwrap_or(10)
                 .clamp(1, 100) as u32,
             session: steppe_runtime::agent_work::session_label(&self.job.name, &self.run_id, &name),
+            cli,
         })
     }
 
@@ -337,6 +349,9 @@ impl JobRun {
             // A person is asked at this process's terminal when the step runs here.
             inline: self.engine.submission.is_none() && matches!(self.engine.docker, super::docker::Docker::Local) && std::io::IsTerminal::is_terminal(&std::io::stdin()),
             timeout_ms: spec.and_then(|sp| sp.timeout).and_then(|t| t.to_std()).map(|t| t.as_millis() as u64),
+            park: self.engine.park_questions,
+            // `-p FILE` names an embedded run's store; a submitted run's is `--coordinator URL`.
+            answer_with: if self.engine.submission.is_some() { self.engine.decide_with.clone() } else { format!("-p {}", self.engine.decide_with) },
         })))
     }
 
@@ -350,10 +365,12 @@ impl JobRun {
             .or_else(|| self.engine.env_model.clone())
             .or_else(|| self.engine.pipeline.defaults.as_ref().and_then(|d| d.model.clone()))
             .ok_or_else(|| StepError::errored(format!("agent \"{name}\" has no model")))?;
-        if model.starts_with('@') {
-            return Err(StepError::errored(format!("agent \"{name}\": cli agents ({model}) are not supported by this build of steppe yet")));
-        }
         let src = def.source.clone().unwrap_or_default();
+        // A CLI holds its own conversation: no endpoint, and no mid-run cascade (§5.8).
+        if model.starts_with('@') {
+            let cli = Endpoint { model: model.clone(), base_url: String::new(), api_key_env: src.api_key_env.clone(), key_required: src.api_key_env.is_some(), string_tool_choice: false };
+            return Ok((cli, Vec::new()));
+        }
         let primary = self.endpoint(&src, &model, self.engine.scripted.as_deref());
         let fallbacks: Vec<Endpoint> = match (&self.engine.scripted, &self.engine.scripted_fallback) {
             // Under a scenario only the first fallback is pointed at the scenario's fallback script.

@@ -1,7 +1,9 @@
 //! Preflight: before a job's first step, each model source its agents use is
 //! asked for one token (an answer is trusted for a while); a primary that does
 //! not answer gives way to the first fallback that does, pinned for the
-//! process; when an agent has none, the job fails before any step runs.
+//! process; when an agent has none, the job fails before any step runs. The
+//! MCP servers they are granted are reached too (an HTTP server connected to
+//! and its granted tool names checked; a stdio server's program looked for).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -44,6 +46,11 @@ fn key_of(e: &Endpoint) -> String {
 /// Asks `e` for one token. A key variable not set here is not a failure:
 /// the worker that runs the step may hold it (and says so if not).
 pub(super) async fn probe(e: &Endpoint, timeout: Duration) -> Result<(), String> {
+    // A CLI agent (`@claude/…`): its program must be on PATH; it is a host subprocess wherever its tools run.
+    if let Some(spec) = e.model.strip_prefix('@') {
+        let program = spec.split_once('/').map_or(spec, |(p, _)| p);
+        return if on_path(program) { Ok(()) } else { Err(format!("{program} is not on PATH (install the {program} CLI, or give the agent a hosted model)")) };
+    }
     let key = e.api_key_env.as_deref().and_then(|v| std::env::var(v).ok()).filter(|k| !k.is_empty());
     if key.is_none() && e.key_required {
         return Ok(());
@@ -118,6 +125,8 @@ impl JobRun {
                 let fresh = trusted().lock().ok().and_then(|t| t.get(&key).copied()).is_some_and(|at| at.elapsed() < trust);
                 let r = match answered.get(&key) {
                     _ if fresh => Ok(()),
+                    // A submitted run's CLI is looked for by the worker that runs it, not here.
+                    _ if e.model.starts_with('@') && self.engine.submission.is_some() => Ok(()),
                     Some(r) => r.clone(),
                     None => {
                         let r = probe(e, timeout).await;
@@ -135,11 +144,11 @@ impl JobRun {
                         served = Some(i);
                         break;
                     }
-                    Err(why) => failed.push(format!("agent \"{}\": {} at {}: {why}", def.name, e.model, e.base_url)),
+                    Err(why) => failed.push(format!("agent \"{}\": {}: {why}", def.name, source_shown(e))),
                 }
             }
             match served {
-                Some(0) => report.ok.push(format!("agent \"{}\": {} at {}", def.name, primary.model, primary.base_url)),
+                Some(0) => report.ok.push(format!("agent \"{}\": {}", def.name, source_shown(&primary))),
                 Some(i) => {
                     let fb = &fallbacks[i - 1];
                     report.pinned.push(format!("agent {} runs on its fallback {} — {} is unavailable", def.name, fb.model, primary.model));
@@ -150,7 +159,101 @@ impl JobRun {
                 None => report.problems.extend(failed),
             }
         }
+        // The MCP servers of each agent step as the step narrows its grant.
+        let mut reached: HashMap<String, Result<(), String>> = HashMap::new();
+        let mut steps: Vec<steppe_language::model::Step> = Vec::new();
+        steppe_language::model::walk::each_step_of(&self.job, "", &mut |s, _| {
+            if s.agent.is_some() {
+                steps.push(s.clone());
+            }
+        });
+        let mut said: BTreeSet<String> = BTreeSet::new();
+        for step in steps {
+            let agent = step.agent.clone().unwrap_or_default();
+            if self.agent_def(&agent).is_some_and(|d| !d.preflight.unwrap_or(true)) {
+                continue;
+            }
+            // What does not resolve is said by the step itself.
+            let Ok(work) = self.resolve_at(&step, &Vec::new(), None, 0) else { continue };
+            for (name, r) in self.probe_mcp(&work, trust, &mut reached).await {
+                let (line, bad) = match r {
+                    Ok(server) => (format!("agent \"{name}\": MCP server \"{server}\""), false),
+                    Err(problem) => (format!("agent \"{name}\": {problem}"), true),
+                };
+                if said.insert(line.clone()) {
+                    if bad { report.problems.push(line) } else { report.ok.push(line) }
+                }
+            }
+        }
         report
+    }
+
+    /// Reaches the MCP servers a resolved agent step (and the agents it
+    /// delegates to or is answered by) is granted tools of, each once per
+    /// preflight (`reached`): per agent, each server's name or why it cannot
+    /// serve the grant.
+    async fn probe_mcp(self: &Arc<Self>, work: &steppe_runtime::agent_work::AgentWork, trust: Duration, reached: &mut HashMap<String, Result<(), String>>) -> Vec<(String, Result<String, String>)> {
+        use steppe_runtime::agent_work::{AgentWork, ToolDef};
+        let mut works: Vec<&AgentWork> = vec![work];
+        let mut out = Vec::new();
+        while let Some(w) = works.pop() {
+            works.extend(w.sub_agents.iter().map(|s| &s.work));
+            works.extend(w.ask.as_ref().and_then(|a| a.answered_by.as_ref()).map(|s| &s.work));
+            for server in &w.mcp_servers {
+                let grants: Vec<&ToolDef> = w.tools.iter().filter(|t| matches!(t, ToolDef::Mcp { server: s, .. } if s == &server.name)).collect();
+                if grants.is_empty() {
+                    continue;
+                }
+                let key = format!("mcp|{}|{}|{}|{:?}", server.name, server.endpoint.as_deref().unwrap_or_default(), server.command.join(" "), grants);
+                let fresh = trusted().lock().ok().and_then(|t| t.get(&key).copied()).is_some_and(|at| at.elapsed() < trust);
+                let r = match reached.get(&key) {
+                    _ if fresh => Ok(()),
+                    Some(r) => r.clone(),
+                    None => {
+                        let r = probe_mcp_server(server, &grants, &self.engine.dir).await;
+                        if r.is_ok() {
+                            if let Ok(mut t) = trusted().lock() {
+                                t.insert(key.clone(), Instant::now());
+                            }
+                        }
+                        reached.insert(key, r.clone());
+                        r
+                    }
+                };
+                out.push((w.agent.clone(), r.map(|()| server.name.clone())));
+            }
+        }
+        out
+    }
+}
+
+/// An HTTP server is connected to and its tools listed against the grant
+/// (a token variable not set here is the worker's to hold); a stdio server,
+/// started on the worker in the step's directory, has its program looked for.
+async fn probe_mcp_server(server: &steppe_runtime::agent_work::McpServerWork, grants: &[&steppe_runtime::agent_work::ToolDef], dir: &std::path::Path) -> Result<(), String> {
+    if server.endpoint.is_some() {
+        if server.bearer_env.as_deref().is_some_and(|v| std::env::var(v).map_or(true, |t| t.is_empty())) {
+            return Ok(());
+        }
+        return match steppe_worker::tools::mcp::McpSessions::open(std::slice::from_ref(server), grants, dir).await {
+            Ok(sessions) => {
+                sessions.close().await;
+                Ok(())
+            }
+            Err(e) => Err(steppe_runtime::secrets::mask(&e.to_string()).into_owned()),
+        };
+    }
+    let Some(program) = server.command.first() else { return Err(format!("MCP server \"{}\" has no command", server.name)) };
+    let found = if program.contains('/') {
+        let p = std::path::Path::new(program);
+        p.is_absolute() && p.exists() || !p.is_absolute()
+    } else {
+        on_path(program)
+    };
+    if found {
+        Ok(())
+    } else {
+        Err(format!("MCP server \"{}\" cannot start: {program:?} is not on PATH (install it, or name it by its path in command:)", server.name))
     }
 }
 
@@ -163,4 +266,18 @@ pub struct Report {
     pub pinned: Vec<String>,
     /// Agents none of whose sources answered: one line per source.
     pub problems: Vec<String>,
+}
+
+/// Whether `program` is a file in one of `$PATH`'s directories.
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|path| std::env::split_paths(&path).any(|d| d.join(program).is_file()))
+}
+
+/// A source as preflight names it: `model at URL`, or a CLI agent's `@cli/model`.
+fn source_shown(e: &Endpoint) -> String {
+    if e.base_url.is_empty() {
+        e.model.clone()
+    } else {
+        format!("{} at {}", e.model, e.base_url)
+    }
 }

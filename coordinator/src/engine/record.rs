@@ -50,7 +50,7 @@ impl JobRun {
                     }
                     response.truncate(cut);
                 }
-                json!({"verdict": o.verdict, "note": o.note, "turns": o.turns, "wrapped_up": o.wrapped_up, "fallback_model": o.fallback_model, "response": response, "trajectory": trajectory, "denials": o.denials, "transcript": o.transcript}).to_string()
+                json!({"verdict": o.verdict, "note": o.note, "turns": o.turns, "wrapped_up": o.wrapped_up, "fallback_model": o.fallback_model, "response": response, "trajectory": trajectory, "denials": o.denials, "transcript": o.transcript, "usage": usage_record(&o.usage)}).to_string()
             }),
         });
     }
@@ -99,4 +99,30 @@ pub(super) fn group(n: u64) -> String {
         out.push(c);
     }
     out
+}
+
+/// The price table: shipped, with `$STEPPE_PRICES`'s overrides (a file that
+/// does not load is said once, and the shipped prices serve).
+fn prices() -> &'static steppe_runtime::prices::Prices {
+    static PRICES: std::sync::OnceLock<steppe_runtime::prices::Prices> = std::sync::OnceLock::new();
+    PRICES.get_or_init(|| {
+        steppe_runtime::prices::Prices::from_env().unwrap_or_else(|e| {
+            eprintln!("warning: {e}; the shipped prices are used");
+            steppe_runtime::prices::Prices::shipped()
+        })
+    })
+}
+
+/// An agent step's usage as its record keeps it, priced: the provider's own
+/// cost when it reported one, else the price table's, else none (unpriced).
+fn usage_record(u: &steppe_runtime::agent_work::Usage) -> Value {
+    let (cost, priced_by) = match u.cost_usd {
+        Some(c) => (Some(c), Some("provider")),
+        None if u.responses > 0 => match prices().cost(&u.model, u) {
+            Some(c) => (Some(c), Some("table")),
+            None => (None, None),
+        },
+        None => (None, None),
+    };
+    json!({"prompt": u.prompt, "completion": u.completion, "cached": u.cached, "reasoning": u.reasoning, "finish": u.finish, "model": u.model, "responses": u.responses, "cost_usd": cost, "priced_by": priced_by})
 }

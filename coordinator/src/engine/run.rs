@@ -69,6 +69,9 @@ pub struct Engine {
     pub masked_env: Vec<String>,
     /// Probe the models a job uses before its first step (off: `--no-preflight`).
     pub preflight: bool,
+    /// An ask_user question nobody can answer at once waits in the store for
+    /// `steppe questions answer` (off under `steppe test`: nobody is there).
+    pub park_questions: bool,
 }
 
 impl Engine {

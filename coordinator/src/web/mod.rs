@@ -153,8 +153,8 @@ async fn runs(State(web): W, headers: HeaderMap, Query(q): Query<RunsQuery>) -> 
             if !outcome.is_empty() && r.outcome.as_deref().unwrap_or("running") != outcome {
                 continue;
             }
-            let tokens = store.steps(&r.id)?.iter().filter_map(|s| s.tokens).sum::<i64>();
-            out.push((r, tokens));
+            let (spend, steps, priced) = steppe_runtime::prices::Spend::total(&store.steps(&r.id)?);
+            out.push((r, spend.tokens, steppe_runtime::prices::show_cost(spend.cost_usd, steps, priced)));
         }
         Ok(out)
     })
@@ -244,8 +244,40 @@ async fn approvals(State(web): W, headers: HeaderMap) -> Response {
         Err(r) => return r,
     };
     let (store, team) = (web.store.clone(), c.who.team_filter().map(str::to_string));
-    match blocking(move || store.pending_approvals(team.as_deref(), None)).await {
-        Ok(list) => web.page(&c, "Approvals", &pages::approvals(&list, &c.csrf)),
+    match blocking(move || Ok((store.pending_approvals(team.as_deref(), None)?, store.pending_questions(team.as_deref(), None)?))).await {
+        Ok((list, questions)) => web.page(&c, "Approvals", &(pages::approvals(&list, &c.csrf) + &pages::questions(&questions, &c.csrf))),
+        Err(r) => r,
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct Answer {
+    #[serde(default)]
+    csrf: String,
+    answer: String,
+}
+
+/// An ask_user question answered from the page, as `steppe questions answer` does.
+async fn answer(State(web): W, headers: HeaderMap, Path(id): Path<i64>, Form(a): Form<Answer>) -> Response {
+    let c = match web.caller(&headers) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    if let Err(r) = web.check_post(&headers, &c, &a.csrf) {
+        return r;
+    }
+    if a.answer.trim().is_empty() {
+        return (StatusCode::BAD_REQUEST, "an empty answer").into_response();
+    }
+    let by = if c.who.team.is_empty() { "person:web".to_string() } else { format!("person:web ({})", c.who.team) };
+    let (store, who) = (web.store.clone(), c.who.clone());
+    let answered = blocking(move || match store.question(id)? {
+        Some(q) if who.sees(&q.team) => store.settle_question(id, Some(&a.answer), &by, steppe_runtime::store::now_ms()),
+        _ => Ok(false),
+    })
+    .await;
+    match answered {
+        Ok(_) => Redirect::to("/approvals").into_response(),
         Err(r) => r,
     }
 }
@@ -354,6 +386,7 @@ fn router(web: Arc<Web>) -> Router {
         .route("/runs/{id}/steps/{seq}", get(step))
         .route("/approvals", get(approvals))
         .route("/approvals/{id}", post(decide))
+        .route("/questions/{id}", post(answer))
         .route("/fleet", get(fleet))
         .route("/login", get(login_form).post(login))
         .route("/logout", post(logout))

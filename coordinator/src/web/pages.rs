@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use steppe_runtime::store::{step_states, ApprovalRecord, LogLine, RunEvent, RunRecord, StepRecord};
+use steppe_runtime::store::{step_states, ApprovalRecord, LogLine, QuestionRecord, RunEvent, RunRecord, StepRecord};
 use steppe_runtime::trace::SpanRecord;
 
 use super::html::{badge, esc, url};
@@ -18,13 +18,13 @@ fn took(r: &RunRecord, now_ms: i64) -> String {
 }
 
 /// The runs list with its filters.
-pub fn runs(list: &[(RunRecord, i64)], pipeline: &str, job: &str, outcome: &str, now_ms: i64) -> String {
+pub fn runs(list: &[(RunRecord, i64, String)], pipeline: &str, job: &str, outcome: &str, now_ms: i64) -> String {
     let opt = |v: &str| format!(r#"<option{}>{}</option>"#, if v == outcome { " selected" } else { "" }, esc(v));
     let outcomes: String = ["", "running", "succeeded", "failed", "errored", "aborted"].iter().map(|v| opt(v)).collect();
     let mut rows = String::new();
-    for (r, tokens) in list {
+    for (r, tokens, cost) in list {
         rows.push_str(&format!(
-            r#"<tr><td><a href="/runs/{}">{}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class="muted">unpriced</td></tr>"#,
+            r#"<tr><td><a href="/runs/{}">{}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class="cost">{}</td></tr>"#,
             url(&r.id),
             esc(&r.id),
             esc(&r.pipeline),
@@ -33,6 +33,7 @@ pub fn runs(list: &[(RunRecord, i64)], pipeline: &str, job: &str, outcome: &str,
             esc(&fmt_time(r.started_ms)),
             took(r, now_ms),
             if *tokens > 0 { tokens.to_string() } else { "-".into() },
+            esc(cost),
         ));
     }
     if rows.is_empty() {
@@ -239,6 +240,28 @@ pub fn approvals(list: &[ApprovalRecord], csrf: &str) -> String {
         rows = r#"<tr><td colspan="6" class="muted">nothing waits for a decision</td></tr>"#.into();
     }
     format!(r#"<h1>Approvals</h1><table id="approvals"><tr><th>ID</th><th>Pipeline</th><th>Job</th><th>Run</th><th>Message</th><th>Decide</th></tr>{rows}</table>"#)
+}
+
+/// ask_user questions waiting for a person, each with its answer field.
+pub fn questions(list: &[QuestionRecord], csrf: &str) -> String {
+    let mut rows = String::new();
+    for q in list {
+        let options = if q.options.is_empty() { String::new() } else { format!(r#"<div class="muted">options: {}</div>"#, esc(&q.options.join(" | "))) };
+        rows.push_str(&format!(
+            r#"<tr><td>{id}</td><td>{}</td><td>{}</td><td><a href="/runs/{}">{}</a></td><td>{}{options}</td><td><form method="post" action="/questions/{id}" class="inline"><input type="hidden" name="csrf" value="{csrf}"><input name="answer" id="answer-{id}" placeholder="answer"><button id="send-{id}">Answer</button></form></td></tr>"#,
+            esc(&q.pipeline),
+            esc(&q.agent),
+            url(&q.run_id),
+            esc(&q.run_id),
+            esc(&q.question),
+            id = q.id,
+            csrf = esc(csrf),
+        ));
+    }
+    if rows.is_empty() {
+        rows = r#"<tr><td colspan="6" class="muted">no question waits for an answer</td></tr>"#.into();
+    }
+    format!(r#"<h1>Questions</h1><table id="questions"><tr><th>ID</th><th>Pipeline</th><th>Agent</th><th>Run</th><th>Question</th><th>Answer</th></tr>{rows}</table>"#)
 }
 
 /// The sign-in form (a token, as the CLI's).

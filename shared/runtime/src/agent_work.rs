@@ -71,6 +71,22 @@ pub struct AgentWork {
     /// OpenRouter's `x-session-id` for its requests (prompt caching): the
     /// same for one agent throughout a run.
     pub session: String,
+    /// A CLI-backed agent (`@claude/<model>`): the CLI holds the conversation
+    /// and its tools are served to it over the loopback bridge.
+    pub cli: Option<CliWork>,
+}
+
+/// How a CLI-backed agent's CLI is run (agent-steps §5.9).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CliWork {
+    /// The program (`claude`), found on the worker's PATH.
+    pub program: String,
+    /// The model passed to it (`sonnet` of `@claude/sonnet`), untouched.
+    pub model: String,
+    /// `settings: project`: the repository's `.claude/` scope is loaded.
+    pub project_settings: bool,
+    /// `budget.usd`: the step's ceiling, handed down as what is left of it.
+    pub budget_usd: Option<f64>,
 }
 
 /// `<job>-<run>-<agent>`, each part kept to `[A-Za-z0-9._-]` (others become
@@ -128,6 +144,12 @@ pub struct AskSpec {
     pub inline: bool,
     /// How long a person is waited on; None: as long as it takes.
     pub timeout_ms: Option<u64>,
+    /// With nobody at a terminal, the question waits in the store until
+    /// it is answered (`steppe questions answer`) or expires.
+    pub park: bool,
+    /// How `steppe questions answer` reaches this run's store: the
+    /// pipeline file, or `--coordinator URL`.
+    pub answer_with: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -320,6 +342,70 @@ pub struct AgentOutcome {
     /// What happened, in order: the model's text, its calls, the results
     /// (each cut at 16 KiB; the whole capped at 256 KiB).
     pub transcript: Vec<TranscriptEvent>,
+    /// The providers' usage reports, added up (sub-agents' included).
+    pub usage: Usage,
+}
+
+/// Token counts as providers report them (`tokens` is what budgets compare).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct Usage {
+    pub prompt: u64,
+    pub completion: u64,
+    /// Prompt tokens read from the provider's cache (part of `prompt`).
+    pub cached: u64,
+    pub reasoning: u64,
+    /// What the provider said the requests cost (OpenRouter's `usage.cost`),
+    /// when every response said so.
+    pub cost_usd: Option<f64>,
+    /// How the last response ended (`stop`, `tool_calls`, `length`, …).
+    pub finish: String,
+    /// The model that served the last response (as the agent named it).
+    pub model: String,
+    /// Model responses counted.
+    pub responses: u32,
+}
+
+impl Usage {
+    /// Adds one response's `usage` object and finish reason.
+    pub fn add_response(&mut self, model: &str, usage: Option<&serde_json::Value>, finish: Option<&str>) {
+        self.model = model.to_string();
+        let n = |v: Option<&serde_json::Value>| v.and_then(serde_json::Value::as_u64).unwrap_or(0);
+        let u = usage.unwrap_or(&serde_json::Value::Null);
+        self.prompt += n(u.get("prompt_tokens"));
+        self.completion += n(u.get("completion_tokens"));
+        self.cached += n(u.pointer("/prompt_tokens_details/cached_tokens"));
+        self.reasoning += n(u.pointer("/completion_tokens_details/reasoning_tokens"));
+        let cost = u.get("cost").and_then(serde_json::Value::as_f64);
+        self.cost_usd = match (self.responses, self.cost_usd, cost) {
+            (0, _, c) => c,
+            (_, Some(a), Some(b)) => Some(a + b),
+            _ => None,
+        };
+        if let Some(f) = finish {
+            self.finish = f.to_string();
+        }
+        self.responses += 1;
+    }
+
+    /// Adds a sub-agent's (or an earlier attempt's) usage.
+    pub fn absorb(&mut self, other: &Usage) {
+        if other.responses == 0 {
+            return;
+        }
+        self.prompt += other.prompt;
+        self.completion += other.completion;
+        self.cached += other.cached;
+        self.reasoning += other.reasoning;
+        self.cost_usd = match (self.responses, self.cost_usd, other.cost_usd) {
+            (0, _, c) => c,
+            (_, Some(a), Some(b)) => Some(a + b),
+            _ => None,
+        };
+        self.responses += other.responses;
+        if self.model.is_empty() {
+            self.model = other.model.clone();
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]

@@ -1,21 +1,39 @@
-//! Token spending shared by every step of a run: one counter per job budget
-//! (and per budgeted across) in the store, added to by each model turn on
-//! whichever worker it runs, read before the next.
+//! What the steps of a run share wherever they run: token spending, one
+//! counter per job budget (and per budgeted across) in the store, added to by
+//! each model turn on whichever worker it runs, read before the next; and
+//! the run's `ask_user` questions, filed where anyone can answer them.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
-use crate::store::Store;
+use crate::store::{QuestionRecord, Store};
 
 pub type SpendFuture<'a> = Pin<Box<dyn Future<Output = Result<u64, String>> + Send + 'a>>;
+pub type LedgerFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, String>> + Send + 'a>>;
 
 /// Where a step's spending goes: the store (embedded, the coordinator) or
 /// the coordinator (a remote worker).
 pub trait Ledger: Send + Sync {
     /// Adds `tokens` to `counter`; its new total. Adding 0 reads it.
     fn spend<'a>(&'a self, counter: &'a str, tokens: u64) -> SpendFuture<'a>;
+    /// Files a question of run `q.run_id` (its team, pipeline and job are
+    /// the run's), or finds the same one the run asked already: it, and
+    /// whether it was filed now.
+    fn ask<'a>(&'a self, q: QuestionRecord) -> LedgerFuture<'a, (QuestionRecord, bool)>;
+    /// A question as it stands now.
+    fn question(&self, id: i64) -> LedgerFuture<'_, Option<QuestionRecord>>;
+    /// Records who answered it (None: nobody, it expired); false if it was settled already.
+    fn settle<'a>(&'a self, id: i64, answer: Option<&'a str>, source: &'a str) -> LedgerFuture<'a, bool>;
+}
+
+/// Files `q` in `store`, under its run's team, pipeline and job.
+pub fn file_question(store: &dyn Store, mut q: QuestionRecord) -> Result<(QuestionRecord, bool), String> {
+    let run = store.run(&q.run_id).map_err(|e| e.to_string())?.ok_or_else(|| format!("no run {} to file a question under", q.run_id))?;
+    (q.team, q.pipeline, q.job) = (run.team, run.pipeline, run.job);
+    q.asked_ms = crate::store::now_ms();
+    store.ask_question(&q).map_err(|e| e.to_string())
 }
 
 /// The counter of a run's job budget.
@@ -70,6 +88,28 @@ impl Ledger for StoreLedger {
                     Ok(*total)
                 }
             }
+        })
+    }
+
+    fn ask<'a>(&'a self, q: QuestionRecord) -> LedgerFuture<'a, (QuestionRecord, bool)> {
+        Box::pin(async move {
+            let store = self.store.clone().ok_or("no store to file a question in")?;
+            tokio::task::spawn_blocking(move || file_question(store.as_ref(), q)).await.map_err(|e| e.to_string())?
+        })
+    }
+
+    fn question(&self, id: i64) -> LedgerFuture<'_, Option<QuestionRecord>> {
+        Box::pin(async move {
+            let store = self.store.clone().ok_or("no store to read a question from")?;
+            tokio::task::spawn_blocking(move || store.question(id)).await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())
+        })
+    }
+
+    fn settle<'a>(&'a self, id: i64, answer: Option<&'a str>, source: &'a str) -> LedgerFuture<'a, bool> {
+        Box::pin(async move {
+            let store = self.store.clone().ok_or("no store to record an answer in")?;
+            let (answer, source) = (answer.map(str::to_string), source.to_string());
+            tokio::task::spawn_blocking(move || store.settle_question(id, answer.as_deref(), &source, crate::store::now_ms())).await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())
         })
     }
 }

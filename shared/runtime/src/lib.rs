@@ -14,6 +14,7 @@ pub mod causes;
 pub mod assignment;
 pub mod outage;
 pub mod outcome;
+pub mod prices;
 pub mod printable;
 pub mod queue;
 pub mod scratch;

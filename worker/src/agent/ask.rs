@@ -1,5 +1,6 @@
-//! ask_user's person at the terminal: the question on the run's terminal,
-//! the answer typed back (one question at a time, however many steps ask).
+//! ask_user's people: at the run's terminal (the question shown, the answer
+//! typed back, one question at a time however many steps ask), or parked in
+//! the store until someone answers with `steppe questions answer`.
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::time::Duration;
@@ -64,4 +65,44 @@ pub(super) async fn ask_person(question: &str, options: &[String], options_requi
         None => read.await.ok()?,
     }?;
     Some(json!({"answered": true, "answer": answer, "source": "person"}))
+}
+
+/// How long a parked question is waited on when its grant sets no `timeout:`.
+pub(super) const PARKED_WAIT: Duration = Duration::from_secs(24 * 3600);
+
+/// The tool result of an answer the run recorded (an earlier step's, or a
+/// parked question's): `source` as the store has it.
+pub(super) fn recorded(q: &steppe_runtime::store::QuestionRecord) -> Option<Value> {
+    let answer = q.answer.as_deref()?;
+    Some(match q.source.as_str() {
+        "default" => json!({"answered": false, "answer": answer, "source": "default", "note": "nobody answered; the declared default was used"}),
+        "expired" => return None,
+        s => json!({"answered": true, "answer": answer, "source": s.strip_prefix("person:").map_or(s, |_| "person")}),
+    })
+}
+
+/// Waits for question `id` to be settled in the run's ledger, up to `wait`;
+/// None when nobody settled it by then (or it expired).
+pub(super) async fn wait_parked(ledger: &dyn steppe_runtime::budget::Ledger, id: i64, wait: Duration) -> Result<Option<steppe_runtime::store::QuestionRecord>, String> {
+    let until = tokio::time::Instant::now() + wait;
+    let mut misses = 0;
+    loop {
+        match ledger.question(id).await {
+            Ok(Some(q)) if !q.pending() => return Ok(Some(q)),
+            Ok(Some(_)) => misses = 0,
+            Ok(None) => return Err(format!("question {id} is gone from the store")),
+            // A store or coordinator briefly away is waited out; a long outage is not.
+            Err(e) => {
+                misses += 1;
+                if misses >= 30 {
+                    return Err(e);
+                }
+            }
+        }
+        let now = tokio::time::Instant::now();
+        if now >= until {
+            return Ok(None);
+        }
+        tokio::time::sleep((until - now).min(Duration::from_millis(500))).await;
+    }
 }

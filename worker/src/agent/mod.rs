@@ -14,7 +14,7 @@ use tokio::sync::watch;
 
 use crate::sink::{LineSink, Stream};
 use crate::sandbox::SandboxPolicy;
-use crate::tools::{custom, custom_params, error, Space};
+use crate::tools::{custom_params, Space};
 
 const DEFAULT_PERSONA: &str = "You are an automated agent running as one step of a CI pipeline job.";
 const WRAP_UP: &str = "You have used your entire turn budget, and no further tool calls are possible. Answer now, using only what you have already gathered. If your investigation was incomplete, give your best answer and say plainly which parts you could not verify.";
@@ -333,8 +333,18 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
     let mut deadline_nudged = false;
     let mut forced: Option<String> = None;
     let (mut ignored_forces, mut nudges) = (0u32, 0u32);
-    let mut calls_made: HashMap<String, u64> = HashMap::new();
-    let mut asked: HashMap<String, Value> = HashMap::new();
+    let mut toolset = Toolset { root, space, defs, mcp, calls_made: HashMap::new(), asked: HashMap::new(), required };
+    // A CLI holds the conversation itself: the same system text, the
+    // synthetic reads as context before the first message, the tools bridged.
+    if let Some(cli) = &work.cli {
+        let system = conv.messages.first().and_then(|m| m["content"].as_str()).unwrap_or_default().to_string();
+        let mut first = cli::context_text(&conv.messages);
+        first.push_str(&prompt);
+        let mut prompts = vec![first];
+        prompts.extend(pending_messages);
+        let cx = opentelemetry::Context::current();
+        return cli::converse(conv, &mut toolset, cli, &system, prompts, &cx).await;
+    }
     // Loop detection: signatures of the last 10 tool-executing turns.
     let mut window: std::collections::VecDeque<Vec<(String, String)>> = std::collections::VecDeque::new();
     let mut warned_loop = false;
@@ -415,7 +425,7 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
                 conv.messages.push(json!({"role": "user", "content": nudge}));
                 continue;
             }
-            match required.iter().find(|(_, done)| !**done).map(|(n, _)| n.clone()) {
+            match toolset.required.iter().find(|(_, done)| !**done).map(|(n, _)| n.clone()) {
                 None => {
                     conv.out.response = text;
                     return Ok(());
@@ -424,7 +434,7 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
                     if forced.is_some() {
                         ignored_forces += 1;
                         if ignored_forces >= 5 {
-                            let missing: Vec<&str> = required.iter().filter(|(_, d)| !**d).map(|(n, _)| n.as_str()).collect();
+                            let missing: Vec<&str> = toolset.required.iter().filter(|(_, d)| !**d).map(|(n, _)| n.as_str()).collect();
                             return Err(StepError::failed(format!("{label}: agent ignored a forced tool call 5 turns running; required tool(s) never succeeded: {}", missing.join(", "))));
                         }
                     }
@@ -438,161 +448,8 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
         ignored_forces = 0;
         let mut turn_sigs: Vec<(String, String)> = Vec::new();
         for (id, name, args) in parsed {
-            let tool_cx = crate::telemetry::start(&turn_cx, &conv.run_id, format!("tool {name}"), vec![opentelemetry::KeyValue::new("tool", name.clone())], None);
-            conv.say(&format!("→ {name} {args}"));
-            conv.record("call", &name, &args.to_string());
-            let result = if name == "verdict" && !work.verdicts.is_empty() {
-                let choice = args.get("choice").and_then(Value::as_str).unwrap_or_default().to_string();
-                if !work.verdicts.contains(&choice) {
-                    error(format!("verdict: choice \"{choice}\" is not one of: {}", work.verdicts.join(", ")))
-                } else {
-                    let unmet = unmet_files(root, &work.assert.files);
-                    if !unmet.is_empty() {
-                        error(format!("verdict: this step declared files it must leave behind and they are not there: {}. Write them first.", unmet.join("; ")))
-                    } else {
-                        conv.out.verdict = Some(choice.clone());
-                        let note = args.get("note").and_then(Value::as_str).filter(|n| !n.is_empty()).map(str::to_string);
-                        conv.out.note = note.clone();
-                        let mut r = json!({"exit_code": 0, "verdict": choice});
-                        if let Some(n) = note {
-                            r["note"] = json!(n);
-                        }
-                        r
-                    }
-                }
-            } else {
-                match defs.get(&name) {
-                    None if name == "ask_user" && work.ask.is_some() => {
-                        let ask = work.ask.as_deref().expect("checked above");
-                        let question = args.get("question").and_then(Value::as_str).unwrap_or_default().to_string();
-                        let options: Vec<String> = args.get("options").and_then(Value::as_array).map(|o| o.iter().filter_map(Value::as_str).map(str::to_string).collect()).unwrap_or_default();
-                        let key = format!("{question}\u{0}{}", options.join("\u{0}"));
-                        let used = calls_made.entry("ask_user".into()).or_insert(0);
-                        let max = if work.max_questions == 0 { 3 } else { work.max_questions as u64 };
-                        if question.trim().is_empty() {
-                            error("ask_user: missing required argument \"question\"")
-                        } else if let Some(memo) = asked.get(&key) {
-                            memo.clone()
-                        } else if *used >= max {
-                            error(format!("ask_user: question budget ({max}) spent for this step; continue with what you know"))
-                        } else {
-                            *used += 1;
-                            conv.say(&format!("question: {question}{}", if options.is_empty() { String::new() } else { format!(" (options: {})", options.join(" | ")) }));
-                            let mut answer: Option<Value> = work
-                                .answers
-                                .iter()
-                                .find(|(sub, _)| question.to_lowercase().contains(&sub.to_lowercase()))
-                                .map(|(_, a)| json!({"answered": true, "answer": a, "source": "preset"}));
-                            if answer.is_none() {
-                                if let Some(resp) = &ask.answered_by {
-                                    let mut child = resp.work.clone();
-                                    let opts = if options.is_empty() { String::new() } else { format!("\nAnswer with one of: {}.", options.join(", ")) };
-                                    child.messages = vec![AgentMessage::Text(format!("{question}{opts}"))];
-                                    child.verdicts.clear();
-                                    let (r, o) = converse(&child, root, &conv.run_id, conv.sink.clone(), conv.ledger.clone(), resp.name.clone()).await;
-                                    conv.out.tokens += o.tokens;
-                                    if r.is_ok() && !o.response.trim().is_empty() {
-                                        answer = Some(json!({"answered": true, "answer": o.response.trim(), "source": format!("agent:{}", resp.name)}));
-                                    }
-                                }
-                            }
-                            if let Some(a) = &answer {
-                                let text = a["answer"].as_str().unwrap_or_default().to_string();
-                                if ask.options_required && !options.is_empty() && !options.contains(&text) {
-                                    answer = None;
-                                }
-                            }
-                            if answer.is_none() && ask.inline {
-                                answer = ask_person(&question, &options, ask.options_required, ask.timeout_ms.map(Duration::from_millis)).await;
-                            }
-                            let result = match (answer, &ask.default) {
-                                (Some(a), _) => a,
-                                (None, Some(d)) => json!({"answered": false, "answer": d, "source": "default", "note": "nobody answered; the declared default was used"}),
-                                (None, None) => {
-                                    return Err(StepError::aborted(format!(
-                                        "{label}: ask_user: nobody answered {question:?} (answer ahead with --answer 'substring=answer', or declare default: on the grant)"
-                                    )));
-                                }
-                            };
-                            conv.say(&format!("answer: {}", result["answer"].as_str().unwrap_or_default()));
-                            asked.insert(key, result.clone());
-                            result
-                        }
-                    }
-                    None if work.sub_agents.iter().any(|s| s.name == name) => {
-                        let sub = work.sub_agents.iter().find(|s| s.name == name).expect("checked above");
-                        match args.get("request").and_then(Value::as_str).filter(|r| !r.trim().is_empty()) {
-                            None => error(format!("{name}: missing required argument \"request\"")),
-                            Some(request) => {
-                                conv.say(&format!("agent: {name} (sub-agent)"));
-                                let mut child = sub.work.clone();
-                                child.messages = vec![AgentMessage::Text(request.to_string())];
-                                child.dir = work.dir.clone();
-                                child.verdicts.clear();
-                                // Its allowance: a share of what the caller has left (or its own, if smaller).
-                                let allowance = work.budget_tokens.map(|cap| cap.saturating_sub(conv.out.tokens) * u64::from(work.delegate_percent.max(1)) / 100);
-                                if allowance == Some(0) {
-                                    let r = error(format!("{name}: the delegating agent has no token allowance left for a sub-agent; finish without this helper"));
-                                    conv.record("result", &name, &r.to_string());
-                                    conv.messages.push(json!({"role": "tool", "tool_call_id": id, "content": r.to_string()}));
-                                    conv.out.trajectory.push(TrajectoryEntry { name: name.clone(), args: args.clone(), ok: false });
-                                    continue;
-                                }
-                                if let Some(a) = allowance {
-                                    child.budget_tokens = Some(child.budget_tokens.map_or(a, |own| own.min(a)));
-                                }
-                                let (r, o) = converse(&child, root, &conv.run_id, conv.sink.clone(), conv.ledger.clone(), name.clone()).await;
-                                conv.out.tokens += o.tokens;
-                                conv.out.denials.extend(o.denials);
-                                let nested = serde_json::to_string(&o.transcript).unwrap_or_default();
-                                conv.record("subagent", &name, &nested);
-                                match r {
-                                    Ok(()) => json!({"result": crate::tools::spill_cap(&o.response)}),
-                                    Err(e) => error(e.message),
-                                }
-                            }
-                        }
-                    }
-                    None if mcp.tool(&name).is_some() => {
-                        let tool = mcp.tool(&name).expect("checked above");
-                        let used = calls_made.entry(name.clone()).or_insert(0);
-                        if tool.max_calls > 0 && *used >= tool.max_calls {
-                            error(format!("{name}: call budget ({}) exhausted for this attempt", tool.max_calls))
-                        } else {
-                            *used += 1;
-                            mcp.call(tool, &args).await
-                        }
-                    }
-                    None => {
-                        conv.out.denials.push(steppe_runtime::agent_work::DenialRecord {
-                            tool: name.clone(),
-                            path: String::new(),
-                            reason: format!("tool \"{name}\" is not granted to this step"),
-                        });
-                        error(format!("unknown tool \"{name}\""))
-                    }
-                    Some(def @ ToolDef::Custom { max_calls, .. }) => {
-                        let used = calls_made.entry(name.clone()).or_insert(0);
-                        if *max_calls > 0 && *used >= *max_calls {
-                            error(format!("{name}: call budget ({max_calls}) exhausted for this attempt"))
-                        } else {
-                            *used += 1;
-                            custom(&space, def, &args).await
-                        }
-                    }
-                    Some(def) => space.builtin(def, &args, &mut conv.out.denials).await,
-                }
-            };
-            let ok = ok_result(&result);
-            crate::telemetry::end(&tool_cx, (!ok).then(|| result.get("error").and_then(Value::as_str).unwrap_or("the call failed")));
-            if ok {
-                if let Some(done) = required.get_mut(&name) {
-                    *done = true;
-                }
-            }
-            conv.out.trajectory.push(TrajectoryEntry { name: name.clone(), args: args.clone(), ok });
+            let result = call_tool(conv, &mut toolset, &name, &args, &turn_cx).await?;
             turn_sigs.push((name.clone(), signature(&name, &args, &result)));
-            conv.record("result", &name, &result.to_string());
             conv.messages.push(json!({"role": "tool", "tool_call_id": id, "content": result.to_string()}));
         }
         window.push_back(turn_sigs);
@@ -613,7 +470,7 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
         }
     }
     // Turn budget spent.
-    let missing: Vec<&str> = required.iter().filter(|(_, d)| !**d).map(|(n, _)| n.as_str()).collect();
+    let missing: Vec<&str> = toolset.required.iter().filter(|(_, d)| !**d).map(|(n, _)| n.as_str()).collect();
     if !missing.is_empty() {
         return Err(StepError::failed(format!("{label}: agent exceeded {} turns; required tool(s) never succeeded: {}", work.max_turns, missing.join(", "))));
     }
@@ -630,16 +487,20 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
     Ok(())
 }
 
+
 mod ask;
+mod bridge;
+mod cli;
+mod tool_call;
 mod compact;
 mod judge;
 mod request;
 mod schema;
 
 pub use judge::judge;
-use ask::ask_person;
 pub use ask::person_is_answering;
 use judge::{unmet_files, unmet_tool_calls};
+use tool_call::{call_tool, Toolset};
 use schema::{schema_for, verdict_schema};
 
 #[cfg(test)]

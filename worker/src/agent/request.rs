@@ -71,6 +71,9 @@ impl Conversation<'_> {
             .or_else(|| usage.map(|u| u.get("prompt_tokens").and_then(Value::as_u64).unwrap_or(0) + u.get("completion_tokens").and_then(Value::as_u64).unwrap_or(0)))
             .unwrap_or(0);
         self.out.tokens += tokens;
+        let finish = resp.pointer("/choices/0/finish_reason").and_then(Value::as_str);
+        let served = self.model.clone();
+        self.out.usage.add_response(&served, usage, finish);
         crate::telemetry::set(&call_cx, vec![opentelemetry::KeyValue::new("model", self.model.clone()), opentelemetry::KeyValue::new("tokens", i64::try_from(tokens).unwrap_or(i64::MAX))]);
         crate::telemetry::end(&call_cx, None);
         let job_total = self.charge(tokens).await?;

@@ -19,9 +19,11 @@ pub enum StoreError {
 }
 
 mod events;
+mod questions;
 mod scope;
 pub use events::{now_ms, step_states, RunEvent, StepState};
 
+pub use questions::{person_here, QuestionRecord};
 pub use scope::{check_name, PipelineSummary, RunFilter, Scope};
 
 /// This process as a run's owner: host, pid and start time, unique across
@@ -194,6 +196,15 @@ pub trait Store: Send + Sync {
     fn orphaned_runs(&self, now_ms: i64) -> Result<Vec<RunRecord>, StoreError>;
     /// Records a decision; false if the approval was already decided (or does not exist).
     fn decide_approval(&self, id: i64, approved: bool, reason: &str, approver: &str) -> Result<bool, StoreError>;
+    /// Files a question (`q.id` is assigned) unless its run already asked it
+    /// (same text and options) and it did not expire: then that one, and false.
+    fn ask_question(&self, q: &QuestionRecord) -> Result<(QuestionRecord, bool), StoreError>;
+    fn question(&self, id: i64) -> Result<Option<QuestionRecord>, StoreError>;
+    /// Questions waiting for an answer (of `team` / `pipeline` when given), oldest first.
+    fn pending_questions(&self, team: Option<&str>, pipeline: Option<&str>) -> Result<Vec<QuestionRecord>, StoreError>;
+    /// Records who answered (`answer` None: it expired unanswered); false if
+    /// it was already settled (or does not exist).
+    fn settle_question(&self, id: i64, answer: Option<&str>, source: &str, at_ms: i64) -> Result<bool, StoreError>;
     /// Files versions a check reported into the resource's history (first-seen order kept).
     fn record_versions(&self, scope: &Scope, resource: &str, versions: &[serde_json::Value]) -> Result<(), StoreError>;
     /// Every version ever reported, oldest first.
@@ -308,6 +319,28 @@ pub(crate) mod tests {
         let rec = s.approval(a).unwrap().unwrap();
         assert_eq!((rec.decision.as_deref(), rec.reason.as_str(), rec.approver.as_str(), rec.message.as_str(), rec.pipeline.as_str()), (Some("rejected"), "not today", "ana", "Ship it?", "ci"));
         assert_eq!(s.pending_approvals(None, None).unwrap().len(), 1);
+        // Questions: filed once per run and text+options; settled once.
+        let q = QuestionRecord { team: ci.team.clone(), pipeline: ci.pipeline.clone(), run_id: "r1".into(), job: "build".into(), agent: "writer".into(), question: "Which bump?".into(), options: vec!["minor".into(), "patch".into()], asked_ms: 60, deadline_ms: 70, ..Default::default() };
+        let (first, filed) = s.ask_question(&q).unwrap();
+        assert!(filed && first.pending() && first.id > 0);
+        let (again, filed) = s.ask_question(&q).unwrap();
+        assert_eq!((again.id, filed), (first.id, false), "the run asked it already");
+        let (other_options, filed) = s.ask_question(&QuestionRecord { options: vec![], ..q.clone() }).unwrap();
+        assert!(filed && other_options.id != first.id, "other options are another question");
+        let (other_run, filed) = s.ask_question(&QuestionRecord { run_id: "r2".into(), ..q.clone() }).unwrap();
+        assert!(filed && other_run.id != first.id, "the memo is per run");
+        assert_eq!(s.pending_questions(None, Some("ci")).unwrap().iter().map(|q| q.id).collect::<Vec<_>>(), [first.id, other_options.id, other_run.id]);
+        assert!(s.pending_questions(Some("other-team"), None).unwrap().is_empty());
+        assert!(s.settle_question(first.id, Some("minor"), "person:ana", 65).unwrap());
+        assert!(!s.settle_question(first.id, Some("patch"), "person:bo", 66).unwrap(), "answering twice is refused");
+        assert!(!s.settle_question(9999, Some("x"), "person:bo", 66).unwrap());
+        let got = s.question(first.id).unwrap().unwrap();
+        assert_eq!((got.answer.as_deref(), got.source.as_str(), got.answered_ms, got.options.len(), got.agent.as_str()), (Some("minor"), "person:ana", Some(65), 2, "writer"));
+        assert_eq!(s.ask_question(&q).unwrap().0.answer.as_deref(), Some("minor"), "an answered question is remembered in its run");
+        assert!(s.settle_question(other_run.id, None, "expired", 80).unwrap());
+        let (fresh, filed) = s.ask_question(&QuestionRecord { run_id: "r2".into(), ..q.clone() }).unwrap();
+        assert!(filed && fresh.id != other_run.id, "an expired question is asked again");
+        assert!(s.question(9999).unwrap().is_none());
         let v = |n: &str| serde_json::json!({"ref": n, "n": 1});
         s.record_versions(&ci, "repo", &[v("a"), v("b")]).unwrap();
         s.record_versions(&ci, "repo", &[serde_json::json!({"n": 1, "ref": "b"}), v("c")]).unwrap();

@@ -7,7 +7,7 @@
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
-use super::{ApprovalRecord, LogLine, PipelineSummary, RunEvent, RunFilter, RunRecord, Scope, StepRecord, Store, StoreError};
+use super::{ApprovalRecord, QuestionRecord, LogLine, PipelineSummary, RunEvent, RunFilter, RunRecord, Scope, StepRecord, Store, StoreError};
 
 /// The most kept while the backend is away (bytes, about); more is refused.
 const KEPT_MAX: usize = 64 << 20;
@@ -193,6 +193,19 @@ impl<S: Store> Store for Outbox<S> {
     fn decide_approval(&self, id: i64, approved: bool, reason: &str, approver: &str) -> Result<bool, StoreError> {
         self.inner.decide_approval(id, approved, reason, approver)
     }
+    fn ask_question(&self, q: &QuestionRecord) -> Result<(QuestionRecord, bool), StoreError> {
+        // Its id is needed now: not kept for later.
+        self.inner.ask_question(q)
+    }
+    fn question(&self, id: i64) -> Result<Option<QuestionRecord>, StoreError> {
+        self.inner.question(id)
+    }
+    fn pending_questions(&self, team: Option<&str>, pipeline: Option<&str>) -> Result<Vec<QuestionRecord>, StoreError> {
+        self.inner.pending_questions(team, pipeline)
+    }
+    fn settle_question(&self, id: i64, answer: Option<&str>, source: &str, at_ms: i64) -> Result<bool, StoreError> {
+        self.inner.settle_question(id, answer, source, at_ms)
+    }
     fn history(&self, scope: &Scope, resource: &str) -> Result<Vec<serde_json::Value>, StoreError> {
         self.settle();
         self.inner.history(scope, resource)
@@ -248,6 +261,10 @@ mod tests {
         fn approval(&self, _: i64) -> Result<Option<ApprovalRecord>, StoreError> { Ok(None) }
         fn pending_approvals(&self, _: Option<&str>, _: Option<&str>) -> Result<Vec<ApprovalRecord>, StoreError> { Ok(vec![]) }
         fn decide_approval(&self, _: i64, _: bool, _: &str, _: &str) -> Result<bool, StoreError> { self.up().map(|()| true) }
+        fn ask_question(&self, q: &QuestionRecord) -> Result<(QuestionRecord, bool), StoreError> { self.up().map(|()| (q.clone(), true)) }
+        fn question(&self, _: i64) -> Result<Option<QuestionRecord>, StoreError> { Ok(None) }
+        fn pending_questions(&self, _: Option<&str>, _: Option<&str>) -> Result<Vec<QuestionRecord>, StoreError> { Ok(vec![]) }
+        fn settle_question(&self, _: i64, _: Option<&str>, _: &str, _: i64) -> Result<bool, StoreError> { self.up().map(|()| true) }
         fn heartbeat(&self, _: &str, _: i64, _: i64) -> Result<(), StoreError> { self.up() }
         fn add_spend(&self, _: &str, _: u64) -> Result<u64, StoreError> { self.up().map(|()| 0) }
         fn orphaned_runs(&self, _: i64) -> Result<Vec<RunRecord>, StoreError> { Ok(vec![]) }

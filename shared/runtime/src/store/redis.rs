@@ -5,7 +5,7 @@ use std::sync::Mutex;
 
 use redis::Commands;
 
-use super::{canonical, ApprovalRecord, LogLine, PipelineSummary, RunFilter, RunEvent, RunRecord, Scope, StepRecord, Store, StoreError};
+use super::{canonical, ApprovalRecord, QuestionRecord, LogLine, PipelineSummary, RunFilter, RunEvent, RunRecord, Scope, StepRecord, Store, StoreError};
 
 pub struct RedisStore {
     /// The URL as messages show it (password masked).
@@ -366,6 +366,70 @@ impl Store for RedisStore {
         rec.reason = reason.to_string();
         rec.approver = approver.to_string();
         let key = self.k(&["approval", &id.to_string()]);
+        self.with(|c| c.set::<_, _, ()>(&key, Self::encode(&rec)))?;
+        Ok(true)
+    }
+
+    fn ask_question(&self, q: &QuestionRecord) -> Result<(QuestionRecord, bool), StoreError> {
+        let (memo, field) = (self.k(&["questions", "memo", &q.run_id]), q.memo_key());
+        let asked_before = |id: Option<i64>| -> Result<Option<QuestionRecord>, StoreError> {
+            Ok(match id {
+                Some(id) => self.question(id)?.filter(|e| e.source != "expired"),
+                None => None,
+            })
+        };
+        if let Some(earlier) = asked_before(self.with(|c| c.hget(&memo, &field))?)? {
+            return Ok((earlier, false));
+        }
+        let seq = self.k(&["questions", "seq"]);
+        let id: i64 = self.with(|c| c.incr(&seq, 1))?;
+        let rec = QuestionRecord { id, answer: None, source: String::new(), answered_ms: None, ..q.clone() };
+        let (key, pending) = (self.k(&["question", &id.to_string()]), self.k(&["questions", "pending"]));
+        self.with(|c| c.set::<_, _, ()>(&key, Self::encode(&rec)))?;
+        // Setting the memo field only where there is none is the claim: of two
+        // steps asking at once, one files the question and the other waits on it.
+        let won: bool = self.with(|c| c.hset_nx(&memo, &field, id))?;
+        if !won {
+            if let Some(other) = asked_before(self.with(|c| c.hget(&memo, &field))?)? {
+                let _ = self.with(|c| c.del::<_, ()>(&key));
+                return Ok((other, false));
+            }
+            self.with(|c| c.hset::<_, _, _, ()>(&memo, &field, id))?;
+        }
+        self.with(|c| redis::pipe().zadd(&pending, id, id).ignore().expire(&memo, 7 * 86_400).ignore().query::<()>(c))?;
+        Ok((rec, true))
+    }
+
+    fn question(&self, id: i64) -> Result<Option<QuestionRecord>, StoreError> {
+        let key = self.k(&["question", &id.to_string()]);
+        let raw: Option<String> = self.with(|c| c.get(&key))?;
+        raw.map(|r| self.decode(&r)).transpose()
+    }
+
+    fn pending_questions(&self, team: Option<&str>, pipeline: Option<&str>) -> Result<Vec<QuestionRecord>, StoreError> {
+        let pending = self.k(&["questions", "pending"]);
+        let ids: Vec<i64> = self.with(|c| c.zrange(&pending, 0, -1))?;
+        let mut out = Vec::new();
+        for id in ids {
+            if let Some(q) = self.question(id)?.filter(|q| team.is_none_or(|t| t == q.team) && pipeline.is_none_or(|p| p == q.pipeline)) {
+                out.push(q);
+            }
+        }
+        Ok(out)
+    }
+
+    fn settle_question(&self, id: i64, answer: Option<&str>, source: &str, at_ms: i64) -> Result<bool, StoreError> {
+        // Removing the id from the pending set is the atomic claim: only one answer wins.
+        let pending = self.k(&["questions", "pending"]);
+        let won: i64 = self.with(|c| c.zrem(&pending, id))?;
+        if won != 1 {
+            return Ok(false);
+        }
+        let Some(mut rec) = self.question(id)? else { return Ok(false) };
+        rec.answer = answer.map(str::to_string);
+        rec.source = source.to_string();
+        rec.answered_ms = Some(at_ms);
+        let key = self.k(&["question", &id.to_string()]);
         self.with(|c| c.set::<_, _, ()>(&key, Self::encode(&rec)))?;
         Ok(true)
     }

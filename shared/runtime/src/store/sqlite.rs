@@ -5,7 +5,7 @@ use std::sync::Mutex;
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::{canonical, ApprovalRecord, LogLine, PipelineSummary, RunFilter, RunEvent, RunRecord, Scope, StepRecord, Store, StoreError};
+use super::{canonical, ApprovalRecord, QuestionRecord, LogLine, PipelineSummary, RunFilter, RunEvent, RunRecord, Scope, StepRecord, Store, StoreError};
 
 pub struct SqliteStore {
     path: String,
@@ -47,6 +47,12 @@ CREATE TABLE IF NOT EXISTS approvals (
   message TEXT NOT NULL, requested_ms INTEGER NOT NULL, deadline_ms INTEGER NOT NULL,
   decision TEXT, reason TEXT NOT NULL DEFAULT '', approver TEXT NOT NULL DEFAULT '',
   team TEXT NOT NULL DEFAULT '', pipeline TEXT NOT NULL DEFAULT '');
+CREATE TABLE IF NOT EXISTS questions (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, team TEXT NOT NULL, pipeline TEXT NOT NULL,
+  run_id TEXT NOT NULL, job TEXT NOT NULL, agent TEXT NOT NULL, question TEXT NOT NULL,
+  options TEXT NOT NULL, memo TEXT NOT NULL, asked_ms INTEGER NOT NULL, deadline_ms INTEGER NOT NULL,
+  answer TEXT, source TEXT NOT NULL DEFAULT '', answered_ms INTEGER);
+CREATE INDEX IF NOT EXISTS questions_memo ON questions (run_id, memo);
 ";
 
 /// Brings a store made before history was kept per pipeline up to date:
@@ -76,6 +82,26 @@ fn approval_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ApprovalRecord> {
     })
 }
 
+fn question_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<QuestionRecord> {
+    let options: String = r.get(7)?;
+    Ok(QuestionRecord {
+        id: r.get(0)?,
+        team: r.get(1)?,
+        pipeline: r.get(2)?,
+        run_id: r.get(3)?,
+        job: r.get(4)?,
+        agent: r.get(5)?,
+        question: r.get(6)?,
+        options: serde_json::from_str(&options).unwrap_or_default(),
+        asked_ms: r.get(8)?,
+        deadline_ms: r.get(9)?,
+        answer: r.get(10)?,
+        source: r.get(11)?,
+        answered_ms: r.get(12)?,
+    })
+}
+
+const QUESTION_COLS: &str = "id, team, pipeline, run_id, job, agent, question, options, asked_ms, deadline_ms, answer, source, answered_ms";
 const APPROVAL_COLS: &str = "id, run_id, job, message, requested_ms, deadline_ms, decision, reason, approver, team, pipeline";
 const RUN_COLS: &str = "id, job, started_ms, finished_ms, outcome, message, team, pipeline, owner";
 
@@ -326,6 +352,47 @@ impl Store for SqliteStore {
                 params![id, decision, reason, approver],
             )
             .map(|n| n == 1)
+        })
+    }
+
+    fn ask_question(&self, q: &QuestionRecord) -> Result<(QuestionRecord, bool), StoreError> {
+        let memo = q.memo_key();
+        let options = serde_json::to_string(&q.options).unwrap_or_else(|_| "[]".into());
+        self.with(|c| {
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            let asked = tx
+                .query_row(&format!("SELECT {QUESTION_COLS} FROM questions WHERE run_id = ?1 AND memo = ?2 AND source != 'expired' ORDER BY id LIMIT 1"), params![q.run_id, memo], question_row)
+                .optional()?;
+            let filed = match asked {
+                Some(earlier) => (earlier, false),
+                None => {
+                    tx.execute(
+                        "INSERT INTO questions (team, pipeline, run_id, job, agent, question, options, memo, asked_ms, deadline_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                        params![q.team, q.pipeline, q.run_id, q.job, q.agent, q.question, options, memo, q.asked_ms, q.deadline_ms],
+                    )?;
+                    (QuestionRecord { id: tx.last_insert_rowid(), answer: None, source: String::new(), answered_ms: None, ..q.clone() }, true)
+                }
+            };
+            tx.commit()?;
+            Ok(filed)
+        })
+    }
+
+    fn question(&self, id: i64) -> Result<Option<QuestionRecord>, StoreError> {
+        self.with(|c| c.query_row(&format!("SELECT {QUESTION_COLS} FROM questions WHERE id = ?1"), params![id], question_row).optional())
+    }
+
+    fn pending_questions(&self, team: Option<&str>, pipeline: Option<&str>) -> Result<Vec<QuestionRecord>, StoreError> {
+        self.with(|c| {
+            let mut st = c.prepare(&format!("SELECT {QUESTION_COLS} FROM questions WHERE source = '' AND (?1 IS NULL OR team = ?1) AND (?2 IS NULL OR pipeline = ?2) ORDER BY id"))?;
+            let rows = st.query_map(params![team, pipeline], question_row)?;
+            rows.collect()
+        })
+    }
+
+    fn settle_question(&self, id: i64, answer: Option<&str>, source: &str, at_ms: i64) -> Result<bool, StoreError> {
+        self.with(|c| {
+            c.execute("UPDATE questions SET answer = ?2, source = ?3, answered_ms = ?4 WHERE id = ?1 AND source = ''", params![id, answer, source, at_ms]).map(|n| n == 1)
         })
     }
 

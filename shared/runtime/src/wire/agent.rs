@@ -4,7 +4,7 @@ use steppe_proto::v1;
 
 use super::json::{json_from_wire, json_to_wire, object_to_wire};
 use super::WireError;
-use crate::agent_work::{AgentAssert, AgentMessage, AgentOutcome, AgentWork, AskSpec, ContainerSettings, DenialRecord, Endpoint, McpServerWork, SubAgent, ToolDef, TrajectoryEntry, TranscriptEvent};
+use crate::agent_work::{AgentAssert, AgentMessage, AgentOutcome, AgentWork, AskSpec, CliWork, ContainerSettings, DenialRecord, Endpoint, McpServerWork, SubAgent, ToolDef, TrajectoryEntry, TranscriptEvent, Usage};
 
 pub fn work_to_wire(w: &AgentWork) -> v1::AgentWork {
     // Taken apart whole: a field added to AgentWork cannot be forgotten here.
@@ -48,8 +48,10 @@ pub fn work_to_wire(w: &AgentWork) -> v1::AgentWork {
         compact_budget,
         delegate_percent,
         session,
+        cli,
     } = w;
     v1::AgentWork {
+        cli: cli.as_ref().map(|c| v1::CliWork { program: c.program.clone(), model: c.model.clone(), project_settings: c.project_settings, budget_usd: c.budget_usd }),
         agent: agent.clone(),
         model: model.clone(),
         base_url: base_url.clone(),
@@ -82,7 +84,7 @@ pub fn work_to_wire(w: &AgentWork) -> v1::AgentWork {
         max_questions: *max_questions,
         ask: ask.as_deref().map(|a| {
             let answered_by = a.answered_by.as_ref().map(|s| Box::new(sub_agent_to_wire(s)));
-            Box::new(v1::AskSpec { answered_by, default: a.default.clone(), options_required: a.options_required, inline: a.inline, timeout_ms: a.timeout_ms })
+            Box::new(v1::AskSpec { answered_by, default: a.default.clone(), options_required: a.options_required, inline: a.inline, timeout_ms: a.timeout_ms, park: a.park, answer_with: a.answer_with.clone() })
         }),
         image: image.clone(),
         container: Some(container_to_wire(container)),
@@ -134,6 +136,7 @@ pub fn work_from_wire(w: v1::AgentWork) -> Result<AgentWork, WireError> {
         compact_budget,
         delegate_percent,
         session,
+        cli,
     } = w;
     let job_counter = job_budget.as_ref().map(|b| b.counter.clone()).filter(|c| !c.is_empty());
     Ok(AgentWork {
@@ -176,6 +179,8 @@ pub fn work_from_wire(w: v1::AgentWork) -> Result<AgentWork, WireError> {
                 options_required: a.options_required,
                 inline: a.inline,
                 timeout_ms: a.timeout_ms,
+                park: a.park,
+                answer_with: a.answer_with,
             })),
         },
         image,
@@ -185,6 +190,7 @@ pub fn work_from_wire(w: v1::AgentWork) -> Result<AgentWork, WireError> {
         compact_budget,
         delegate_percent,
         session,
+        cli: cli.map(|c| CliWork { program: c.program, model: c.model, project_settings: c.project_settings, budget_usd: c.budget_usd }),
     })
 }
 
@@ -327,8 +333,10 @@ fn tool_from_wire(t: v1::ToolDef) -> Result<ToolDef, WireError> {
 }
 
 pub fn outcome_to_wire(o: &AgentOutcome) -> v1::AgentOutcome {
-    let AgentOutcome { response, verdict, note, trajectory, tokens, turns, wrapped_up, denials, fallback_model, transcript } = o;
+    let AgentOutcome { response, verdict, note, trajectory, tokens, turns, wrapped_up, denials, fallback_model, transcript, usage } = o;
+    let Usage { prompt, completion, cached, reasoning, cost_usd, finish, model, responses } = usage;
     v1::AgentOutcome {
+        usage: Some(v1::Usage { prompt: *prompt, completion: *completion, cached: *cached, reasoning: *reasoning, cost_usd: *cost_usd, finish: finish.clone(), model: model.clone(), responses: *responses }),
         response: response.clone(),
         verdict: verdict.clone(),
         note: note.clone(),
@@ -343,7 +351,8 @@ pub fn outcome_to_wire(o: &AgentOutcome) -> v1::AgentOutcome {
 }
 
 pub fn outcome_from_wire(o: v1::AgentOutcome) -> Result<AgentOutcome, WireError> {
-    let v1::AgentOutcome { response, verdict, note, trajectory, tokens, turns, wrapped_up, denials, fallback_model, transcript } = o;
+    let v1::AgentOutcome { response, verdict, note, trajectory, tokens, turns, wrapped_up, denials, fallback_model, transcript, usage } = o;
+    let usage = usage.map(|u| Usage { prompt: u.prompt, completion: u.completion, cached: u.cached, reasoning: u.reasoning, cost_usd: u.cost_usd, finish: u.finish, model: u.model, responses: u.responses }).unwrap_or_default();
     let trajectory = trajectory
         .into_iter()
         .map(|t| {
@@ -363,6 +372,7 @@ pub fn outcome_from_wire(o: v1::AgentOutcome) -> Result<AgentOutcome, WireError>
         denials: denials.into_iter().map(|d| DenialRecord { tool: d.tool, path: d.path, reason: d.reason }).collect(),
         fallback_model,
         transcript: transcript.into_iter().map(|e| TranscriptEvent { kind: e.kind, name: e.name, content: e.content }).collect(),
+        usage,
     })
 }
 
@@ -448,6 +458,8 @@ pub(crate) mod tests {
                 options_required: true,
                 inline: true,
                 timeout_ms: Some(300_000),
+                park: true,
+                answer_with: "ci.yml".into(),
             })),
             image: Some("python:3.12".into()),
             container: ContainerSettings { user: Some("0".into()), network: Some("none".into()), privileged: false, cpu_shares: Some(256), memory_bytes: None },
@@ -459,6 +471,7 @@ pub(crate) mod tests {
             compact_budget: 102_400,
             delegate_percent: 25,
             session: "build-r-1-reviewer".into(),
+            cli: (depth == 1).then(|| CliWork { program: "claude".into(), model: "sonnet".into(), project_settings: true, budget_usd: Some(0.5) }),
         }
     }
 
@@ -491,6 +504,7 @@ pub(crate) mod tests {
             denials: vec![DenialRecord { tool: "read_file".into(), path: "/etc/passwd".into(), reason: "outside".into() }],
             fallback_model: Some("m-b".into()),
             transcript: vec![TranscriptEvent { kind: "call".into(), name: "gh".into(), content: "{}".into() }],
+            usage: Usage { prompt: 10_000, completion: 2_345, cached: 4_000, reasoning: 12, cost_usd: Some(0.0125), finish: "stop".into(), model: "anthropic/claude-sonnet-4".into(), responses: 7 },
         };
         assert_eq!(outcome_from_wire(through_bytes(outcome_to_wire(&o))).unwrap(), o);
         assert_eq!(outcome_from_wire(v1::AgentOutcome::default()).unwrap(), AgentOutcome::default());

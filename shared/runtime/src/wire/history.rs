@@ -1,8 +1,8 @@
-//! Store records (runs, steps, log lines, events, approvals) ↔ the `steppe.v1` messages of history.proto.
+//! Store records (runs, steps, log lines, events, approvals, questions) ↔ the `steppe.v1` messages of history.proto.
 
 use steppe_proto::v1;
 
-use crate::store::{ApprovalRecord, LogLine, Omitted, PipelineSummary, RunEvent, RunRecord, StepRecord};
+use crate::store::{ApprovalRecord, LogLine, Omitted, PipelineSummary, QuestionRecord, RunEvent, RunRecord, StepRecord};
 
 pub fn run_to_wire(r: RunRecord) -> v1::RunRecord {
     // Which process runs it stays with the store.
@@ -74,6 +74,16 @@ pub fn approval_from_wire(a: v1::ApprovalRecord) -> ApprovalRecord {
     ApprovalRecord { id, team, pipeline, run_id, job, message, requested_ms, deadline_ms, decision, reason, approver }
 }
 
+pub fn question_to_wire(q: QuestionRecord) -> v1::QuestionRecord {
+    let QuestionRecord { id, team, pipeline, run_id, job, agent, question, options, asked_ms, deadline_ms, answer, source, answered_ms } = q;
+    v1::QuestionRecord { id, team, pipeline, run_id, job, agent, question, options, asked_ms, deadline_ms, answer, source, answered_ms }
+}
+
+pub fn question_from_wire(q: v1::QuestionRecord) -> QuestionRecord {
+    let v1::QuestionRecord { id, team, pipeline, run_id, job, agent, question, options, asked_ms, deadline_ms, answer, source, answered_ms } = q;
+    QuestionRecord { id, team, pipeline, run_id, job, agent, question, options, asked_ms, deadline_ms, answer, source, answered_ms }
+}
+
 /// What a reply holds, for a message saying it was not what was asked for.
 pub fn reply_kind(r: &v1::history_reply::Reply) -> &'static str {
     use v1::history_reply::Reply;
@@ -87,6 +97,8 @@ pub fn reply_kind(r: &v1::history_reply::Reply) -> &'static str {
         Reply::Approvals(_) => "approvals",
         Reply::Pipelines(_) => "pipelines",
         Reply::Spans(_) => "spans",
+        Reply::Question(_) => "a question",
+        Reply::Questions(_) => "questions",
     }
 }
 
@@ -124,6 +136,13 @@ mod tests {
             ApprovalRecord { id: 5, team: String::new(), pipeline: String::new(), run_id: "r".into(), job: "j".into(), message: String::new(), requested_ms: 0, deadline_ms: 0, decision: None, reason: String::new(), approver: String::new() },
         ] {
             assert_eq!(approval_from_wire(through_bytes(approval_to_wire(a.clone()))), a);
+        }
+        for q in [
+            QuestionRecord { id: 3, team: "blue".into(), pipeline: "web".into(), run_id: "r".into(), job: "j".into(), agent: "writer".into(), question: "Which?".into(), options: vec!["a".into(), "b".into()], asked_ms: 5, deadline_ms: 9, answer: Some("a".into()), source: "person:ana".into(), answered_ms: Some(7) },
+            QuestionRecord { id: 4, run_id: "r".into(), question: "Why?".into(), ..Default::default() },
+            QuestionRecord { id: 5, answer: Some(String::new()), source: "expired".into(), answered_ms: Some(0), ..Default::default() },
+        ] {
+            assert_eq!(question_from_wire(through_bytes(question_to_wire(q.clone()))), q);
         }
         let last = RunRecord { id: "r9".into(), team: "blue".into(), pipeline: "web".into(), job: "j".into(), started_ms: 1, finished_ms: None, outcome: None, message: String::new(), owner: String::new() };
         let p = PipelineSummary { team: "blue".into(), pipeline: "web".into(), last };
