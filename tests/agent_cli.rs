@@ -29,6 +29,7 @@ fn path_with(bin: &Path) -> String {
 const PIPELINE: &str = r#"agents:
 - name: reviewer
   source: { model: "@claude/sonnet" }
+  reasoning_effort: high
   tools:
   - write_file
   - builtin: ask_user
@@ -108,6 +109,7 @@ fn a_cli_agent_runs_its_tools_through_the_bridge() {
     allowed.sort();
     assert_eq!(allowed, ["mcp__steps__ask_user", "mcp__steps__verdict", "mcp__steps__write_file"]);
     assert!(runs[0]["stdin"].as_str().unwrap_or_default().contains("Review this."), "the prompt goes on stdin: {runs:?}");
+    assert_eq!(runs[0]["thinking"].as_str(), Some("31999"), "reasoning_effort: high");
     assert!(flag_value(&a, "--append-system-prompt").is_some_and(|s| s.contains("working directory")));
     // The bridge's config is gone with the step; its token was for this attempt only.
     let config = flag_value(&a, "--mcp-config").unwrap_or_default();

@@ -252,3 +252,76 @@ fn a_grant_that_cannot_be_served_fails_before_the_step_starts() {
     assert!(!t.contains("MCP server(s)") && !t.contains("not honoured"), "{t}");
 }
 
+
+/// An MCP server that signs in with OAuth (the Python SDK's auth server,
+/// auto-approving, its access tokens living one second): a step on a machine
+/// nobody signed in on fails before its first request, saying what to run;
+/// `steppe mcp login` registers, sends the browser (curl here) to the
+/// authorization URL and catches the redirect; the step then reaches the
+/// server with the token, and a later run refreshes the expired token
+/// without a word. The token is never printed.
+#[test]
+fn an_oauth_mcp_server_is_signed_in_to_and_its_token_refreshed() {
+    use std::io::BufRead;
+    let work = common::scratch("agents-mcp-oauth");
+    let python = venv_python();
+    let server = common::repo("tests/support/mcp_oauth_server.py").display().to_string();
+    let mut oauth = common::child_of_this_test(&python).args([server.as_str(), "1"]).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::null()).spawn().expect("the OAuth MCP server");
+    let mut first = String::new();
+    std::io::BufReader::new(oauth.stdout.take().expect("stdout")).read_line(&mut first).expect("its port");
+    let port = first.trim().to_string();
+    std::fs::write(
+        work.join("p.yml"),
+        format!(
+            "mcp_servers:\n- name: tracker\n  endpoint: http://127.0.0.1:{port}/mcp\n  auth: {{type: oauth}}\n\
+             agents:\n- name: w\n  source: {{model: openrouter/x/y}}\n  tools: [{{mcp: tracker, tool: whoami}}]\njobs:\n- name: j\n  plan:\n  - agent: w\n    messages: [Who am I?]\n"
+        ),
+    )
+    .expect("write");
+    std::fs::write(work.join("s.yaml"), "model:\n  rules:\n    - when: {tool_result_contains: authorized as}\n      say: signed in fine\n    - call: tracker__whoami\n      args: {}\n").expect("write");
+    let config = work.join("config");
+    let run = || {
+        let o = Command::new(env!("CARGO_BIN_EXE_steppe")).args(["run", "p.yml", "--script", "s.yaml"]).current_dir(&work).env("XDG_CONFIG_HOME", &config).env_remove("STEPPE_MODEL").output().expect("run");
+        (o.status.code(), common::text(&o))
+    };
+    let (code, t) = run();
+    assert_ne!(code, Some(0), "{t}");
+    assert!(t.contains("MCP server \"tracker\": nobody has signed in to it on this machine: run `steppe mcp login"), "{t}");
+    // The sign-in: the URL printed, followed as a browser would (curl), the redirect caught.
+    let mut login = common::child_of_this_test(env!("CARGO_BIN_EXE_steppe"))
+        .args(["mcp", "login", "p.yml", "tracker", "--no-browser"])
+        .current_dir(&work)
+        .env("XDG_CONFIG_HOME", &config)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("login");
+    let mut out = std::io::BufReader::new(login.stdout.take().expect("stdout"));
+    let mut url = String::new();
+    out.read_line(&mut url).expect("the URL");
+    assert!(url.starts_with(&format!("http://127.0.0.1:{port}/authorize?")) && url.contains("code_challenge_method=S256"), "{url}");
+    let browser = Command::new("curl").args(["-sS", "-L", "--max-time", "20", url.trim()]).output().expect("curl");
+    assert!(String::from_utf8_lossy(&browser.stdout).contains("Signed in"), "{}", common::text(&browser));
+    let status = login.wait().expect("login");
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).expect("the rest");
+    assert!(status.success() && rest.contains("signed in to tracker"), "{rest}");
+    let stored = config.join("steppe/mcp/tracker.json");
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&stored).expect("credentials").permissions());
+    assert_eq!(mode & 0o777, 0o600);
+    let creds: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stored).expect("read")).expect("json");
+    let token = creds.pointer("/credentials/token_response/access_token").and_then(|v| v.as_str()).unwrap_or_default().to_string();
+    assert!(token.len() > 8, "{creds}");
+    let (code, t) = run();
+    assert_eq!(code, Some(0), "{t}");
+    assert!(t.contains("signed in fine") && !t.contains(&token), "{t}");
+    // The access token has expired by now: the next run refreshes it on its own.
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let (code, t) = run();
+    assert_eq!(code, Some(0), "{t}");
+    let stats = Command::new("curl").args(["-sS", &format!("http://127.0.0.1:{port}/stats")]).output().expect("curl");
+    let stats: serde_json::Value = serde_json::from_slice(&stats.stdout).expect("stats");
+    assert!(stats["refreshes"].as_u64().unwrap_or(0) >= 1 && stats["codes"].as_u64() == Some(1), "{stats}");
+    let _ = oauth.kill();
+    let _ = oauth.wait();
+}

@@ -50,7 +50,7 @@ async def main():
     log = os.environ.get("FAKE_CLAUDE_LOG")
     if log:
         with open(log, "a") as f:
-            f.write(json.dumps({"argv": argv, "stdin": prompt, "api_key": bool(os.environ.get("ANTHROPIC_API_KEY"))}) + "\n")
+            f.write(json.dumps({"argv": argv, "stdin": prompt, "api_key": bool(os.environ.get("ANTHROPIC_API_KEY")), "thinking": os.environ.get("MAX_THINKING_TOKENS")}) + "\n")
     resumed = flag(argv, "--resume")
     session = resumed or flag(argv, "--session-id")
     model = flag(argv, "--model")

@@ -132,14 +132,9 @@ fn compaction_budget(def: &AgentDef, model: &str) -> u64 {
 
 /// A declared MCP server as a worker reaches it.
 pub(crate) fn mcp_server_work(decl: &McpServer) -> Result<McpServerWork, String> {
-    let bearer_env = match decl.auth.as_ref().and_then(|a| a.type_.as_deref()).unwrap_or("none") {
+    let kind = decl.auth.as_ref().and_then(|a| a.type_.as_deref()).unwrap_or("none");
+    let bearer_env = match kind {
         "bearer" => decl.auth.as_ref().and_then(|a| a.api_key_env.clone()),
-        "oauth" => {
-            return Err(format!(
-                "MCP server \"{}\" signs in with OAuth, which this build of steppe cannot do yet (steppe mcp login is to come); use auth: bearer with a token in api_key_env",
-                decl.name
-            ))
-        }
         _ => None,
     };
     Ok(McpServerWork {
@@ -148,6 +143,7 @@ pub(crate) fn mcp_server_work(decl: &McpServer) -> Result<McpServerWork, String>
         cwd: decl.cwd.clone(),
         endpoint: decl.endpoint.clone(),
         bearer_env,
+        oauth: kind == "oauth",
     })
 }
 
@@ -368,7 +364,7 @@ impl JobRun {
         let src = def.source.clone().unwrap_or_default();
         // A CLI holds its own conversation: no endpoint, and no mid-run cascade (§5.8).
         if model.starts_with('@') {
-            let cli = Endpoint { model: model.clone(), base_url: String::new(), api_key_env: src.api_key_env.clone(), key_required: src.api_key_env.is_some(), string_tool_choice: false };
+            let cli = Endpoint { model: model.clone(), base_url: String::new(), api_key_env: src.api_key_env.clone(), key_required: src.api_key_env.is_some(), ..Default::default() };
             return Ok((cli, Vec::new()));
         }
         let primary = self.endpoint(&src, &model, self.engine.scripted.as_deref());
@@ -392,6 +388,8 @@ impl JobRun {
                 .map(|fs| self.endpoint(fs, fs.model.as_deref().unwrap_or(&model), None))
                 .collect(),
         };
+        // Each fallback brings the compaction budget of its own model (adopted on failover).
+        let fallbacks = fallbacks.into_iter().map(|f| Endpoint { compact_budget: compaction_budget(def, &f.model), ..f }).collect();
         Ok((primary, fallbacks))
     }
 
@@ -403,7 +401,7 @@ impl JobRun {
             None => model.to_string(),
         };
         if let Some(url) = scripted {
-            return Endpoint { model: wire, base_url: url.to_string(), api_key_env: None, key_required: false, string_tool_choice: false };
+            return Endpoint { model: wire, base_url: url.to_string(), ..Default::default() };
         }
         let mut base = src.endpoint.clone().or(provider.map(|p| p.base_url.to_string())).unwrap_or_default();
         if !base.ends_with('/') {
@@ -415,6 +413,7 @@ impl JobRun {
             api_key_env: key_env(src.api_key_env.as_deref(), model),
             key_required: src.api_key_env.is_some() || provider.is_some_and(|p| p.key_required),
             string_tool_choice: src.string_tool_choice.unwrap_or(provider.is_some_and(|p| p.string_tool_choice)),
+            compact_budget: 0,
         }
     }
 

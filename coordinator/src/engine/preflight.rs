@@ -235,6 +235,10 @@ async fn probe_mcp_server(server: &steppe_runtime::agent_work::McpServerWork, gr
         if server.bearer_env.as_deref().is_some_and(|v| std::env::var(v).map_or(true, |t| t.is_empty())) {
             return Ok(());
         }
+        // Signed in on the machines that run the steps, perhaps not here.
+        if server.oauth && !steppe_worker::tools::mcp_oauth::credentials_path(&server.name).exists() {
+            return Ok(());
+        }
         return match steppe_worker::tools::mcp::McpSessions::open(std::slice::from_ref(server), grants, dir).await {
             Ok(sessions) => {
                 sessions.close().await;

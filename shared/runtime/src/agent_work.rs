@@ -110,6 +110,9 @@ pub struct McpServerWork {
     pub endpoint: Option<String>,
     /// HTTP `bearer`: the variable holding the token on the worker.
     pub bearer_env: Option<String>,
+    /// HTTP `oauth`: signed in with `steppe mcp login` on the worker (its
+    /// token read from the worker's credentials, refreshed when expired).
+    pub oauth: bool,
 }
 
 impl AgentWork {
@@ -167,6 +170,9 @@ pub struct Endpoint {
     pub api_key_env: Option<String>,
     pub key_required: bool,
     pub string_tool_choice: bool,
+    /// A fallback's compaction budget, adopted when the conversation fails
+    /// over to it (§5.8); 0: the conversation keeps its own.
+    pub compact_budget: u64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -206,6 +206,10 @@ async fn invoke(
     if let Some(k) = &session.key {
         cmd.env("ANTHROPIC_API_KEY", k);
     }
+    // The one generation dial a CLI takes: its thinking budget.
+    if let Some(tokens) = work.reasoning_effort.as_deref().and_then(thinking_tokens) {
+        cmd.env("MAX_THINKING_TOKENS", tokens.to_string());
+    }
     cmd.current_dir(&ts.space.cwd).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
     let mut child = match cmd.spawn() {
         Ok(c) => c,
@@ -380,5 +384,15 @@ pub(super) fn context_text(messages: &[Value]) -> String {
         out
     } else {
         format!("Context this pipeline gives you, read for you before you start:\n\n{out}---\n\n")
+    }
+}
+
+/// `reasoning_effort` as the claude CLI's thinking budget (`MAX_THINKING_TOKENS`).
+fn thinking_tokens(effort: &str) -> Option<u32> {
+    match effort.to_ascii_lowercase().as_str() {
+        "minimal" | "low" => Some(4_096),
+        "medium" => Some(16_384),
+        "high" => Some(31_999),
+        _ => None,
     }
 }

@@ -82,6 +82,8 @@ struct Conversation<'a> {
     base_url: String,
     string_tool_choice: bool,
     next_fallback: usize,
+    /// The compaction budget of the fallback the conversation failed over to, not yet adopted.
+    adopted_compact_budget: Option<u64>,
     label: String,
     sink: Arc<dyn LineSink>,
     /// Where each turn's tokens go, shared with the run's other steps.
@@ -189,6 +191,7 @@ async fn converse_boxed(work: &AgentWork, root: &Path, run_id: &str, sink: Arc<d
         base_url: work.base_url.clone(),
         string_tool_choice: work.string_tool_choice,
         next_fallback: 0,
+        adopted_compact_budget: None,
         label: label.clone(),
         sink,
         ledger,
@@ -363,6 +366,9 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
                 conv.say(&format!("nudge: four fifths of the {} deadline spent; asking the agent to wrap up", steppe_language::duration::show(total)));
                 conv.messages.push(json!({"role": "user", "content": format!("Less than a fifth of this step's {} deadline is left (about {}). Wrap up: finish with what you have.", steppe_language::duration::show(total), steppe_language::duration::show(left))}));
             }
+        }
+        if let Some(budget) = conv.adopted_compact_budget.take() {
+            compaction.budget = budget;
         }
         conv.maybe_compact(&mut compaction, &prompt).await;
         turn += 1;

@@ -50,6 +50,9 @@ impl Conversation<'_> {
                     self.model = fb.model.clone();
                     self.base_url = fb.base_url.clone();
                     self.string_tool_choice = fb.string_tool_choice;
+                    if fb.compact_budget > 0 {
+                        self.adopted_compact_budget = Some(fb.compact_budget);
+                    }
                     self.key = fb.api_key_env.as_ref().and_then(|v| std::env::var(v).ok()).filter(|k| !k.is_empty());
                     if let Some(k) = &self.key {
                         steppe_runtime::secrets::remember(k);

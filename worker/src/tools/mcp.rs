@@ -281,6 +281,11 @@ async fn connect(spec: &McpServerWork, step_dir: &Path) -> Result<RunningService
                 steppe_runtime::secrets::remember(&token);
                 config = config.auth_header(token);
             }
+            if spec.oauth {
+                steppe_cloud::install_crypto();
+                let token = crate::tools::mcp_oauth::access_token(&spec.name, url, "<pipeline>").await.map_err(|e| McpError::Protocol { server: server.clone(), message: e })?;
+                config = config.auth_header(token);
+            }
             steppe_cloud::install_crypto();
             let transport = StreamableHttpClientTransport::from_config(config);
             ().serve(transport).await.map_err(|e| protocol(format!("connecting to {url}: {}", plain(e.to_string()))))

@@ -506,6 +506,7 @@ fn glob_to_regex(g: &str) -> Result<regex::Regex, regex::Error> {
 
 mod custom;
 pub mod mcp;
+pub mod mcp_oauth;
 mod web_fetch;
 
 pub use custom::{custom, custom_params};

@@ -20,7 +20,6 @@ pub const NOT_HONOURED: &[(&str, &str)] = &[
     ("version_history", "resource versions are all kept"),
     ("run_history", "runs are all kept"),
     ("workspace", "step directories are always fresh copies of their inputs"),
-    ("auth: oauth", "MCP servers cannot sign in with OAuth yet (steppe mcp login is to come); a step granted their tools fails before it starts"),
 ];
 
 fn why(key: &str) -> &'static str {
@@ -45,11 +44,6 @@ pub fn warn(p: &Pipeline, r: &mut Report) {
     if let Some(w) = &p.workspace {
         if w.strategy.as_deref().is_some_and(|s| s != "copy") || w.root.is_some() || w.options.is_some() || w.cache.is_some() {
             say("workspace".into(), "workspace");
-        }
-    }
-    for (i, m) in p.mcp_servers.iter().enumerate() {
-        if m.auth.as_ref().and_then(|a| a.type_.as_deref()) == Some("oauth") {
-            say(format!("mcp_servers[{i}].auth.type"), "auth: oauth");
         }
     }
     for (i, res) in p.resources.iter().enumerate() {

@@ -195,11 +195,11 @@ pub fn work_from_wire(w: v1::AgentWork) -> Result<AgentWork, WireError> {
 }
 
 pub fn mcp_server_to_wire(m: &McpServerWork) -> v1::McpServer {
-    v1::McpServer { name: m.name.clone(), command: m.command.clone(), cwd: m.cwd.clone(), endpoint: m.endpoint.clone(), bearer_env: m.bearer_env.clone() }
+    v1::McpServer { name: m.name.clone(), command: m.command.clone(), cwd: m.cwd.clone(), endpoint: m.endpoint.clone(), bearer_env: m.bearer_env.clone(), oauth: m.oauth }
 }
 
 pub fn mcp_server_from_wire(m: v1::McpServer) -> McpServerWork {
-    McpServerWork { name: m.name, command: m.command, cwd: m.cwd, endpoint: m.endpoint, bearer_env: m.bearer_env }
+    McpServerWork { name: m.name, command: m.command, cwd: m.cwd, endpoint: m.endpoint, bearer_env: m.bearer_env, oauth: m.oauth }
 }
 
 pub fn container_to_wire(c: &ContainerSettings) -> v1::ContainerSettings {
@@ -232,11 +232,11 @@ fn sub_agent_from_wire(s: v1::SubAgent) -> Result<SubAgent, WireError> {
 }
 
 fn endpoint_to_wire(e: &Endpoint) -> v1::Endpoint {
-    v1::Endpoint { model: e.model.clone(), base_url: e.base_url.clone(), api_key_env: e.api_key_env.clone(), key_required: e.key_required, string_tool_choice: e.string_tool_choice }
+    v1::Endpoint { model: e.model.clone(), base_url: e.base_url.clone(), api_key_env: e.api_key_env.clone(), key_required: e.key_required, string_tool_choice: e.string_tool_choice, compact_budget: e.compact_budget }
 }
 
 fn endpoint_from_wire(e: v1::Endpoint) -> Endpoint {
-    Endpoint { model: e.model, base_url: e.base_url, api_key_env: e.api_key_env, key_required: e.key_required, string_tool_choice: e.string_tool_choice }
+    Endpoint { model: e.model, base_url: e.base_url, api_key_env: e.api_key_env, key_required: e.key_required, string_tool_choice: e.string_tool_choice, compact_budget: e.compact_budget }
 }
 
 fn assert_to_wire(a: &AgentAssert) -> v1::AgentAssert {
@@ -383,7 +383,7 @@ pub(crate) mod tests {
     use serde_json::json;
 
     fn endpoint(n: &str) -> Endpoint {
-        Endpoint { model: format!("m-{n}"), base_url: format!("http://{n}/v1/"), api_key_env: Some(format!("{n}_KEY")), key_required: true, string_tool_choice: true }
+        Endpoint { model: format!("m-{n}"), base_url: format!("http://{n}/v1/"), api_key_env: Some(format!("{n}_KEY")), key_required: true, string_tool_choice: true, compact_budget: 4096 }
     }
 
     /// Every field set to something other than its default.
@@ -467,6 +467,7 @@ pub(crate) mod tests {
             mcp_servers: vec![
                 McpServerWork { name: "files".into(), command: vec!["python3".into(), "server.py".into()], cwd: Some("tools".into()), ..Default::default() },
                 McpServerWork { name: "docs".into(), endpoint: Some("http://127.0.0.1:9/mcp".into()), bearer_env: Some("DOCS_TOKEN".into()), ..Default::default() },
+                McpServerWork { name: "tracker".into(), endpoint: Some("http://127.0.0.1:9/mcp".into()), oauth: true, ..Default::default() },
             ],
             compact_budget: 102_400,
             delegate_percent: 25,
