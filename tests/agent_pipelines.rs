@@ -334,6 +334,7 @@ fn preflight_pins_a_fallback_or_fails_the_job_before_its_steps() {
     let (code, t) = steppe(&["run", "p.yml", "--job", "ok"]);
     assert_eq!(code, Some(0), "{t}");
     assert!(t.contains("preflight: agent a runs on its fallback live-model — dead-model is unavailable"), "{t}");
+    assert!(t.contains("agent: a (fallback: live-model — dead-model is unavailable)"), "the step's banner: {t}");
     assert!(t.contains("hello from the fallback") && !t.contains("model request failed"), "the step asked the fallback only: {t}");
     let (code, t) = steppe(&["run", "p.yml", "--job", "down"]);
     assert_eq!(code, Some(2), "{t}");

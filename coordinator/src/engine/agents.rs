@@ -491,6 +491,13 @@ impl JobRun {
             Ok(w) => w,
             Err(e) => return self.finish_err(&label, e),
         };
+        // A primary preflight found down: the step says which fallback serves it, and records it.
+        let pinned = super::preflight::pinned_fallback(&self.engine.scope.pipeline, &name).is_some();
+        if pinned {
+            let primary = self.agent_def(&name).and_then(|d| self.sources_of(d).ok()).map(|(p, _)| p.model).unwrap_or_default();
+            self.engine.out.run_note(&self.run_id, &format!("agent: {label} (fallback: {} — {primary} is unavailable)", work.model));
+        }
+        let served_by = work.model.clone();
         let outputs = s.outputs.clone().unwrap_or_default();
         let a = Assignment {
             env: s.env.clone().unwrap_or_default(),
@@ -500,6 +507,9 @@ impl JobRun {
             ..Assignment::command(&self.run_id, &label, String::new())
         };
         let mut d = self.attempts(&label, a, 1).await;
+        if let (true, Some(o)) = (pinned, d.agent.as_mut()) {
+            o.fallback_model.get_or_insert(served_by);
+        }
         if let Some(o) = &d.agent {
             if let Some(v) = &o.verdict {
                 self.engine.out.run_note(&self.run_id, &format!("verdict: {v}"));
