@@ -197,3 +197,45 @@ fn a_cli_agent_runs_on_a_worker() {
     assert!(t.contains("done (fresh)") && t.contains("colour teal"), "{t}");
     assert_eq!(invocations(&work).len(), 1);
 }
+
+/// `fallback:` both ways at preflight: a hosted agent whose model does not
+/// answer runs on its CLI fallback, and says so.
+#[test]
+fn a_hosted_agent_falls_back_to_a_cli() {
+    let work = scratch("agent-cli-fallback");
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port");
+    std::fs::write(
+        work.join("p.yml"),
+        format!(
+            "agents:\n- name: writer\n  source: {{model: dead-model, endpoint: 'http://127.0.0.1:{dead}/v1/'}}\n  fallback:\n  - source: {{model: \"@claude/haiku\"}}\n  tools: [write_file]\n\
+             jobs:\n- name: j\n  plan:\n  - agent: writer\n    messages: [Write a note.]\n"
+        ),
+    )
+    .expect("write");
+    let o = steppe(&work, "work", None, &["run", "p.yml"]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(t.contains("agent: writer (fallback: @claude/haiku — dead-model is unavailable)") && t.contains("done (fresh)"), "{t}");
+    let runs = invocations(&work);
+    assert_eq!(runs.len(), 1);
+    assert_eq!(flag_value(&argv(&runs[0]), "--model").as_deref(), Some("haiku"));
+}
+
+/// `image:` places a CLI agent's tools, never the CLI: its shell command runs
+/// in the step's container (another hostname), the CLI on the host.
+#[test]
+fn a_cli_agents_tools_run_in_its_image() {
+    let image = common::test_image();
+    let work = scratch("agent-cli-image");
+    std::fs::write(
+        work.join("p.yml"),
+        format!("agents:\n- name: sandboxed\n  source: {{model: \"@claude/sonnet\"}}\n  tools: [run_shell]\n  image: {image}\n  network: none\njobs:\n- name: j\n  plan:\n  - agent: sandboxed\n    messages: [Where are you?]\n"),
+    )
+    .expect("write");
+    let o = steppe(&work, "work", None, &["run", "p.yml"]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default().trim().to_string();
+    let shell = t.lines().find_map(|l| l.split("shell on ").nth(1)).unwrap_or_default().trim().to_string();
+    assert!(!shell.is_empty() && shell != host && shell.chars().all(|c| c.is_ascii_hexdigit()), "the shell ran in a container ({shell:?}, host {host:?}): {t}");
+}

@@ -10,8 +10,9 @@ session's tools in its init event, calls the bridged tools, and ends with
 a `result` event carrying a cost and token usage.
 
 What it does is set by FAKE_CLAUDE_MODE:
-    work      write note.txt, ask a question if it may, vote the first
-              verdict if there is a verdict tool, then report success
+    work      write note.txt, run `cat /etc/hostname` if it has a shell, ask
+              a question if it may, vote the first verdict if there is a
+              verdict tool, then report success
     lie       its init event lists a tool it was not granted (Bash), then
               it hangs: steppe must kill it
     die-once  in a fresh session it writes note.txt and dies without a
@@ -88,6 +89,9 @@ async def main():
         if mode == "die-once" and not resumed:
             sys.stderr.write("fake claude: dying on purpose\n")
             return 3
+        if "run_shell" in granted:
+            shell = json.loads(await call("run_shell", {"command": "cat /etc/hostname"}))
+            said.append("shell on " + str(shell.get("stdout", "")).strip())
         if "ask_user" in granted:
             answer = json.loads(await call("ask_user", {"question": "Which colour?", "options": ["teal", "red"]}))
             said.append("colour " + str(answer.get("answer")))

@@ -362,12 +362,17 @@ impl JobRun {
             .or_else(|| self.engine.pipeline.defaults.as_ref().and_then(|d| d.model.clone()))
             .ok_or_else(|| StepError::errored(format!("agent \"{name}\" has no model")))?;
         let src = def.source.clone().unwrap_or_default();
-        // A CLI holds its own conversation: no endpoint, and no mid-run cascade (§5.8).
-        if model.starts_with('@') {
-            let cli = Endpoint { model: model.clone(), base_url: String::new(), api_key_env: src.api_key_env.clone(), key_required: src.api_key_env.is_some(), ..Default::default() };
-            return Ok((cli, Vec::new()));
-        }
-        let primary = self.endpoint(&src, &model, self.engine.scripted.as_deref());
+        // A CLI source (`@claude/…`) holds its own conversation: no endpoint. It
+        // may be a fallback pinned by preflight, and have fallbacks of its own
+        // there, but no conversation fails over to or from it mid-run (§5.8).
+        let source = |s: &Source, m: &str, scripted: Option<&str>| {
+            if m.starts_with('@') {
+                Endpoint { model: m.to_string(), base_url: String::new(), api_key_env: s.api_key_env.clone(), key_required: s.api_key_env.is_some(), ..Default::default() }
+            } else {
+                self.endpoint(s, m, scripted)
+            }
+        };
+        let primary = source(&src, &model, self.engine.scripted.as_deref());
         let fallbacks: Vec<Endpoint> = match (&self.engine.scripted, &self.engine.scripted_fallback) {
             // Under a scenario only the first fallback is pointed at the scenario's fallback script.
             (Some(_), Some(fb_url)) => def
@@ -376,7 +381,7 @@ impl JobRun {
                 .flatten()
                 .take(1)
                 .filter_map(|f| f.source.as_ref())
-                .map(|fs| self.endpoint(fs, fs.model.as_deref().unwrap_or(&model), Some(fb_url)))
+                .map(|fs| source(fs, fs.model.as_deref().unwrap_or(&model), Some(fb_url)))
                 .collect(),
             (Some(_), None) => Vec::new(),
             (None, _) => def
@@ -384,12 +389,11 @@ impl JobRun {
                 .iter()
                 .flatten()
                 .filter_map(|f| f.source.as_ref())
-                .filter(|fs| !fs.model.as_deref().unwrap_or_default().starts_with('@'))
-                .map(|fs| self.endpoint(fs, fs.model.as_deref().unwrap_or(&model), None))
+                .map(|fs| source(fs, fs.model.as_deref().unwrap_or(&model), None))
                 .collect(),
         };
         // Each fallback brings the compaction budget of its own model (adopted on failover).
-        let fallbacks = fallbacks.into_iter().map(|f| Endpoint { compact_budget: compaction_budget(def, &f.model), ..f }).collect();
+        let fallbacks = fallbacks.into_iter().map(|f| Endpoint { compact_budget: if f.model.starts_with('@') { 0 } else { compaction_budget(def, &f.model) }, ..f }).collect();
         Ok((primary, fallbacks))
     }
 

@@ -42,7 +42,8 @@ impl Conversation<'_> {
             let answer = crate::provider::chat_with(&self.base_url, self.key.as_deref(), &headers, &body, self.work.attempts, &say).await;
             match answer {
                 Ok(r) => break r,
-                Err(ProviderError::Unwell(m)) if self.next_fallback < self.work.fallbacks.len() => {
+                // A CLI entry ends the cascade: a conversation cannot move into a CLI.
+                Err(ProviderError::Unwell(m)) if self.work.fallbacks.get(self.next_fallback).is_some_and(|f| !f.model.starts_with('@')) => {
                     // Resume the same conversation on the next source: same history, same tools.
                     let fb = self.work.fallbacks[self.next_fallback].clone();
                     self.next_fallback += 1;
