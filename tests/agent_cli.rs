@@ -239,3 +239,20 @@ fn a_cli_agents_tools_run_in_its_image() {
     let shell = t.lines().find_map(|l| l.split("shell on ").nth(1)).unwrap_or_default().trim().to_string();
     assert!(!shell.is_empty() && shell != host && shell.chars().all(|c| c.is_ascii_hexdigit()), "the shell ran in a container ({shell:?}, host {host:?}): {t}");
 }
+
+/// A CLI that dies before its session begins is asked the same request
+/// again in a fresh session (not told to continue a session it never had).
+#[test]
+fn a_cli_that_dies_before_its_session_is_asked_again() {
+    let work = scratch("agent-cli-die-early");
+    std::fs::write(work.join("p.yml"), PIPELINE).expect("write");
+    let o = steppe(&work, "die-early", None, &["run", "p.yml", "--answer", "colour=teal"]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(t.contains("ended before its session began (exit 4: fake claude: no session today); starting it again (attempt 2 of 3)"), "{t}");
+    let runs = invocations(&work);
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    for r in &runs {
+        assert!(flag_value(&argv(r), "--session-id").is_some() && r["stdin"].as_str().unwrap_or_default().contains("Review this."), "{r}");
+    }
+}

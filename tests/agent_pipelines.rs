@@ -489,3 +489,22 @@ fn an_unanswered_parked_question_expires() {
     let (_, out, _) = common::run_steppe(&["questions", "-p", "n.yml"], &work);
     assert!(out.contains("no questions waiting"), "an expired question is not left waiting: {out}");
 }
+
+/// A parked question is not waited on past its step's deadline: with no
+/// `timeout:` on the grant and an 8 s step, the default comes in time.
+#[test]
+fn a_parked_question_ends_before_its_step_does() {
+    let work = std::env::temp_dir().join(format!("steppe-agents-ask-deadline-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).expect("mkdir");
+    std::fs::write(
+        work.join("p.yml"),
+        "agents:\n- name: w\n  source: {model: openrouter/x/y}\n  tools:\n  - builtin: ask_user\n    default: patch\njobs:\n- name: j\n  plan:\n  - agent: w\n    timeout: 8s\n    messages: [Ask.]\n",
+    )
+    .expect("write");
+    std::fs::write(work.join("s.yaml"), "model:\n  rules:\n    - when: {tool_result_contains: '\"source\":\"default\"'}\n      say: going with the default\n    - call: ask_user\n      args: {question: Which bump?}\n").expect("write");
+    let o = Command::new(env!("CARGO_BIN_EXE_steppe")).args(["run", "p.yml", "--script", "s.yaml"]).current_dir(&work).env_remove("STEPPE_MODEL").stdin(std::process::Stdio::null()).output().expect("run");
+    let t = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(t.contains("answer: patch") && t.contains("going with the default") && !t.contains("timed out"), "{t}");
+}

@@ -68,6 +68,19 @@ impl Drop for StopOnDrop {
 /// takes when the coordinator pushed it (a worker that pulls keeps count itself).
 type InFlight = Arc<Mutex<HashMap<String, Option<OwnedSemaphorePermit>>>>;
 
+impl WorkerService {
+    /// A worker of a team files questions only under that team's runs.
+    async fn check_run_team(&self, who: &steppe_runtime::auth::Identity, run_id: &str) -> Result<(), Status> {
+        let Some(store) = self.sink.store().cloned() else { return Ok(()) };
+        let id = run_id.to_string();
+        let run = tokio::task::spawn_blocking(move || store.run(&id)).await.map_err(|e| Status::internal(e.to_string()))?.map_err(|e| Status::unavailable(e.to_string()))?;
+        match run {
+            Some(r) if who.sees(&r.team) => Ok(()),
+            _ => Err(Status::not_found(format!("no run {run_id} for your team"))),
+        }
+    }
+}
+
 #[tonic::async_trait]
 impl Coordinator for WorkerService {
     type SessionStream = ReceiverStream<Result<CoordinatorMessage, Status>>;
@@ -83,8 +96,9 @@ impl Coordinator for WorkerService {
     }
 
     async fn ask(&self, req: Request<steppe_proto::v1::QuestionRecord>) -> Result<Response<steppe_proto::v1::AskReply>, Status> {
-        steppe_runtime::auth::require(steppe_runtime::auth::Identity::of(&req), &[steppe_runtime::auth::Role::Worker, steppe_runtime::auth::Role::Admin], "ask a question")?;
+        let who = steppe_runtime::auth::require(steppe_runtime::auth::Identity::of(&req), &[steppe_runtime::auth::Role::Worker, steppe_runtime::auth::Role::Admin], "ask a question")?;
         let q = steppe_runtime::wire::history::question_from_wire(req.into_inner());
+        self.check_run_team(&who, &q.run_id).await?;
         match self.dispatcher.ledger.ask(q).await {
             Ok((q, filed)) => Ok(Response::new(steppe_proto::v1::AskReply { question: Some(steppe_runtime::wire::history::question_to_wire(q)), filed })),
             Err(e) => Err(Status::unavailable(format!("filing a question: {e}"))),
@@ -92,16 +106,22 @@ impl Coordinator for WorkerService {
     }
 
     async fn question(&self, req: Request<steppe_proto::v1::QuestionRef>) -> Result<Response<steppe_proto::v1::FoundQuestion>, Status> {
-        steppe_runtime::auth::require(steppe_runtime::auth::Identity::of(&req), &[steppe_runtime::auth::Role::Worker, steppe_runtime::auth::Role::Admin], "read a question")?;
+        let who = steppe_runtime::auth::require(steppe_runtime::auth::Identity::of(&req), &[steppe_runtime::auth::Role::Worker, steppe_runtime::auth::Role::Admin], "read a question")?;
         match self.dispatcher.ledger.question(req.into_inner().id).await {
-            Ok(q) => Ok(Response::new(steppe_proto::v1::FoundQuestion { question: q.map(steppe_runtime::wire::history::question_to_wire) })),
+            // Another team's question is answered as one that does not exist.
+            Ok(q) => Ok(Response::new(steppe_proto::v1::FoundQuestion { question: q.filter(|q| who.sees(&q.team)).map(steppe_runtime::wire::history::question_to_wire) })),
             Err(e) => Err(Status::unavailable(format!("reading a question: {e}"))),
         }
     }
 
     async fn settle(&self, req: Request<steppe_proto::v1::SettleRequest>) -> Result<Response<steppe_proto::v1::SettleReply>, Status> {
-        steppe_runtime::auth::require(steppe_runtime::auth::Identity::of(&req), &[steppe_runtime::auth::Role::Worker, steppe_runtime::auth::Role::Admin], "answer a question")?;
+        let who = steppe_runtime::auth::require(steppe_runtime::auth::Identity::of(&req), &[steppe_runtime::auth::Role::Worker, steppe_runtime::auth::Role::Admin], "answer a question")?;
         let r = req.into_inner();
+        match self.dispatcher.ledger.question(r.id).await {
+            Ok(Some(q)) if who.sees(&q.team) => {}
+            Ok(_) => return Err(Status::not_found(format!("no question {} for your team", r.id))),
+            Err(e) => return Err(Status::unavailable(format!("reading a question: {e}"))),
+        }
         match self.dispatcher.ledger.settle(r.id, r.answer.as_deref(), &r.source).await {
             Ok(settled) => Ok(Response::new(steppe_proto::v1::SettleReply { settled })),
             Err(e) => Err(Status::unavailable(format!("recording an answer: {e}"))),

@@ -18,6 +18,8 @@ What it does is set by FAKE_CLAUDE_MODE:
     die-once  in a fresh session it writes note.txt and dies without a
               result; resumed (--resume), it finishes as `work` does
     fail      reports an error result (the task failed, not the process)
+    die-early its first invocation exits before its init event (a CLI that
+              could not start its session); later ones work
 Every invocation's argv and stdin are appended to FAKE_CLAUDE_LOG as JSON
 lines when it is set.
 """
@@ -52,6 +54,10 @@ async def main():
     if log:
         with open(log, "a") as f:
             f.write(json.dumps({"argv": argv, "stdin": prompt, "api_key": bool(os.environ.get("ANTHROPIC_API_KEY")), "thinking": os.environ.get("MAX_THINKING_TOKENS")}) + "\n")
+    if mode == "die-early" and log and not os.path.exists(log + ".died"):
+        open(log + ".died", "w").close()
+        sys.stderr.write("fake claude: no session today\n")
+        return 4
     resumed = flag(argv, "--resume")
     session = resumed or flag(argv, "--session-id")
     model = flag(argv, "--model")

@@ -168,6 +168,11 @@ impl JobRun {
             }
         });
         let mut said: BTreeSet<String> = BTreeSet::new();
+        // A submitted run's MCP servers are the workers' to reach (their
+        // programs, networks and tokens), not this coordinator's.
+        if self.engine.submission.is_some() {
+            steps.clear();
+        }
         for step in steps {
             let agent = step.agent.clone().unwrap_or_default();
             if self.agent_def(&agent).is_some_and(|d| !d.preflight.unwrap_or(true)) {

@@ -61,17 +61,12 @@ impl Drop for Bridge {
     }
 }
 
-/// Random bytes from the system, as hex.
-pub fn random_hex(bytes: usize) -> String {
+/// Random bytes from the system, as hex (a token nobody else can guess, or none).
+pub fn random_hex(bytes: usize) -> std::io::Result<String> {
     use std::io::Read;
     let mut buf = vec![0u8; bytes];
-    if std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut buf)).is_err() {
-        // Not secret then, but still distinct per process and moment.
-        let seed = format!("{:?}{}", std::time::SystemTime::now(), std::process::id());
-        buf = <sha2::Sha256 as sha2::Digest>::digest(seed.as_bytes()).to_vec();
-        buf.resize(bytes, 0);
-    }
-    buf.iter().map(|b| format!("{b:02x}")).collect()
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut buf)?;
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// Serves `tools` (OpenAI function schemas, as the model would be offered
@@ -88,7 +83,7 @@ pub async fn start(tools: &[Value], calls: mpsc::Sender<BridgeCall>) -> std::io:
     let handler = Handler { tools: Arc::new(tools), calls };
     let config = StreamableHttpServerConfig::default().with_legacy_session_mode(false).with_json_response(true);
     let service = StreamableHttpService::new(move || Ok(handler.clone()), Arc::new(LocalSessionManager::default()), config);
-    let token = random_hex(24);
+    let token = random_hex(24)?;
     let expected = format!("Bearer {token}");
     let app = axum::Router::new().nest_service("/mcp", service).layer(axum::middleware::from_fn(move |req: axum::extract::Request, next: axum::middleware::Next| {
         let allowed = req.headers().get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()) == Some(expected.as_str());

@@ -50,12 +50,12 @@ impl Drop for Session {
 }
 
 /// A v4 UUID from the system's randomness.
-fn uuid_v4() -> String {
-    let mut h: Vec<char> = bridge::random_hex(16).chars().collect();
+fn uuid_v4() -> std::io::Result<String> {
+    let mut h: Vec<char> = bridge::random_hex(16)?.chars().collect();
     h[12] = '4';
     h[16] = ['8', '9', 'a', 'b'][h[16].to_digit(16).unwrap_or(0) as usize % 4];
     let s: String = h.into_iter().collect();
-    format!("{}-{}-{}-{}-{}", &s[0..8], &s[8..12], &s[12..16], &s[16..20], &s[20..32])
+    Ok(format!("{}-{}-{}-{}-{}", &s[0..8], &s[8..12], &s[12..16], &s[16..20], &s[20..32]))
 }
 
 /// The CLI keeps each session's transcript under `~/.claude/projects/*/`;
@@ -90,7 +90,7 @@ pub(super) async fn converse(conv: &mut Conversation<'_>, ts: &mut Toolset<'_>, 
     let (calls_tx, mut calls) = mpsc::channel::<BridgeCall>(8);
     let bridge = bridge::start(&conv.tools, calls_tx).await.map_err(|e| StepError::errored(format!("{label}: the tool bridge for {program} could not start: {e}")))?;
     steppe_runtime::secrets::remember(&bridge.token);
-    let id = uuid_v4();
+    let id = uuid_v4().map_err(|e| StepError::errored(format!("{label}: no randomness for the CLI's session id: {e}")))?;
     let config = write_config(&bridge, &id).map_err(|e| StepError::errored(format!("{label}: writing the CLI's MCP config: {e}")))?;
     let key = work.api_key_env.as_deref().and_then(|v| std::env::var(v).ok()).filter(|k| !k.is_empty());
     if let Some(k) = &key {
@@ -98,9 +98,13 @@ pub(super) async fn converse(conv: &mut Conversation<'_>, ts: &mut Toolset<'_>, 
     } else if let (Some(var), true) = (&work.api_key_env, work.key_required) {
         return Err(StepError::errored(format!("{label}: the API key variable {var} is not set")));
     }
-    let mut session = Session { id, config, bridged, invocations: 0, cap: work.attempts.max(1) + 5, turns: 0, spent_usd: 0.0, resumed: false, key };
+    // Each message, each retry and each nudge is one invocation: attempts+5 of them beyond the messages.
+    let cap = work.attempts.max(1) + 5 + prompts.len() as u32;
+    let mut session = Session { id, config, bridged, invocations: 0, cap, turns: 0, spent_usd: 0.0, resumed: false, key };
     let mut queue: VecDeque<String> = prompts.into();
     let mut prompt = queue.pop_front().unwrap_or_default();
+    // What a session that never started is asked again.
+    let mut unstarted = prompt.clone();
     let mut nudges = 0u32;
     let mut crashes = 0u32;
     loop {
@@ -113,6 +117,7 @@ pub(super) async fn converse(conv: &mut Conversation<'_>, ts: &mut Toolset<'_>, 
                 conv.out.response = text;
                 if let Some(next) = queue.pop_front() {
                     prompt = next;
+                    unstarted = prompt.clone();
                     continue;
                 }
                 let unmet_f = unmet_files(ts.root, &work.assert.files);
@@ -135,6 +140,12 @@ pub(super) async fn converse(conv: &mut Conversation<'_>, ts: &mut Toolset<'_>, 
                     return Err(StepError::errored(format!("{label}: {program} ended without a result {crashes} time(s); the last: {why}")));
                 }
                 let made = conv.out.trajectory.len();
+                if !session.resumed {
+                    // It never held a session: the same request again, in a fresh one.
+                    conv.say(&format!("{program} ended before its session began ({why}); starting it again (attempt {} of {})", crashes + 1, work.attempts.max(1)));
+                    prompt = unstarted.clone();
+                    continue;
+                }
                 conv.say(&format!("{program} ended without a result ({why}); resuming its session (attempt {} of {})", crashes + 1, work.attempts.max(1)));
                 prompt = format!(
                     "You did not finish: your previous run in this session ended before it reported a result ({why}). {made} tool call(s) were already made and their effects are in place. Continue from where you stopped; do not restart the task."
@@ -173,6 +184,8 @@ async fn invoke(
     let work = conv.work;
     let label = conv.label.clone();
     let program = &cli.program;
+    // A job budget already spent by other steps stops the CLI before it starts.
+    conv.job_budget_left().await?;
     session.invocations += 1;
     if session.invocations > session.cap {
         return Err(StepError::errored(format!("{label}: {program} did not finish within {} invocations", session.cap)));
@@ -218,16 +231,30 @@ async fn invoke(
         }
         Err(e) => return Ok(Ended::Crashed(format!("it could not start: {e}"))),
     };
+    // Written beside the reading, so a CLI that talks before it has read
+    // the whole prompt cannot stall on a full pipe; closed when written.
     if let Some(mut stdin) = child.stdin.take() {
-        let _ = stdin.write_all(prompt.as_bytes()).await;
+        let prompt = prompt.to_string();
+        tokio::spawn(async move {
+            let _ = stdin.write_all(prompt.as_bytes()).await;
+        });
     }
+    // Drained to the end (a full pipe would stall the CLI); its last 8 KiB kept for the error.
     let mut stderr = child.stderr.take();
     let stderr_tail = tokio::spawn(async move {
-        let mut buf = Vec::new();
+        let (mut tail, mut chunk) = (Vec::new(), [0u8; 4096]);
         if let Some(e) = stderr.as_mut() {
-            let _ = e.take(64 * 1024).read_to_end(&mut buf).await;
+            while let Ok(n) = e.read(&mut chunk).await {
+                if n == 0 {
+                    break;
+                }
+                tail.extend_from_slice(&chunk[..n]);
+                if tail.len() > 8192 {
+                    tail.drain(..tail.len() - 8192);
+                }
+            }
         }
-        String::from_utf8_lossy(&buf).into_owned()
+        String::from_utf8_lossy(&tail).into_owned()
     });
     let Some(stdout) = child.stdout.take() else { return Ok(Ended::Crashed("no output stream".into())) };
     let mut lines = BufReader::new(stdout).lines();
@@ -236,8 +263,17 @@ async fn invoke(
     let mut attested = false;
     loop {
         tokio::select! {
+            // The stream first: its init event is checked before any bridged call runs.
+            biased;
             line = lines.next_line() => {
-                let Ok(Some(line)) = line else { break };
+                let line = match line {
+                    Ok(Some(line)) => line,
+                    Ok(None) => break,
+                    Err(e) => {
+                        let _ = child.kill().await;
+                        return Ok(Ended::Crashed(format!("its output could not be read: {e}")));
+                    }
+                };
                 let Ok(event) = serde_json::from_str::<Value>(&line) else { continue };
                 match event.get("type").and_then(Value::as_str) {
                     Some("system") if event.get("subtype").and_then(Value::as_str) == Some("init") => {
@@ -276,11 +312,18 @@ async fn invoke(
                                         conv.say(&format!("→ {name} (not a bridged tool) {input}"));
                                         conv.record("call", name, &input.to_string());
                                         conv.out.trajectory.push(TrajectoryEntry { name: name.to_string(), args: input, ok: false });
+                                        // A tool of its own: the fence did not hold.
+                                        let _ = child.kill().await;
+                                        return Err(StepError::errored(format!("{label}: {program} called {name}, which is not a granted tool; it was stopped")));
                                     }
                                 }
                                 _ => {}
                             }
                         }
+                    }
+                    Some("result") if !attested => {
+                        let _ = child.kill().await;
+                        return Err(StepError::errored(format!("{label}: {program} reported a result without first listing its session's tools, so its tools could not be checked against the grant (is it run with --verbose?)")));
                     }
                     Some("result") => {
                         let text = event.get("result").and_then(Value::as_str).unwrap_or_default().to_string();
@@ -302,6 +345,10 @@ async fn invoke(
                 }
             }
             Some(call) = calls.recv() => {
+                if !attested {
+                    let _ = call.reply.send(json!({"error": "this session's tools have not been checked yet"}));
+                    continue;
+                }
                 let name = call.name.clone();
                 let r = call_tool(conv, ts, &name, &call.args, parent).await;
                 match r {

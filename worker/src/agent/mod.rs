@@ -84,6 +84,8 @@ struct Conversation<'a> {
     next_fallback: usize,
     /// The compaction budget of the fallback the conversation failed over to, not yet adopted.
     adopted_compact_budget: Option<u64>,
+    /// When the step's deadline cuts the conversation off (a person is not waited on past it).
+    deadline: Option<Instant>,
     label: String,
     sink: Arc<dyn LineSink>,
     /// Where each turn's tokens go, shared with the run's other steps.
@@ -192,6 +194,7 @@ async fn converse_boxed(work: &AgentWork, root: &Path, run_id: &str, sink: Arc<d
         string_tool_choice: work.string_tool_choice,
         next_fallback: 0,
         adopted_compact_budget: None,
+        deadline: work.timeout_ms.map(|ms| Instant::now() + Duration::from_millis(ms)),
         label: label.clone(),
         sink,
         ledger,

@@ -104,12 +104,18 @@ async fn run_tool(conv: &mut Conversation<'_>, ts: &mut Toolset<'_>, name: &str,
                     conv.say(&format!("question: {question}{}", if options.is_empty() { String::new() } else { format!(" (options: {})", options.join(" | ")) }));
                     // The row is filed before any channel is tried (the run's memo, the record of who answered).
                     let wait = ask.timeout_ms.map(Duration::from_millis);
+                    // Nobody is waited on past the step's own deadline: the default (or the abort) comes first.
+                    let declared = wait.unwrap_or(ask::PARKED_WAIT);
+                    let wait_for = match conv.deadline {
+                        Some(d) => declared.min(d.saturating_duration_since(std::time::Instant::now()).saturating_sub(Duration::from_secs(5))),
+                        None => declared,
+                    };
                     let row = QuestionRecord {
                         run_id: conv.run_id.clone(),
                         agent: label.clone(),
                         question: question.clone(),
                         options: options.clone(),
-                        deadline_ms: if ask.park { steppe_runtime::store::now_ms() + wait.unwrap_or(ask::PARKED_WAIT).as_millis() as i64 } else { 0 },
+                        deadline_ms: if ask.park { steppe_runtime::store::now_ms() + wait_for.as_millis() as i64 } else { 0 },
                         ..Default::default()
                     };
                     let filed = match &conv.ledger {
@@ -128,7 +134,7 @@ async fn run_tool(conv: &mut Conversation<'_>, ts: &mut Toolset<'_>, name: &str,
                         // The run asked it already: its answer, or wait with the step asking it now.
                         Some((earlier, false)) => {
                             let settled = match (earlier.pending(), &conv.ledger) {
-                                (true, Some(l)) => ask::wait_parked(l.as_ref(), earlier.id, wait.unwrap_or(ask::PARKED_WAIT)).await.ok().flatten(),
+                                (true, Some(l)) => ask::wait_parked(l.as_ref(), earlier.id, wait_for).await.ok().flatten(),
                                 _ => Some(earlier.clone()),
                             };
                             answer = settled.as_ref().and_then(ask::recorded);
@@ -163,13 +169,13 @@ async fn run_tool(conv: &mut Conversation<'_>, ts: &mut Toolset<'_>, name: &str,
                                 }
                             }
                             if answer.is_none() && ask.inline {
-                                answer = ask_person(&question, &options, ask.options_required, wait).await;
+                                answer = ask_person(&question, &options, ask.options_required, Some(wait_for).filter(|_| wait.is_some() || conv.deadline.is_some())).await;
                                 if answer.is_some() {
                                     source_of_record = format!("person:{}", steppe_runtime::store::person_here());
                                 }
                             }
                             if let (None, true, Some((q, true)), Some(l)) = (&answer, ask.park && !ask.inline, &filed, &conv.ledger) {
-                                let shown = wait.unwrap_or(ask::PARKED_WAIT);
+                                let shown = wait_for;
                                 conv.say(&format!("question {}: waiting up to {} — steppe questions answer {} <answer> {}", q.id, steppe_language::duration::show(shown), q.id, ask.answer_with));
                                 match ask::wait_parked(l.as_ref(), q.id, shown).await {
                                     Ok(Some(settled)) => {
@@ -185,23 +191,36 @@ async fn run_tool(conv: &mut Conversation<'_>, ts: &mut Toolset<'_>, name: &str,
                             }
                         }
                     }
+                    // Nobody answered: the row says so first; an answer that landed
+                    // just as the wait ended wins over the default.
+                    let mut settled = false;
+                    if let (None, Some((q, true)), Some(l)) = (&answer, &filed, &conv.ledger) {
+                        let (value, source) = match &ask.default {
+                            Some(d) => (Some(d.as_str()), "default"),
+                            None => (None, "expired"),
+                        };
+                        if let Ok(false) = l.settle(q.id, value, source).await {
+                            if let Ok(Some(row)) = l.question(q.id).await {
+                                answer = ask::recorded(&row).filter(|_| row.source != "default");
+                                source_of_record = row.source.clone();
+                            }
+                        }
+                        settled = true;
+                    }
                     let result = match (answer, &ask.default) {
                         (Some(a), _) => a,
                         (None, Some(d)) => {
-                            let within = if ask.park || ask.inline { format!(" within {}", steppe_language::duration::show(wait.unwrap_or(ask::PARKED_WAIT))) } else { String::new() };
+                            let within = if ask.park || ask.inline { format!(" within {}", steppe_language::duration::show(wait_for)) } else { String::new() };
                             json!({"answered": false, "answer": d, "source": "default", "note": format!("nobody answered{within}; the declared default was used")})
                         }
                         (None, None) => {
-                            if let (Some((q, true)), Some(l)) = (&filed, &conv.ledger) {
-                                let _ = l.settle(q.id, None, "expired").await;
-                            }
                             return Err(StepError::aborted(format!(
                                 "{label}: ask_user: nobody answered {question:?} (answer ahead with --answer 'substring=answer', or declare default: on the grant)"
                             )));
                         }
                     };
                     // Who answered goes on the row (a parked question's answerer recorded it already).
-                    if let (Some((q, true)), Some(l)) = (&filed, &conv.ledger) {
+                    if let (false, Some((q, true)), Some(l)) = (settled, &filed, &conv.ledger) {
                         let src = if source_of_record.is_empty() { result["source"].as_str().unwrap_or_default().to_string() } else { source_of_record.clone() };
                         let _ = l.settle(q.id, result["answer"].as_str(), &src).await;
                     }

@@ -9,6 +9,22 @@ use std::path::PathBuf;
 use rmcp::transport::auth::{AuthError, AuthorizationManager, AuthorizationRequest, CredentialStore, OAuthState, StoredCredentials};
 use serde_json::json;
 
+/// A server name as a file name: letters, digits, `.`, `_`, `-`, not leading with `.`.
+fn check_server_name(server: &str) -> Result<(), String> {
+    if server.is_empty() || server.starts_with('.') || !server.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)) {
+        return Err(format!("MCP server name {server:?} cannot name a credentials file (letters, digits, '.', '_', '-')"));
+    }
+    Ok(())
+}
+
+/// One refresh at a time per server in this process: a rotated refresh
+/// token is never spent twice.
+fn refresh_lock(server: &str) -> std::sync::Arc<tokio::sync::Mutex<()>> {
+    static LOCKS: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<String, std::sync::Arc<tokio::sync::Mutex<()>>>>> = std::sync::OnceLock::new();
+    let mut m = LOCKS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    m.entry(server.to_string()).or_default().clone()
+}
+
 /// Where a server's credentials live on this machine.
 pub fn credentials_path(server: &str) -> PathBuf {
     let base = std::env::var_os("XDG_CONFIG_HOME")
@@ -59,7 +75,8 @@ impl CredentialStore for FileCredentials {
         std::fs::create_dir_all(dir).map_err(|e| store_error(format!("{}: {e}", dir.display())))?;
         let text = json!({"endpoint": self.endpoint, "credentials": credentials}).to_string();
         // Written beside and renamed over, so a reader never sees half a file.
-        let tmp = self.path.with_extension(format!("json.{}", std::process::id()));
+        static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let tmp = self.path.with_extension(format!("json.{}.{}", std::process::id(), WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)));
         let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp).map_err(|e| store_error(format!("{}: {e}", tmp.display())))?;
         f.write_all(text.as_bytes()).map_err(|e| store_error(format!("{}: {e}", tmp.display())))?;
         std::fs::rename(&tmp, &self.path).map_err(|e| store_error(format!("{}: {e}", self.path.display())))
@@ -101,6 +118,7 @@ fn plain(e: AuthError) -> String {
 /// Signs in to `spec.server`: `show` is given the URL to open in a browser;
 /// the redirect back is caught on 127.0.0.1 and the tokens stored.
 pub async fn login(spec: &LoginSpec, show: &(dyn Fn(&str) + Sync)) -> Result<PathBuf, String> {
+    check_server_name(&spec.server)?;
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", spec.callback_port)).await.map_err(|e| format!("the callback port 127.0.0.1:{}: {e}", spec.callback_port))?;
     let port = listener.local_addr().map_err(|e| e.to_string())?.port();
     let redirect = format!("http://127.0.0.1:{port}/callback");
@@ -122,13 +140,17 @@ pub async fn login(spec: &LoginSpec, show: &(dyn Fn(&str) + Sync)) -> Result<Pat
     state.start_authorization(request).await.map_err(plain)?;
     let url = state.get_authorization_url().await.map_err(plain)?;
     show(&url);
-    let (code, csrf) = catch_redirect(listener).await?;
+    // Only the redirect carrying this sign-in's state counts; ten minutes to sign in.
+    let issued = url::Url::parse(&url).ok().and_then(|u| u.query_pairs().find(|(k, _)| k == "state").map(|(_, v)| v.into_owned())).unwrap_or_default();
+    let (code, csrf) = tokio::time::timeout(std::time::Duration::from_secs(600), catch_redirect(listener, &issued))
+        .await
+        .map_err(|_| "nobody signed in within 10 minutes".to_string())??;
     state.handle_callback(&code, &csrf).await.map_err(plain)?;
     Ok(path)
 }
 
 /// Waits for the browser's one request to `/callback`: its code and state.
-async fn catch_redirect(listener: tokio::net::TcpListener) -> Result<(String, String), String> {
+async fn catch_redirect(listener: tokio::net::TcpListener, issued: &str) -> Result<(String, String), String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     loop {
         let (mut sock, _) = listener.accept().await.map_err(|e| e.to_string())?;
@@ -141,6 +163,11 @@ async fn catch_redirect(listener: tokio::net::TcpListener) -> Result<(String, St
             continue;
         };
         let params: std::collections::HashMap<String, String> = url::form_urlencoded::parse(query.as_bytes()).into_owned().collect();
+        // Another page's request to this port is not this sign-in's redirect.
+        if params.get("state").map(String::as_str) != Some(issued) {
+            let _ = sock.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").await;
+            continue;
+        }
         let (body, found): (&str, Option<Result<(String, String), String>>) = match (params.get("code"), params.get("state"), params.get("error")) {
             (Some(c), Some(s), _) => ("Signed in: steppe has the token. You can close this tab.", Some(Ok((c.clone(), s.clone())))),
             (_, _, Some(e)) => {
@@ -159,6 +186,9 @@ async fn catch_redirect(listener: tokio::net::TcpListener) -> Result<(String, St
 
 /// The access token of a signed-in server, refreshed when it has expired.
 pub async fn access_token(server: &str, endpoint: &str, pipeline_hint: &str) -> Result<String, String> {
+    check_server_name(server)?;
+    let lock = refresh_lock(server);
+    let _one_at_a_time = lock.lock().await;
     steppe_cloud::install_crypto();
     let mut manager = AuthorizationManager::new(endpoint).await.map_err(plain)?;
     manager.set_credential_store(FileCredentials { path: credentials_path(server), endpoint: endpoint.to_string() });

@@ -200,7 +200,8 @@ pub trait Store: Send + Sync {
     /// (same text and options) and it did not expire: then that one, and false.
     fn ask_question(&self, q: &QuestionRecord) -> Result<(QuestionRecord, bool), StoreError>;
     fn question(&self, id: i64) -> Result<Option<QuestionRecord>, StoreError>;
-    /// Questions waiting for an answer (of `team` / `pipeline` when given), oldest first.
+    /// Questions waiting for an answer (of `team` / `pipeline` when given)
+    /// and not past their deadline, oldest first.
     fn pending_questions(&self, team: Option<&str>, pipeline: Option<&str>) -> Result<Vec<QuestionRecord>, StoreError>;
     /// Records who answered (`answer` None: it expired unanswered); false if
     /// it was already settled (or does not exist).
@@ -320,7 +321,7 @@ pub(crate) mod tests {
         assert_eq!((rec.decision.as_deref(), rec.reason.as_str(), rec.approver.as_str(), rec.message.as_str(), rec.pipeline.as_str()), (Some("rejected"), "not today", "ana", "Ship it?", "ci"));
         assert_eq!(s.pending_approvals(None, None).unwrap().len(), 1);
         // Questions: filed once per run and text+options; settled once.
-        let q = QuestionRecord { team: ci.team.clone(), pipeline: ci.pipeline.clone(), run_id: "r1".into(), job: "build".into(), agent: "writer".into(), question: "Which bump?".into(), options: vec!["minor".into(), "patch".into()], asked_ms: 60, deadline_ms: 70, ..Default::default() };
+        let q = QuestionRecord { team: ci.team.clone(), pipeline: ci.pipeline.clone(), run_id: "r1".into(), job: "build".into(), agent: "writer".into(), question: "Which bump?".into(), options: vec!["minor".into(), "patch".into()], asked_ms: 60, deadline_ms: 0, ..Default::default() };
         let (first, filed) = s.ask_question(&q).unwrap();
         assert!(filed && first.pending() && first.id > 0);
         let (again, filed) = s.ask_question(&q).unwrap();
@@ -341,6 +342,8 @@ pub(crate) mod tests {
         let (fresh, filed) = s.ask_question(&QuestionRecord { run_id: "r2".into(), ..q.clone() }).unwrap();
         assert!(filed && fresh.id != other_run.id, "an expired question is asked again");
         assert!(s.question(9999).unwrap().is_none());
+        let (stale, _) = s.ask_question(&QuestionRecord { run_id: "r3".into(), deadline_ms: 1, ..q.clone() }).unwrap();
+        assert!(!s.pending_questions(None, None).unwrap().iter().any(|p| p.id == stale.id), "past its deadline, nobody is waiting on it");
         let v = |n: &str| serde_json::json!({"ref": n, "n": 1});
         s.record_versions(&ci, "repo", &[v("a"), v("b")]).unwrap();
         s.record_versions(&ci, "repo", &[serde_json::json!({"n": 1, "ref": "b"}), v("c")]).unwrap();

@@ -411,7 +411,9 @@ impl Store for RedisStore {
         let ids: Vec<i64> = self.with(|c| c.zrange(&pending, 0, -1))?;
         let mut out = Vec::new();
         for id in ids {
-            if let Some(q) = self.question(id)?.filter(|q| team.is_none_or(|t| t == q.team) && pipeline.is_none_or(|p| p == q.pipeline)) {
+            // One whose step went away before it expired is not listed past its deadline.
+            let live = |q: &QuestionRecord| q.deadline_ms == 0 || q.deadline_ms > super::now_ms();
+            if let Some(q) = self.question(id)?.filter(|q| live(q) && team.is_none_or(|t| t == q.team) && pipeline.is_none_or(|p| p == q.pipeline)) {
                 out.push(q);
             }
         }

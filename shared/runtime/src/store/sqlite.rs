@@ -384,8 +384,11 @@ impl Store for SqliteStore {
 
     fn pending_questions(&self, team: Option<&str>, pipeline: Option<&str>) -> Result<Vec<QuestionRecord>, StoreError> {
         self.with(|c| {
-            let mut st = c.prepare(&format!("SELECT {QUESTION_COLS} FROM questions WHERE source = '' AND (?1 IS NULL OR team = ?1) AND (?2 IS NULL OR pipeline = ?2) ORDER BY id"))?;
-            let rows = st.query_map(params![team, pipeline], question_row)?;
+            // One whose step went away before it expired is not listed past its deadline.
+            let mut st = c.prepare(&format!(
+                "SELECT {QUESTION_COLS} FROM questions WHERE source = '' AND (deadline_ms = 0 OR deadline_ms > ?3) AND (?1 IS NULL OR team = ?1) AND (?2 IS NULL OR pipeline = ?2) ORDER BY id"
+            ))?;
+            let rows = st.query_map(params![team, pipeline, super::now_ms()], question_row)?;
             rows.collect()
         })
     }
