@@ -508,3 +508,18 @@ fn a_parked_question_ends_before_its_step_does() {
     assert_eq!(o.status.code(), Some(0), "{t}");
     assert!(t.contains("answer: patch") && t.contains("going with the default") && !t.contains("timed out"), "{t}");
 }
+
+/// What a failed attempt's fixer spent is the step's spend too: a task with
+/// `attempts: 2` and a `fix:` agent that cannot mend it counts both repairs.
+#[test]
+fn failed_attempts_spend_counts() {
+    let work = std::env::temp_dir().join(format!("steppe-agents-attempt-spend-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).expect("mkdir");
+    std::fs::write(work.join("p.yml"), "agents:\n- name: mender\n  source: {model: openrouter/x/y}\njobs:\n- name: j\n  plan:\n  - task: check\n    attempts: 2\n    fix: mender\n    run: test -f fixed\n").expect("write");
+    std::fs::write(work.join("s.yaml"), "model:\n  turns:\n    - say: could not mend it\n      usage: 100\n    - say: still could not\n      usage: 50\n").expect("write");
+    let o = Command::new(env!("CARGO_BIN_EXE_steppe")).args(["run", "p.yml", "--script", "s.yaml"]).current_dir(&work).env_remove("STEPPE_MODEL").output().expect("run");
+    let t = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert_eq!(o.status.code(), Some(1), "{t}");
+    assert!(t.contains("attempt 1 of 2 failed") && t.contains("usage: 150 tokens across 1 agent step(s)"), "{t}");
+}

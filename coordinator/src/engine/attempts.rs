@@ -16,8 +16,14 @@ impl JobRun {
         let attempts = attempts.max(1) as u32;
         self.engine.out.start_step(&self.run_id, label);
         let t0 = Instant::now();
-        let mut last = None;
+        let mut last: Option<steppe_runtime::assignment::AssignmentResult> = None;
+        // What failed attempts' conversations spent is the step's spend too.
+        let (mut spent_before, mut usage_before) = (0u64, steppe_runtime::agent_work::Usage::default());
         for n in 1..=attempts {
+            if let Some(o) = last.as_ref().and_then(|r| r.agent.as_ref()) {
+                spent_before += o.tokens;
+                usage_before.absorb(&o.usage);
+            }
             a.attempt = n;
             let cx = self.span(format!("attempt {n}"), vec![opentelemetry::KeyValue::new("attempt", i64::from(n))]);
             let r = opentelemetry::context::FutureExt::with_context(self.dispatch(a.clone()), cx.clone()).await;
@@ -32,7 +38,15 @@ impl JobRun {
             self.engine.out.run_note(&self.run_id, &format!("{label}: attempt {n} of {attempts} failed; retrying"));
             tokio::time::sleep(Duration::from_millis(500 * u64::from(n))).await;
         }
-        let r = last.expect("at least one attempt");
+        let mut r = last.expect("at least one attempt");
+        if let Some(o) = r.agent.as_mut() {
+            o.tokens += spent_before;
+            let mut all = usage_before;
+            all.absorb(&o.usage);
+            // How the step ended, and on which model, is the last attempt's.
+            (all.model, all.finish) = (o.usage.model.clone(), o.usage.finish.clone());
+            o.usage = all;
+        }
         if let (Some(o), Ok(mut dn)) = (&r.agent, self.denials.lock()) {
             dn.extend(o.denials.iter().map(|d| (label.to_string(), d.clone())));
         }
