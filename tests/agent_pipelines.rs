@@ -523,3 +523,24 @@ fn failed_attempts_spend_counts() {
     assert_eq!(o.status.code(), Some(1), "{t}");
     assert!(t.contains("attempt 1 of 2 failed") && t.contains("usage: 150 tokens across 1 agent step(s)"), "{t}");
 }
+
+/// A run stopped while its question waits leaves nobody answering it: the
+/// question is settled as expired and no longer listed.
+#[test]
+fn a_question_whose_run_stops_is_not_left_waiting() {
+    let work = std::env::temp_dir().join(format!("steppe-agents-ask-stopped-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).expect("mkdir");
+    std::fs::write(work.join("p.yml"), "agents:\n- name: w\n  source: {model: openrouter/x/y}\n  tools: [{builtin: ask_user, timeout: 10m}]\njobs:\n- name: j\n  plan:\n  - agent: w\n    messages: [Ask.]\n").expect("write");
+    std::fs::write(work.join("s.yaml"), "model:\n  rules:\n    - call: ask_user\n      args: {question: Which bump?}\n").expect("write");
+    let (mut child, log) = common::spawn_logged(&["run", "p.yml", "--script", "s.yaml"], &work);
+    common::wait_in_log(&log, "question 1: waiting up to 10m0s", std::time::Duration::from_secs(60));
+    let (_, out, _) = common::run_steppe(&["questions", "-p", "p.yml"], &work);
+    assert!(out.contains("Which bump?"), "{out}");
+    // SAFETY: signalling the run this test started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let status = child.wait().expect("the run");
+    assert_eq!(status.code(), Some(130), "{}", log.lock().map(|l| l.clone()).unwrap_or_default());
+    let (_, out, _) = common::run_steppe(&["questions", "-p", "p.yml"], &work);
+    assert!(out.contains("no questions waiting"), "{out}");
+}

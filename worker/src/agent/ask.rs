@@ -106,3 +106,37 @@ pub(super) async fn wait_parked(ledger: &dyn steppe_runtime::budget::Ledger, id:
         tokio::time::sleep((until - now).min(Duration::from_millis(500))).await;
     }
 }
+
+/// A filed question its step may stop waiting on without settling (the step
+/// aborted or timed out mid-wait): settled as expired when dropped armed, so
+/// nobody is left answering a question no step waits for.
+pub(super) struct Abandoned {
+    ledger: std::sync::Arc<dyn steppe_runtime::budget::Ledger>,
+    id: i64,
+    armed: bool,
+}
+
+impl Abandoned {
+    pub(super) fn new(ledger: std::sync::Arc<dyn steppe_runtime::budget::Ledger>, id: i64) -> Self {
+        Abandoned { ledger, id, armed: true }
+    }
+
+    /// The question was settled as it should be.
+    pub(super) fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Abandoned {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (ledger, id) = (self.ledger.clone(), self.id);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let _ = ledger.settle(id, None, "expired").await;
+            });
+        }
+    }
+}

@@ -128,6 +128,11 @@ async fn run_tool(conv: &mut Conversation<'_>, ts: &mut Toolset<'_>, name: &str,
                         },
                         None => None,
                     };
+                    // A step ended while its question waits (aborted, timed out) leaves nobody waiting on it.
+                    let mut abandoned = match (&filed, &conv.ledger) {
+                        (Some((q, true)), Some(l)) => Some(ask::Abandoned::new(l.clone(), q.id)),
+                        _ => None,
+                    };
                     let mut answer: Option<Value>;
                     let mut source_of_record = String::new();
                     match &filed {
@@ -206,6 +211,9 @@ async fn run_tool(conv: &mut Conversation<'_>, ts: &mut Toolset<'_>, name: &str,
                             }
                         }
                         settled = true;
+                        if let Some(a) = abandoned.as_mut() {
+                            a.disarm();
+                        }
                     }
                     let result = match (answer, &ask.default) {
                         (Some(a), _) => a,
@@ -219,6 +227,9 @@ async fn run_tool(conv: &mut Conversation<'_>, ts: &mut Toolset<'_>, name: &str,
                             )));
                         }
                     };
+                    if let Some(a) = abandoned.as_mut() {
+                        a.disarm();
+                    }
                     // Who answered goes on the row (a parked question's answerer recorded it already).
                     if let (false, Some((q, true)), Some(l)) = (settled, &filed, &conv.ledger) {
                         let src = if source_of_record.is_empty() { result["source"].as_str().unwrap_or_default().to_string() } else { source_of_record.clone() };
