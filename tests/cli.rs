@@ -234,15 +234,7 @@ fn gated_pipeline(d: &std::path::Path) {
 fn lines_of(child: &mut std::process::Child) -> common::Log {
     let log = common::Log::default();
     let out = child.stdout.take().expect("stdout");
-    let kept = log.clone();
-    std::thread::spawn(move || {
-        for l in std::io::BufRead::lines(std::io::BufReader::new(out)).map_while(Result::ok) {
-            if let Ok(mut g) = kept.lock() {
-                g.push_str(&l);
-                g.push('\n');
-            }
-        }
-    });
+    common::keep_lines(std::io::BufRead::lines(std::io::BufReader::new(out)).map_while(Result::ok), &log);
     log
 }
 

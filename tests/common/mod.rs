@@ -120,19 +120,22 @@ pub fn serving_child_logged(child: std::process::Child) -> (std::process::Child,
     let (mut child, url, lines) = serving_child(child);
     let log = Log::default();
     let stderr = child.stderr.take().expect("stderr");
-    let sources: [Box<dyn Iterator<Item = String> + Send>; 2] = [Box::new(lines.map_while(Result::ok)), Box::new(std::io::BufRead::lines(std::io::BufReader::new(stderr)).map_while(Result::ok))];
-    for src in sources {
-        let log = log.clone();
-        std::thread::spawn(move || {
-            for l in src {
-                if let Ok(mut g) = log.lock() {
-                    g.push_str(&l);
-                    g.push('\n');
-                }
-            }
-        });
-    }
+    keep_lines(lines.map_while(Result::ok), &log);
+    keep_lines(std::io::BufRead::lines(std::io::BufReader::new(stderr)).map_while(Result::ok), &log);
     (child, url, log)
+}
+
+/// Appends each line of `src` to `log` as it comes, on a thread of its own.
+pub fn keep_lines(src: impl Iterator<Item = String> + Send + 'static, log: &Log) {
+    let log = log.clone();
+    std::thread::spawn(move || {
+        for l in src {
+            if let Ok(mut g) = log.lock() {
+                g.push_str(&l);
+                g.push('\n');
+            }
+        }
+    });
 }
 
 /// `steppe ARGS` in `dir` started in the background with no terminal
@@ -149,18 +152,8 @@ pub fn spawn_logged(args: &[&str], dir: &Path) -> (std::process::Child, Log) {
         .expect("spawn steppe");
     let log = Log::default();
     let (stdout, stderr) = (child.stdout.take().expect("stdout"), child.stderr.take().expect("stderr"));
-    let sources: [Box<dyn std::io::Read + Send>; 2] = [Box::new(stdout), Box::new(stderr)];
-    for src in sources {
-        let log = log.clone();
-        std::thread::spawn(move || {
-            for l in std::io::BufRead::lines(std::io::BufReader::new(src)).map_while(Result::ok) {
-                if let Ok(mut g) = log.lock() {
-                    g.push_str(&l);
-                    g.push('\n');
-                }
-            }
-        });
-    }
+    keep_lines(std::io::BufRead::lines(std::io::BufReader::new(stdout)).map_while(Result::ok), &log);
+    keep_lines(std::io::BufRead::lines(std::io::BufReader::new(stderr)).map_while(Result::ok), &log);
     (child, log)
 }
 

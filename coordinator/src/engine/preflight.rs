@@ -49,7 +49,7 @@ pub(super) async fn probe(e: &Endpoint, timeout: Duration) -> Result<(), String>
     // A CLI agent (`@claude/…`): its program must be on PATH; it is a host subprocess wherever its tools run.
     if let Some(spec) = e.model.strip_prefix('@') {
         let program = spec.split_once('/').map_or(spec, |(p, _)| p);
-        return if on_path(program) { Ok(()) } else { Err(format!("{program} is not on PATH (install the {program} CLI, or give the agent a hosted model)")) };
+        return if steppe_language::machine::on_path(program).is_some() { Ok(()) } else { Err(format!("{program} is not on PATH (install the {program} CLI, or give the agent a hosted model)")) };
     }
     let key = e.api_key_env.as_deref().and_then(|v| std::env::var(v).ok()).filter(|k| !k.is_empty());
     if key.is_none() && e.key_required {
@@ -253,12 +253,8 @@ async fn probe_mcp_server(server: &steppe_runtime::agent_work::McpServerWork, gr
         };
     }
     let Some(program) = server.command.first() else { return Err(format!("MCP server \"{}\" has no command", server.name)) };
-    let found = if program.contains('/') {
-        let p = std::path::Path::new(program);
-        p.is_absolute() && p.exists() || !p.is_absolute()
-    } else {
-        on_path(program)
-    };
+    // A relative path names a file in the step's directory, on the worker.
+    let found = (program.contains('/') && !program.starts_with('/')) || steppe_language::machine::on_path(program).is_some();
     if found {
         Ok(())
     } else {
@@ -275,11 +271,6 @@ pub struct Report {
     pub pinned: Vec<String>,
     /// Agents none of whose sources answered: one line per source.
     pub problems: Vec<String>,
-}
-
-/// Whether `program` is a file in one of `$PATH`'s directories.
-fn on_path(program: &str) -> bool {
-    std::env::var_os("PATH").is_some_and(|path| std::env::split_paths(&path).any(|d| d.join(program).is_file()))
 }
 
 /// A source as preflight names it: `model at URL`, or a CLI agent's `@cli/model`.

@@ -337,7 +337,7 @@ async fn invoke(
                         u.cost_usd = cost;
                         u.responses = turns.max(1);
                         session.spent_usd += cost.unwrap_or(0.0);
-                        charge(conv, &u).await?;
+                        conv.spend(u.prompt + u.completion).await?;
                         conv.out.usage.absorb(&u);
                         result = Some(Ended::Result { text, is_error });
                     }
@@ -388,19 +388,6 @@ fn claude_usage(u: &Value) -> Value {
     let cached = n("cache_read_input_tokens");
     let prompt = n("input_tokens") + cached + n("cache_creation_input_tokens");
     json!({"prompt_tokens": prompt, "completion_tokens": n("output_tokens"), "prompt_tokens_details": {"cached_tokens": cached}})
-}
-
-/// Adds what an invocation spent to the step's tokens and the job's budget.
-async fn charge(conv: &mut Conversation<'_>, u: &Usage) -> Result<(), StepError> {
-    let tokens = u.prompt + u.completion;
-    conv.out.tokens += tokens;
-    let total = conv.charge(tokens).await?;
-    if let (Some((cap, _)), Some(total)) = (conv.work.job_budget, total) {
-        if total > cap {
-            return Err(StepError::errored(format!("job budget exceeded: cap {cap} tokens, spent {total}\n  running total: earlier steps {} -> {} {} (tripped here)", total.saturating_sub(conv.charged), conv.work.agent, conv.charged)));
-        }
-    }
-    Ok(())
 }
 
 /// The synthetic reads a hosted agent's first request carries (earlier

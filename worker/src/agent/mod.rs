@@ -145,6 +145,37 @@ impl Conversation<'_> {
         Ok(())
     }
 
+    /// Adds what a response (or a CLI invocation) spent to the step and the
+    /// run's counters; errs when the step's or the job's budget is spent.
+    async fn spend(&mut self, tokens: u64) -> Result<(), StepError> {
+        self.out.tokens += tokens;
+        let job_total = self.charge(tokens).await?;
+        if let Some(cap) = self.work.budget_tokens {
+            if self.out.tokens > cap {
+                return Err(StepError::errored(format!("agent \"{}\": budget exceeded: cap {cap} tokens, spent {}", self.work.agent, self.out.tokens)));
+            }
+        }
+        if let (Some((cap, _)), Some(total)) = (self.work.job_budget, job_total) {
+            if total > cap {
+                return Err(StepError::errored(format!(
+                    "job budget exceeded: cap {cap} tokens, spent {total}\n  running total: earlier steps {} -> {} {} (tripped here)",
+                    total.saturating_sub(self.charged),
+                    self.work.agent,
+                    self.charged
+                )));
+            }
+        } else if let Some((cap, before)) = self.work.job_budget {
+            let total = before + self.out.tokens;
+            if total > cap {
+                return Err(StepError::errored(format!(
+                    "job budget exceeded: cap {cap} tokens, spent {total}\n  running total: earlier steps {before} -> {} {} (tripped here)",
+                    self.work.agent, self.out.tokens
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Adds a turn's tokens to the run's counters; the job's new total, when
     /// it has a counter (None: the budget holds against the snapshot sent).
     async fn charge(&mut self, tokens: u64) -> Result<Option<u64>, StepError> {

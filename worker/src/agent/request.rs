@@ -74,36 +74,12 @@ impl Conversation<'_> {
             .and_then(|u| u.get("total_tokens").and_then(Value::as_u64))
             .or_else(|| usage.map(|u| u.get("prompt_tokens").and_then(Value::as_u64).unwrap_or(0) + u.get("completion_tokens").and_then(Value::as_u64).unwrap_or(0)))
             .unwrap_or(0);
-        self.out.tokens += tokens;
         let finish = resp.pointer("/choices/0/finish_reason").and_then(Value::as_str);
         let served = self.model.clone();
         self.out.usage.add_response(&served, usage, finish);
         crate::telemetry::set(&call_cx, vec![opentelemetry::KeyValue::new("model", self.model.clone()), opentelemetry::KeyValue::new("tokens", i64::try_from(tokens).unwrap_or(i64::MAX))]);
         crate::telemetry::end(&call_cx, None);
-        let job_total = self.charge(tokens).await?;
-        if let Some(cap) = self.work.budget_tokens {
-            if self.out.tokens > cap {
-                return Err(StepError::errored(format!("agent \"{}\": budget exceeded: cap {cap} tokens, spent {}", self.work.agent, self.out.tokens)));
-            }
-        }
-        if let (Some((cap, _)), Some(total)) = (self.work.job_budget, job_total) {
-            if total > cap {
-                return Err(StepError::errored(format!(
-                    "job budget exceeded: cap {cap} tokens, spent {total}\n  running total: earlier steps {} -> {} {} (tripped here)",
-                    total.saturating_sub(self.charged),
-                    self.work.agent,
-                    self.charged
-                )));
-            }
-        } else if let Some((cap, before)) = self.work.job_budget {
-            let total = before + self.out.tokens;
-            if total > cap {
-                return Err(StepError::errored(format!(
-                    "job budget exceeded: cap {cap} tokens, spent {total}\n  running total: earlier steps {before} -> {} {} (tripped here)",
-                    self.work.agent, self.out.tokens
-                )));
-            }
-        }
+        self.spend(tokens).await?;
         let msg = resp.pointer("/choices/0/message").cloned().ok_or_else(|| StepError::errored(format!("{}: the model's response has no choices", self.label)))?;
         Ok(msg)
     }

@@ -282,7 +282,6 @@ async fn connect(spec: &McpServerWork, step_dir: &Path) -> Result<RunningService
                 config = config.auth_header(token);
             }
             if spec.oauth {
-                steppe_cloud::install_crypto();
                 let token = crate::tools::mcp_oauth::access_token(&spec.name, url, "<pipeline>").await.map_err(|e| McpError::Protocol { server: server.clone(), message: e })?;
                 config = config.auth_header(token);
             }
