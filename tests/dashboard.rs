@@ -114,7 +114,7 @@ fn a_pipelines_dashboard_in_a_browser() {
         b.text_of("#runs").contains("slow")
     });
     b.click("#runs a");
-    assert!(b.js("return !!document.querySelector('[data-live]')").as_bool().unwrap_or(false), "a running run's page is live");
+    wait_for("a running run's page, live", Duration::from_secs(10), || b.js("return !!document.querySelector('[data-live]')").as_bool().unwrap_or(false));
     b.js("window.__same_page = 1; return 0");
     b.shot("run-live");
     wait_for("every step green, live", Duration::from_secs(30), || b.text_of("#state").contains("succeeded"));
@@ -131,7 +131,9 @@ fn a_pipelines_dashboard_in_a_browser() {
     // A transcript.
     b.goto(&format!("{url}/?job=talk"));
     b.click("#runs a");
+    wait_for("the run's steps", Duration::from_secs(10), || !b.text_of("#steps").is_empty());
     b.click("#steps a");
+    wait_for("the transcript", Duration::from_secs(10), || b.text_of("#transcript").contains("looked around"));
     let transcript = b.text_of("#transcript");
     assert!(transcript.contains("run_shell") && transcript.contains("tool-output-here") && transcript.contains("looked around"), "{transcript}");
     b.shot("transcript");
@@ -170,9 +172,9 @@ fn a_pipelines_dashboard_in_a_browser() {
     // Hostile names and output stay text, on the runs list, the run and the step.
     b.goto(&format!("{url}/?job=hostile"));
     b.click("#runs a");
-    assert!(b.text_of("#steps").contains(hostile), "{}", b.text_of("#steps"));
+    wait_for("the hostile run's steps", Duration::from_secs(10), || b.text_of("#steps").contains(hostile));
     b.click("#steps a");
-    assert!(b.text_of("#log").contains("<img src=x onerror="), "{}", b.text_of("#log"));
+    wait_for("the hostile step's log", Duration::from_secs(10), || b.text_of("#log").contains("<img src=x onerror="));
     assert!(b.js("return window.__pwned === undefined").as_bool().unwrap_or(false), "a pipeline's text ran as script");
     b.shot("hostile");
 
@@ -213,7 +215,8 @@ fn a_coordinators_dashboard_signs_in_by_token_and_shows_a_team_its_own() {
     assert!(b.rt.block_on(b.client.current_url()).expect("url").path().ends_with("/login"), "signed out: to the sign-in page");
     b.type_into("input[name=token]", "not-a-token");
     b.click("button");
-    assert!(b.text_of("main").contains("not known"), "{}", b.text_of("main"));
+    // The click's navigation may not have landed when the page is first read.
+    wait_for("the refusal of an unknown token", Duration::from_secs(10), || b.text_of("main").contains("not known"));
     let blue = std::fs::read_to_string(work.join("blue.token")).expect("token");
     b.goto(&format!("{site}/login"));
     b.type_into("input[name=token]", blue.trim());

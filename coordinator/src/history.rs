@@ -308,4 +308,10 @@ impl Store for RemoteStore {
     fn green(&self, _: &Scope, _: &str, _: &str) -> Result<Vec<serde_json::Value>, StoreError> {
         Err(self.read_only())
     }
+    fn record_chain(&self, _: &Scope, _: &str, _: &str) -> Result<(), StoreError> {
+        Err(self.read_only())
+    }
+    fn chain_succeeded(&self, _: &Scope, _: &str, _: &str) -> Result<bool, StoreError> {
+        Err(self.read_only())
+    }
 }

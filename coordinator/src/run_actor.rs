@@ -63,7 +63,11 @@ pub fn run_id() -> String {
 /// Runs one job in its actor, turning Ctrl-C and SIGTERM into an abort
 /// (steps killed, hooks get their grace).
 pub async fn run_until_signal(engine: &Arc<Engine>, job: &steppe_language::model::Job, id: String) -> JobResult {
-    let run = JobRun::new(engine.clone(), job.clone(), id);
+    run_until_signal_from(engine, JobRun::new(engine.clone(), job.clone(), id)).await
+}
+
+/// As [`run_until_signal`], for a run made already (one that continues another).
+pub async fn run_until_signal_from(engine: &Arc<Engine>, run: Arc<JobRun>) -> JobResult {
     let fut = run_in_actor(run);
     tokio::pin!(fut);
     // Ctrl-C and SIGTERM abort alike: steps are killed (their process

@@ -142,6 +142,16 @@ impl RunService {
         engine.decide_with = "--coordinator URL".into();
         engine.trace_parent = self.trace_parent.clone();
         engine.preflight = !req.no_preflight;
+        engine.force = req.force || req.test;
+        engine.pins = if req.test { Vec::new() } else {
+            match crate::cli::args::parse_pins(&req.pins) {
+                Ok(p) => p,
+                Err(e) => {
+                    let _ = lines.send(format!("steppe: error: {e}"));
+                    return 2;
+                }
+            }
+        };
         engine.park_questions = !req.test;
         engine.submission = Some(Arc::new(crate::engine::Submission::new(root.to_path_buf(), sub_dir, self.svc.store.clone())));
         if !req.pool.is_empty() {
@@ -160,7 +170,7 @@ impl RunService {
         }
         let engine = Arc::new(engine);
         let jobs = loaded.pipeline.jobs.clone();
-        let run = |job: steppe_language::model::Job| {
+        let run = |job: steppe_language::model::Job, begin: Option<crate::engine::checkpoint::Start>| {
             let engine = engine.clone();
             let lines = lines.clone();
             let (detach, quiet) = (req.detach, req.quiet);
@@ -176,7 +186,7 @@ impl RunService {
                 }
                 let _ = started.send(run_id.clone());
                 let r = {
-                    let fut = crate::run_actor::run_until_signal(&engine, &job, run_id.clone());
+                    let fut = crate::run_actor::run_until_signal_from(&engine, crate::engine::JobRun::starting(engine.clone(), job.clone(), run_id.clone(), begin));
                     tokio::pin!(fut);
                     tokio::select! {
                         r = &mut fut => r,
@@ -192,7 +202,7 @@ impl RunService {
                 if let Ok(mut a) = active.lock() {
                     a.remove(&run_id);
                 }
-                r
+                (r, run_id)
             }
         };
         if req.test {
@@ -206,7 +216,7 @@ impl RunService {
             };
             let mut failures = Vec::new();
             for job in &jobs {
-                let r = run(job.clone()).await;
+                let (r, _) = run(job.clone(), None).await;
                 match r.result {
                     Ok(()) => drop(lines.send(format!("PASS {}", shown(&job.name)))),
                     Err(e) => {
@@ -235,31 +245,68 @@ impl RunService {
             let _ = lines.send(format!("{}/{} passed", jobs.len(), jobs.len()));
             return 0;
         }
-        let job = match (req.job.as_str(), jobs.len()) {
-            ("", 1) => jobs[0].clone(),
-            ("", _) => {
-                let names: Vec<&str> = jobs.iter().map(|j| j.name.as_str()).collect();
-                let _ = lines.send(format!("steppe: error: {} has {} jobs; pick one with --job ({})", req.pipeline, jobs.len(), names.join(", ")));
+        let from = match (req.resume.as_str(), req.replay.as_str(), req.from.as_str()) {
+            ("", "", _) => None,
+            (r, "", _) => Some(crate::engine::checkpoint::StartFrom::Resume(r.to_string())),
+            ("", run, from) if !from.is_empty() => Some(crate::engine::checkpoint::StartFrom::Replay { run: run.to_string(), from: from.to_string() }),
+            _ => {
+                let _ = lines.send("steppe: error: --resume and --replay do not go together, and --replay needs --from STEP".to_string());
                 return 2;
             }
-            (name, _) => match jobs.iter().find(|j| j.name == name) {
-                Some(j) => j.clone(),
-                None => {
-                    let _ = lines.send(format!("steppe: error: job \"{name}\" is not in {}", req.pipeline));
+        };
+        let begin = match &from {
+            None => None,
+            Some(from) => match engine.out.store().ok_or_else(|| "this coordinator keeps no run store".to_string()).and_then(|st| crate::engine::checkpoint::resolve(st.as_ref(), &engine.scope, &jobs, from)) {
+                Ok((j, b)) if req.job.is_empty() || req.job == j.name => Some((j, b)),
+                Ok((j, _)) => {
+                    let _ = lines.send(format!("steppe: error: --job {}: run {} ran job {}", req.job, from.run_id(), j.name));
+                    return 2;
+                }
+                Err(e) => {
+                    let _ = lines.send(format!("steppe: error: {e}"));
                     return 2;
                 }
             },
         };
-        let r = run(job.clone()).await;
+        let (job, begin) = match begin {
+            Some((j, b)) => (j, Some(b)),
+            None => match self.pick_job(&req, &jobs, &lines) {
+                Some(j) => (j, None),
+                None => return 2,
+            },
+        };
+        let (r, run_id) = run(job.clone(), begin).await;
         if !req.quiet {
             let _ = lines.send(format!("execution: [{}]", shown(&r.log.join(", "))));
         }
         let outcome = Outcome::of(&r.result);
         match &r.result {
             Ok(()) => drop(lines.send(format!("job {} succeeded", shown(&job.name)))),
-            Err(e) => drop(lines.send(format!("job {} {}: {}", shown(&job.name), outcome.word(), crate::text::shown_lines(&e.message)))),
+            Err(e) => {
+                let _ = lines.send(format!("job {} {}: {}", shown(&job.name), outcome.word(), crate::text::shown_lines(&e.message)));
+                let _ = lines.send(format!("resume with: steppe submit {} --coordinator URL --resume {run_id}", shown(&req.pipeline)));
+            }
         }
         i32::from(outcome.exit_code())
+    }
+
+    /// The job a submission names, or its only job.
+    fn pick_job(&self, req: &SubmitRequest, jobs: &[steppe_language::model::Job], lines: &Lines) -> Option<steppe_language::model::Job> {
+        match (req.job.as_str(), jobs.len()) {
+            ("", 1) => Some(jobs[0].clone()),
+            ("", _) => {
+                let names: Vec<&str> = jobs.iter().map(|j| j.name.as_str()).collect();
+                let _ = lines.send(format!("steppe: error: {} has {} jobs; pick one with --job ({})", req.pipeline, jobs.len(), names.join(", ")));
+                None
+            }
+            (name, _) => match jobs.iter().find(|j| j.name == name) {
+                Some(j) => Some(j.clone()),
+                None => {
+                    let _ = lines.send(format!("steppe: error: job \"{name}\" is not in {}", req.pipeline));
+                    None
+                }
+            },
+        }
     }
 }
 

@@ -191,6 +191,8 @@ pub fn make_engine_with(
         masked_env,
         preflight: true,
         park_questions: true,
+        force: false,
+        pins: Vec::new(),
     }
 }
 

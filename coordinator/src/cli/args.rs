@@ -57,6 +57,8 @@ pub struct ExecArgs {
     #[arg(long = "answer", value_name = "SUBSTRING=ANSWER")]
     pub answer: Vec<String>,
     #[command(flatten)]
+    pub cache: CacheArgs,
+    #[command(flatten)]
     pub remote: RemoteArgs,
     /// With --coordinator: run the steps on the workers of this pool.
     #[arg(long, value_name = "NAME", requires = "coordinator")]
@@ -69,6 +71,36 @@ pub struct ExecArgs {
     /// pipeline are never another's.
     #[arg(long = "pipeline", value_name = "NAME")]
     pub pipeline_name: Option<String>,
+}
+
+/// The step cache: `--force` and `--pin`.
+#[derive(Args, Debug, Default, Clone)]
+pub struct CacheArgs {
+    /// Run every step, even of a chain a run already succeeded through (the
+    /// success is still recorded).
+    #[arg(long)]
+    pub force: bool,
+    /// Every get takes the oldest version whose field NAME is VALUE (all
+    /// pins must match; repeatable). Beats a step's `version:`.
+    #[arg(long = "pin", value_name = "NAME=VALUE")]
+    pub pin: Vec<String>,
+}
+
+impl CacheArgs {
+    /// The pins as (field, value) pairs.
+    pub fn pins(&self) -> Result<Vec<(String, String)>> {
+        parse_pins(&self.pin)
+    }
+}
+
+/// `NAME=VALUE` pins, each checked.
+pub fn parse_pins(pins: &[String]) -> Result<Vec<(String, String)>> {
+    pins.iter()
+        .map(|p| match p.split_once('=') {
+            Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.to_string())),
+            _ => anyhow::bail!("--pin {p}: write it as NAME=VALUE, a field of the version (e.g. --pin ref=abc123)"),
+        })
+        .collect()
 }
 
 #[derive(Args, Debug, Default)]

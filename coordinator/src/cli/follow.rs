@@ -89,6 +89,8 @@ fn print_events(store: &dyn Store, run_id: &str, events: &[RunEvent]) -> Result<
         match e.kind.as_str() {
             "started" => say!("▶ {}", shown(&e.step)),
             "stdout" | "stderr" => say!("[{}] {}", shown(&e.step), shown(&e.message)),
+            // The run's progress, for --resume: not something it printed.
+            crate::engine::checkpoint::KIND => {}
             "ended" => {
                 // The step's last record of that name carries its duration and error.
                 let rec = records.iter().rev().find(|r| r.name == e.step);

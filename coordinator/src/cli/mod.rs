@@ -16,6 +16,7 @@ pub mod history;
 mod history_source;
 pub mod jobs;
 pub mod mcp;
+pub mod plan;
 pub mod preflight;
 pub mod questions;
 pub mod log;
@@ -80,6 +81,7 @@ pub enum Command {
     Completions(completions::CompletionsArgs),
     Mcp(mcp::McpArgs),
     Preflight(preflight::PreflightArgs),
+    Plan(plan::PlanArgs),
 }
 
 impl Command {
@@ -106,6 +108,7 @@ impl Command {
             Command::Completions(a) => a.run(),
             Command::Mcp(a) => a.run(),
             Command::Preflight(a) => a.run(),
+            Command::Plan(a) => a.run(),
         }
     }
 }

@@ -12,7 +12,8 @@ use super::args::{ExecArgs, VarArgs};
 use super::scenario::ScriptArgs;
 use super::{cores, load_reporting, runtime, scratch};
 use crate::engine;
-use crate::run_actor::{run_id, run_until_signal};
+use crate::engine::checkpoint::StartFrom;
+use crate::run_actor::{run_id, run_until_signal_from};
 use crate::services::{parse_answers, start_services};
 use crate::text::shown;
 
@@ -36,6 +37,19 @@ pub struct RunArgs {
     /// The job to run (required when the pipeline has more than one).
     #[arg(long)]
     job: Option<String>,
+    /// Continue a run that failed, errored or was aborted: the job it ran,
+    /// from the step after the last one it finished, with the artifacts and
+    /// values it had (a new run; the steps it finished print as skipped).
+    #[arg(long, value_name = "RUN", conflicts_with = "replay")]
+    resume: Option<String>,
+    /// Start a new run at a step of an earlier run (with --from), from the
+    /// artifacts and values that run had before that step. The earlier run
+    /// must have finished every step before it.
+    #[arg(long, value_name = "RUN", requires = "from")]
+    replay: Option<String>,
+    /// With --replay: the top-level step to start at.
+    #[arg(long, value_name = "STEP", requires = "replay")]
+    from: Option<String>,
     #[command(flatten)]
     script: ScriptArgs,
     #[command(flatten)]
@@ -46,14 +60,20 @@ pub struct RunArgs {
 
 impl RunArgs {
     pub fn run(self) -> Result<ExitCode> {
-        run_job(&self.pipeline, self.job.as_deref(), &self.script, &self.exec, &self.vars)
+        let start = match (self.resume, self.replay, self.from) {
+            (Some(r), _, _) => Some(StartFrom::Resume(r)),
+            (None, Some(run), Some(from)) => Some(StartFrom::Replay { run, from }),
+            _ => None,
+        };
+        run_job(&self.pipeline, self.job.as_deref(), start, &self.script, &self.exec, &self.vars)
     }
 }
 
-fn run_job(path: &Path, job: Option<&str>, script: &ScriptArgs, exec: &ExecArgs, vars: &VarArgs) -> Result<ExitCode> {
+fn run_job(path: &Path, job: Option<&str>, start: Option<StartFrom>, script: &ScriptArgs, exec: &ExecArgs, vars: &VarArgs) -> Result<ExitCode> {
+    let job_flag = job;
     let mut vars = vars.resolve()?;
     let scenario = script.prepare(path, &mut vars)?;
-    if let Some(code) = exec.submit(path, job, false, vars.clone(), scenario.as_ref())? {
+    if let Some(code) = exec.submit(path, job, false, vars.clone(), scenario.as_ref(), start.as_ref())? {
         return Ok(code);
     }
     let loaded = match load_reporting(path, &LoadOptions::from_env(vars)) {
@@ -62,6 +82,8 @@ fn run_job(path: &Path, job: Option<&str>, script: &ScriptArgs, exec: &ExecArgs,
     };
     let jobs = &loaded.pipeline.jobs;
     let job = match job {
+        // Continuing a run: its job, found once the store is open.
+        _ if start.is_some() => jobs.first().cloned().ok_or_else(|| anyhow::anyhow!("{} has no jobs", path.display()))?,
         Some(name) => match jobs.iter().find(|j| j.name == name) {
             Some(j) => j.clone(),
             None => {
@@ -82,13 +104,26 @@ fn run_job(path: &Path, job: Option<&str>, script: &ScriptArgs, exec: &ExecArgs,
     };
     let scratch = scratch()?;
     let rt = runtime()?;
-    let (result, model) = rt.block_on(async {
+    let id = run_id();
+    let (result, model, job) = rt.block_on(async {
         let model = match &scenario {
             Some(sc) => Some(sc.serve().await?),
             None => None,
         };
         let engine = engine(&loaded, exec, scratch.path(), model.as_ref().map(|m| m.targets()), true).await?;
-        anyhow::Ok((run_until_signal(&engine, &job, run_id()).await, model))
+        let (job, begin) = match &start {
+            None => (job, None),
+            Some(from) => {
+                let store = engine.out.store().ok_or_else(|| anyhow::anyhow!("no run store to continue a run from"))?;
+                let (j, begin) = engine::checkpoint::resolve(store.as_ref(), &engine.scope, jobs, from).map_err(anyhow::Error::msg)?;
+                if let Some(asked) = job_flag.filter(|n| *n != j.name) {
+                    anyhow::bail!("--job {asked}: run {} ran job {}", from.run_id(), j.name);
+                }
+                (j, Some(begin))
+            }
+        };
+        let run = engine::JobRun::starting(engine.clone(), job.clone(), id.clone(), begin);
+        anyhow::Ok((run_until_signal_from(&engine, run).await, model, job))
     })?;
     let outcome = steppe_runtime::outcome::Outcome::of(&result.result);
     if !exec.quiet {
@@ -98,6 +133,7 @@ fn run_job(path: &Path, job: Option<&str>, script: &ScriptArgs, exec: &ExecArgs,
         Ok(()) => say!("job {} succeeded", shown(&job.name)),
         Err(e) => {
             say!("job {} {}: {}", shown(&job.name), outcome.word(), crate::text::shown_lines(&e.message));
+            say!("resume with: steppe run {} --resume {id}", shown(&path.display().to_string()));
         }
     }
     if let Some(m) = &model {
@@ -119,5 +155,7 @@ pub(super) async fn engine(loaded: &steppe_language::Loaded, exec: &ExecArgs, sc
     let scope = steppe_runtime::store::Scope::new("", &crate::services::pipeline_name(exec.pipeline_name.as_deref(), &loaded.path)?);
     let answers = parse_answers(&exec.answer)?;
     let built = crate::services::make_engine_with(&svc, loaded, scope, answers, scripted, svc.cancel_tx.clone(), svc.cancel_rx.clone());
-    Ok(Arc::new(engine::Engine { preflight: !exec.no_preflight, park_questions, ..built }))
+    // `steppe test` runs every step: nothing is skipped, nothing pinned.
+    let (force, pins) = if park_questions { (exec.cache.force, exec.cache.pins()?) } else { (true, Vec::new()) };
+    Ok(Arc::new(engine::Engine { preflight: !exec.no_preflight, park_questions, force, pins, ..built }))
 }

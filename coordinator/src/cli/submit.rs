@@ -10,9 +10,10 @@ use steppe_language::LoadOptions;
 use steppe_proto::v1::runs_client::RunsClient;
 use steppe_proto::v1::{run_event, CancelRequest, SubmitRequest};
 
-use super::args::{ExecArgs, RemoteArgs, VarArgs};
+use super::args::{CacheArgs, ExecArgs, RemoteArgs, VarArgs};
 use super::scenario::{Prepared, ScriptArgs};
 use super::{load_reporting, runtime};
+use crate::engine::checkpoint::StartFrom;
 use crate::remote::Remote;
 
 /// Run a pipeline on a coordinator and follow it like `steppe run`.
@@ -76,6 +77,18 @@ pub struct SubmitArgs {
     #[arg(long)]
     no_preflight: bool,
     #[command(flatten)]
+    cache: CacheArgs,
+    /// Continue a run of this pipeline that failed, errored or was aborted,
+    /// from the step after the last one it finished.
+    #[arg(long, value_name = "RUN", conflicts_with = "replay")]
+    resume: Option<String>,
+    /// Start a new run at a step of an earlier run (with --from).
+    #[arg(long, value_name = "RUN", requires = "from")]
+    replay: Option<String>,
+    /// With --replay: the top-level step to start at.
+    #[arg(long, value_name = "STEP", requires = "replay")]
+    from: Option<String>,
+    #[command(flatten)]
     script: ScriptArgs,
     #[command(flatten)]
     vars: VarArgs,
@@ -83,7 +96,13 @@ pub struct SubmitArgs {
 
 impl SubmitArgs {
     pub fn run(self) -> Result<ExitCode> {
-        let SubmitArgs { pipeline, job, test, detach, coordinator, token_file, tls_ca, pool, answer, include, name, quiet, no_preflight, script, vars } = self;
+        let SubmitArgs { pipeline, job, test, detach, coordinator, token_file, tls_ca, pool, answer, include, name, quiet, no_preflight, cache, resume, replay, from, script, vars } = self;
+        let start = match (resume, replay, from) {
+            (Some(r), _, _) => Some(StartFrom::Resume(r)),
+            (None, Some(run), Some(from)) => Some(StartFrom::Replay { run, from }),
+            _ => None,
+        };
+        cache.pins()?;
         let remote = Remote::new(&coordinator, token_file.as_deref(), tls_ca.as_deref())?;
         let mut vars = vars.resolve()?;
         let scenario = script.prepare(&pipeline, &mut vars)?;
@@ -93,7 +112,7 @@ impl SubmitArgs {
         let mut include = include;
         include.extend(scenario.iter().flat_map(|s| s.files.iter().cloned()));
         let (scenario, dump_requests) = scenario.map(|s| (Some(s.text), s.dump)).unwrap_or_default();
-        let o = SubmitOptions { job, test, detach, pool, vars: vars.into_iter().collect(), answers: answer, include, name, scenario, dump_requests, quiet, no_preflight };
+        let o = SubmitOptions { job, test, detach, pool, vars: vars.into_iter().collect(), answers: answer, include, name, scenario, dump_requests, quiet, no_preflight, force: cache.force, pins: cache.pin, start };
         let code = runtime()?.block_on(submit(&remote, &pipeline, o))?;
         Ok(ExitCode::from(u8::try_from(code).unwrap_or(2)))
     }
@@ -102,7 +121,7 @@ impl SubmitArgs {
 impl ExecArgs {
     /// `--coordinator`: hand the run to a coordinator and follow it.
     /// `vars` resolved (with a scenario's); `scenario` sent for the coordinator to serve.
-    pub fn submit(&self, path: &Path, job: Option<&str>, test: bool, vars: steppe_language::vars::Vars, scenario: Option<&Prepared>) -> Result<Option<ExitCode>> {
+    pub fn submit(&self, path: &Path, job: Option<&str>, test: bool, vars: steppe_language::vars::Vars, scenario: Option<&Prepared>, start: Option<&StartFrom>) -> Result<Option<ExitCode>> {
         let Some(remote) = self.remote.remote()? else { return Ok(None) };
         let vars = vars.into_iter().collect();
         let o = SubmitOptions {
@@ -117,6 +136,9 @@ impl ExecArgs {
             dump_requests: scenario.and_then(|s| s.dump.clone()),
             quiet: self.quiet,
             no_preflight: self.no_preflight,
+            force: self.cache.force,
+            pins: self.cache.pin.clone(),
+            start: start.cloned(),
             ..Default::default()
         };
         let code = runtime()?.block_on(submit(&remote, path, o))?;
@@ -202,13 +224,19 @@ pub struct SubmitOptions {
     pub quiet: bool,
     /// `--no-preflight`: the job's models are not probed first.
     pub no_preflight: bool,
+    /// `--force`: no chain is skipped.
+    pub force: bool,
+    /// `--pin NAME=VALUE`: what every get takes.
+    pub pins: Vec<String>,
+    /// `--resume RUN` or `--replay RUN --from STEP`.
+    pub start: Option<StartFrom>,
 }
 
 /// `steppe submit`: loads the pipeline here (so problems show before anything
 /// is sent), sends it with every file it reads and what `--include` or
 /// `.steppe-include` add, prints what comes back.
 pub async fn submit(remote: &Remote, path: &Path, o: SubmitOptions) -> anyhow::Result<i32> {
-    let SubmitOptions { job, test, detach, pool, vars, answers, include, name: pipeline_name, scenario, dump_requests, quiet, no_preflight } = o;
+    let SubmitOptions { job, test, detach, pool, vars, answers, include, name: pipeline_name, scenario, dump_requests, quiet, no_preflight, force, pins, start } = o;
     // Checked here too, so a bad name is said before anything is sent.
     let pipeline_name = crate::services::pipeline_name(pipeline_name.as_deref(), path)?;
     let (job, pool) = (job.as_deref(), pool.as_deref());
@@ -224,7 +252,12 @@ pub async fn submit(remote: &Remote, path: &Path, o: SubmitOptions) -> anyhow::R
     if let Some(p) = pool {
         steppe_runtime::queue::check_pool_name(p).map_err(|e| anyhow::anyhow!("--pool {e}"))?;
     }
-    let req = SubmitRequest { pipeline: name, files, job: job.unwrap_or_default().to_string(), vars, test, answers, detach, pool: pool.unwrap_or_default().to_string(), name: pipeline_name, dump_requests: dump_requests.is_some(), scenario: scenario.unwrap_or_default(), quiet, no_preflight };
+    let req = SubmitRequest { pipeline: name, files, job: job.unwrap_or_default().to_string(), vars, test, answers, detach, pool: pool.unwrap_or_default().to_string(), name: pipeline_name, dump_requests: dump_requests.is_some(), scenario: scenario.unwrap_or_default(), quiet, no_preflight, force, pins, resume: String::new(), replay: String::new(), from: String::new() };
+    let req = match start {
+        Some(StartFrom::Resume(r)) => SubmitRequest { resume: r, ..req },
+        Some(StartFrom::Replay { run, from }) => SubmitRequest { replay: run, from, ..req },
+        None => req,
+    };
     let size = prost::Message::encoded_len(&req);
     if size > crate::bundle::SUBMISSION_MAX {
         anyhow::bail!(

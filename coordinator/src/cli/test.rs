@@ -51,7 +51,7 @@ impl TestArgs {
 fn test(path: &Path, only: Option<&str>, script: &ScriptArgs, exec: &ExecArgs, vars: &VarArgs) -> Result<ExitCode> {
     let mut vars_v = vars.resolve()?;
     let scenario = script.prepare(path, &mut vars_v)?;
-    if let Some(code) = exec.submit(path, only, true, vars_v.clone(), scenario.as_ref())? {
+    if let Some(code) = exec.submit(path, only, true, vars_v.clone(), scenario.as_ref(), None)? {
         return Ok(code);
     }
     let loaded = match load_reporting(path, &LoadOptions::from_env(vars_v)) {

@@ -6,11 +6,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use steppe_language::model::{Step, VersionSpec};
+use steppe_language::model::Step;
 use steppe_runtime::outcome::{Class, Outcome, StepError};
 
 use super::run::*;
 use super::record::group;
+use super::chain::{is_every, Chain};
 
 impl JobRun {
     /// Runs the job: plan (with routing), job hooks, job assert.
@@ -89,7 +90,35 @@ impl JobRun {
         }
         let job_timeout = self.job.timeout.and_then(|t| t.to_std());
         let started = Instant::now();
-        let (mut result, mut log) = self.walk_plan(0, job_timeout, started).await;
+        // A resumed or replayed run neither skips nor records chains.
+        let chains = if self.start.is_some() { Vec::new() } else { self.plan_chains().await };
+        if !self.engine.force {
+            if let Some((step, why)) = chains.iter().find_map(|c| c.uncacheable.clone()) {
+                self.engine.out.run_note(&self.run_id, &format!("note: {step} makes this chain uncacheable ({why})"));
+            }
+        }
+        let skip_all = !self.engine.force && !chains.is_empty() && chains.iter().all(Chain::skippable);
+        let single = chains.len() == 1 && chains[0].set.is_none();
+        if let Ok(mut c) = self.chains.lock() {
+            *c = chains.clone();
+        }
+        let (mut result, mut log) = if let Some(st) = &self.start {
+            self.engine.out.run_note(&self.run_id, &format!("continuing run {}", st.from_run));
+            if let Some(cp) = &st.checkpoint {
+                self.restore(cp);
+            }
+            for name in &st.done {
+                self.engine.out.run_note(&self.run_id, &format!("skip: {name} ({})", st.word));
+            }
+            // The steps it continues count as this run's.
+            let carried = if st.done.is_empty() { Vec::new() } else { st.checkpoint.as_ref().map(|c| c.log.clone()).unwrap_or_default() };
+            self.walk_plan(st.next, job_timeout, started, Some(carried)).await
+        } else if skip_all {
+            self.skip_chains(&chains);
+            (Ok(()), Vec::new())
+        } else {
+            self.walk_plan(0, job_timeout, started, Some(Vec::new())).await
+        };
         // Job hooks.
         let outcome = Outcome::of(&result);
         let hooks = self.job.hooks();
@@ -110,6 +139,11 @@ impl JobRun {
             }
         }
         let build_ok = result.is_ok();
+        if build_ok && single && !skip_all {
+            if let Some(leaf) = chains[0].cacheable_leaf() {
+                self.record_chain(leaf);
+            }
+        }
         // Job assert.
         if let Some(a) = &self.job.assert {
             if let Some(want) = &a.execution {
@@ -145,11 +179,14 @@ impl JobRun {
         JobResult { result, build_ok, log }
     }
 
-    /// Walks the top-level plan from `start`, following routes.
-    pub(super) fn walk_plan(self: &Arc<Self>, start: usize, job_timeout: Option<Duration>, started: Instant) -> BoxFut<'_, (Result<(), StepError>, Vec<String>)> {
+    /// Walks the top-level plan from `start`, following routes. `carried`:
+    /// the run's own walk (not an input set's), with the execution log it
+    /// carries in; its progress is recorded after each step.
+    pub(super) fn walk_plan(self: &Arc<Self>, start: usize, job_timeout: Option<Duration>, started: Instant, carried: Option<Vec<String>>) -> BoxFut<'_, (Result<(), StepError>, Vec<String>)> {
         Box::pin(async move {
             let plan = &self.job.plan;
-            let mut log = Vec::new();
+            let outer = carried.is_some();
+            let mut log = carried.unwrap_or_default();
             let mut visits: HashMap<usize, i64> = HashMap::new();
             let mut i = start;
             while i < plan.len() {
@@ -163,7 +200,7 @@ impl JobRun {
                 }
                 let s = &plan[i];
                 // An `every` get fans the rest of the plan out per version.
-                if s.get.is_some() && matches!(s.version, Some(VersionSpec::Every)) {
+                if is_every(s, !self.engine.pins.is_empty()) && !self.bound(s) {
                     return self.every_get(s, i, job_timeout, started, log).await;
                 }
                 let v = visits.entry(i).or_insert(0);
@@ -176,20 +213,24 @@ impl JobRun {
                 }
                 let d = self.step(s, Vec::new(), false).await;
                 log.extend(d.log.clone());
-                if d.skipped {
-                    i += 1;
-                    continue;
-                }
-                match self.route(i, s, &d) {
-                    Some(Route::Next) => i += 1,
-                    Some(Route::To(j)) => i = j,
-                    None => {
-                        if let Err(e) = d.result {
-                            return (Err(e), log);
+                let next = if d.skipped {
+                    i + 1
+                } else {
+                    match self.route(i, s, &d) {
+                        Some(Route::Next) => i + 1,
+                        Some(Route::To(j)) => j,
+                        None => {
+                            if let Err(e) = d.result {
+                                return (Err(e), log);
+                            }
+                            i + 1
                         }
-                        i += 1;
                     }
+                };
+                if outer {
+                    self.checkpoint(i, next, &log);
                 }
+                i = next;
             }
             (Ok(()), log)
         })
@@ -227,42 +268,43 @@ impl JobRun {
         let hi = plan[i..].iter().position(|s| s.get.is_some()).map_or(plan.len(), |g| i + g);
         (lo..hi).find(|&j| plan[j].name() == Some(target.as_str())).map(Route::To)
     }
+}
 
-    pub(super) async fn every_get(self: &Arc<Self>, s: &Step, i: usize, job_timeout: Option<Duration>, started: Instant, mut log: Vec<String>) -> (Result<(), StepError>, Vec<String>) {
-        let resource = s.resource.clone().or(s.get.clone()).unwrap_or_default();
-        let versions = match self.versions(&resource).await {
-            Ok(v) => v,
-            Err(e) => return (Err(e), log),
+impl JobRun {
+    /// A chain a run succeeded through before: its first step says so, the
+    /// rest of the plan is skipped with it.
+    fn skip_chains(&self, chains: &[Chain]) {
+        let Some(first) = chains.first() else { return };
+        let prefix = first.shared();
+        for (n, node) in first.nodes.iter().take(prefix).enumerate() {
+            self.say_skip(node, n == 0);
+        }
+        for c in chains.iter().filter(|c| c.set.is_some()) {
+            self.skip_set(c, prefix);
+        }
+    }
+
+    /// One input set of an `every` get (at plan index `at`) skipped.
+    pub(super) fn skip_set(&self, c: &Chain, at: usize) {
+        for (n, node) in c.nodes.iter().skip(at).enumerate() {
+            self.say_skip(node, n == 0);
+        }
+    }
+
+    fn say_skip(&self, node: &super::chain::Node, first: bool) {
+        let why = match (&node.version, first) {
+            (Some(v), true) => format!("version: {v}"),
+            (None, true) => "cached".to_string(),
+            (_, false) => "chain".to_string(),
         };
-        if versions.is_empty() {
-            self.engine.out.run_note(&self.run_id, &format!("get {resource}: cannot build; no versions exist for: {resource}"));
-            return (Ok(()), log);
-        }
-        let snapshot = self.artifacts.lock().map(|a| a.clone()).unwrap_or_default();
-        let mut errors = Vec::new();
-        for v in versions {
-            if let Ok(mut a) = self.artifacts.lock() {
-                *a = snapshot.clone();
+        self.engine.out.run_note(&self.run_id, &format!("skip: {} ({why})", node.step));
+    }
+
+    pub(super) fn record_chain(&self, leaf: &str) {
+        if let Some(s) = self.engine.out.store() {
+            if let Err(e) = s.record_chain(&self.engine.scope, &self.job.name, leaf) {
+                self.engine.out.run_note(&self.run_id, &format!("steppe: recording the chain for the step cache: {e}"));
             }
-            if let Ok(mut e) = self.every.lock() {
-                e.insert(resource.clone(), v);
-            }
-            let d = self.step(s, Vec::new(), false).await;
-            log.extend(d.log);
-            if let Err(e) = d.result {
-                errors.push(e);
-                continue;
-            }
-            let (r, l) = self.walk_plan(i + 1, job_timeout, started).await;
-            log.extend(l);
-            if let Err(e) = r {
-                errors.push(e);
-            }
-        }
-        if errors.is_empty() {
-            (Ok(()), log)
-        } else {
-            (Err(combined(&errors, "")), log)
         }
     }
 }

@@ -30,7 +30,20 @@ impl JobRun {
 
     /// The versions a get chooses from: the resource's history after a fresh
     /// check (a failed check falls back to history recorded earlier, if any).
+    /// Checked once per run (pipeline-language.md §5.4): every get of the
+    /// resource, and the plan of the run's chain, choose from the same list.
     pub(super) async fn versions(self: &Arc<Self>, name: &str) -> Result<Vec<Value>, StepError> {
+        if let Some(known) = self.checked.lock().ok().and_then(|c| c.get(name).cloned()) {
+            return known;
+        }
+        let found = self.refresh(name).await;
+        if let Ok(mut c) = self.checked.lock() {
+            c.insert(name.to_string(), found.clone());
+        }
+        found
+    }
+
+    async fn refresh(self: &Arc<Self>, name: &str) -> Result<Vec<Value>, StepError> {
         let checked = self.check_versions(name).await;
         let Some(store) = self.engine.out.store() else { return checked };
         match checked {
@@ -147,33 +160,46 @@ impl JobRun {
         Done { result: last.clone(), routed: last, log, skipped: false, outputs, agent: None }
     }
 
+    /// The version a get fetches: its `every` set's, else chosen from the
+    /// resource's history (`passed:` constraints, then `--pin`, the step's
+    /// pin, or the newest).
+    pub(super) async fn choose_version(self: &Arc<Self>, s: &Step, name: &str) -> Result<Value, StepError> {
+        if let Some(v) = self.every.lock().ok().and_then(|e| e.get(name).cloned()) {
+            return Ok(v);
+        }
+        let mut versions = self.versions(name).await?;
+        if let Some(passed) = &s.passed {
+            let store = self.engine.out.store().cloned();
+            let mut greens = Vec::new();
+            for j in passed {
+                greens.push(store.as_ref().map(|st| st.green(&self.engine.scope, j, name).unwrap_or_default()).unwrap_or_default());
+            }
+            versions.retain(|v| greens.iter().all(|g| g.contains(v)));
+            if versions.is_empty() {
+                return Err(StepError::failed(format!("get {name}: no versions available (none has passed {})", passed.join(", "))));
+            }
+        }
+        let flag_pins: serde_json::Map<String, Value> = self.engine.pins.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect();
+        let pin = if flag_pins.is_empty() {
+            match &s.version {
+                Some(VersionSpec::Pinned(pin)) => Some(pin),
+                _ => None,
+            }
+        } else {
+            Some(&flag_pins)
+        };
+        match pin {
+            Some(pin) => versions
+                .into_iter()
+                .find(|v| pin.iter().all(|(k, want)| v.get(k).map(as_text) == Some(as_text(want))))
+                .ok_or_else(|| StepError::failed(format!("get {name}: no version matches pin {}", Value::Object(pin.clone())))),
+            None => versions.into_iter().last().ok_or_else(|| StepError::failed(format!("get {name}: no versions available"))),
+        }
+    }
+
     async fn fetch(self: &Arc<Self>, s: &Step, name: &str, artifact: &str) -> Result<Vec<(String, steppe_runtime::artifacts::ArtifactRef)>, StepError> {
         let (r, t) = self.resource(name)?;
-        let pinned = self.every.lock().ok().and_then(|e| e.get(name).cloned());
-        let version = match pinned {
-            Some(v) => v,
-            None => {
-                let mut versions = self.versions(name).await?;
-                if let Some(passed) = &s.passed {
-                    let store = self.engine.out.store().cloned();
-                    let mut greens = Vec::new();
-                    for j in passed {
-                        greens.push(store.as_ref().map(|st| st.green(&self.engine.scope, j, name).unwrap_or_default()).unwrap_or_default());
-                    }
-                    versions.retain(|v| greens.iter().all(|g| g.contains(v)));
-                    if versions.is_empty() {
-                        return Err(StepError::failed(format!("get {name}: no versions available (none has passed {})", passed.join(", "))));
-                    }
-                }
-                match &s.version {
-                    Some(VersionSpec::Pinned(pin)) => versions
-                        .into_iter()
-                        .find(|v| pin.iter().all(|(k, want)| v.get(k).map(as_text) == Some(as_text(want))))
-                        .ok_or_else(|| StepError::failed(format!("get {name}: no version matches pin {}", Value::Object(pin.clone()))))?,
-                    _ => versions.into_iter().last().ok_or_else(|| StepError::failed(format!("get {name}: no versions available")))?,
-                }
-            }
-        };
+        let version = self.choose_version(s, name).await?;
         self.engine.out.run_note(&self.run_id, &format!("{name}: version {version}"));
         if let Ok(mut f) = self.fetched.lock() {
             f.push((name.to_string(), version.clone()));

@@ -69,6 +69,10 @@ pub struct Engine {
     pub masked_env: Vec<String>,
     /// Probe the models a job uses before its first step (off: `--no-preflight`).
     pub preflight: bool,
+    /// `--force`: no chain is skipped (its success is still recorded).
+    pub force: bool,
+    /// `--pin k=v`: every get takes the oldest version holding these fields.
+    pub pins: Vec<(String, String)>,
     /// An ask_user question nobody can answer at once waits in the store for
     /// `steppe questions answer` (off under `steppe test`: nobody is there).
     pub park_questions: bool,
@@ -151,6 +155,12 @@ pub struct JobRun {
     pub(super) denials: Mutex<Vec<(String, steppe_runtime::agent_work::DenialRecord)>>,
     /// The spending counter of each budgeted across, by the step's address.
     pub(super) across_counters: Mutex<HashMap<usize, String>>,
+    /// Each resource's versions, checked once per run.
+    pub(super) checked: Mutex<HashMap<String, Result<Vec<Value>, StepError>>>,
+    /// The plan's chains, as planned before the walk.
+    pub(super) chains: Mutex<Vec<super::chain::Chain>>,
+    /// `--resume`/`--replay`: the earlier run's progress it starts from.
+    pub(super) start: Option<super::checkpoint::Start>,
 }
 
 /// Several failures as one: the most severe class, the messages joined.
@@ -171,6 +181,11 @@ pub(super) fn classify_all(errors: &[StepError]) -> Class {
 
 impl JobRun {
     pub fn new(engine: Arc<Engine>, job: Job, run_id: String) -> Arc<Self> {
+        Self::starting(engine, job, run_id, None)
+    }
+
+    /// A run that continues another's progress (`--resume`, `--replay`).
+    pub fn starting(engine: Arc<Engine>, job: Job, run_id: String, start: Option<super::checkpoint::Start>) -> Arc<Self> {
         Arc::new(JobRun {
             engine,
             job,
@@ -184,6 +199,9 @@ impl JobRun {
             usage: Mutex::new(Vec::new()),
             denials: Mutex::new(Vec::new()),
             across_counters: Mutex::default(),
+            checked: Mutex::default(),
+            chains: Mutex::default(),
+            start,
         })
     }
 

@@ -12,6 +12,7 @@ pub mod auth;
 pub mod budget;
 pub mod causes;
 pub mod assignment;
+pub mod merkle;
 pub mod outage;
 pub mod outcome;
 pub mod prices;

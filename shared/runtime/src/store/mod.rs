@@ -214,6 +214,20 @@ pub trait Store: Send + Sync {
     fn record_green(&self, scope: &Scope, job: &str, resource: &str, version: &serde_json::Value) -> Result<(), StoreError>;
     /// Versions of `resource` that passed through a successful build of `job`.
     fn green(&self, scope: &Scope, job: &str, resource: &str) -> Result<Vec<serde_json::Value>, StoreError>;
+    /// A build of `job` took `version` of `resource` for a `version: every`
+    /// get (its cursor is the newest taken, in discovery order). Kept beside
+    /// the `passed:` records, under a name no job can have.
+    fn record_taken(&self, scope: &Scope, job: &str, resource: &str, version: &serde_json::Value) -> Result<(), StoreError> {
+        self.record_green(scope, &format!("{job}\u{0}every"), resource, version)
+    }
+    /// The versions of `resource` that builds of `job` took for `every`.
+    fn taken(&self, scope: &Scope, job: &str, resource: &str) -> Result<Vec<serde_json::Value>, StoreError> {
+        self.green(scope, &format!("{job}\u{0}every"), resource)
+    }
+    /// A run of `job` succeeded through the chain whose leaf is `hash` (the step cache).
+    fn record_chain(&self, scope: &Scope, job: &str, hash: &str) -> Result<(), StoreError>;
+    /// Whether a run of `job` succeeded through the chain whose leaf is `hash`.
+    fn chain_succeeded(&self, scope: &Scope, job: &str, hash: &str) -> Result<bool, StoreError>;
 }
 
 /// The store file of a pipeline: `<dir>/.steppe/<file name>.db`, one per file.
@@ -224,7 +238,7 @@ pub fn db_path(pipeline: &Path) -> PathBuf {
 }
 
 /// A version as stored: JSON with sorted keys, so equal versions compare equal.
-pub(crate) fn canonical(v: &serde_json::Value) -> String {
+pub fn canonical(v: &serde_json::Value) -> String {
     fn sort(v: &serde_json::Value) -> serde_json::Value {
         match v {
             serde_json::Value::Object(m) => {
@@ -352,6 +366,15 @@ pub(crate) mod tests {
         s.record_green(&ci, "build", "repo", &v("b")).unwrap();
         assert_eq!(s.green(&ci, "build", "repo").unwrap(), vec![v("b")]);
         assert!(s.green(&ci, "test", "repo").unwrap().is_empty());
+        s.record_taken(&ci, "build", "repo", &v("a")).unwrap();
+        assert_eq!(s.taken(&ci, "build", "repo").unwrap(), vec![v("a")]);
+        assert_eq!(s.green(&ci, "build", "repo").unwrap(), vec![v("b")], "taken is not passed");
+        assert!(!s.chain_succeeded(&ci, "build", "abc").unwrap());
+        s.record_chain(&ci, "build", "abc").unwrap();
+        s.record_chain(&ci, "build", "abc").unwrap();
+        assert!(s.chain_succeeded(&ci, "build", "abc").unwrap());
+        assert!(!s.chain_succeeded(&ci, "test", "abc").unwrap(), "a chain is its job's");
+        assert!(!s.chain_succeeded(&Scope::new("other", "ci"), "build", "abc").unwrap(), "and its scope's");
         // A run whose start the backend lost is still recorded when it finishes.
         s.finish_run(&RunRecord { finished_ms: Some(6), outcome: Some("failed".into()), message: "m".into(), ..run("r0", &ci, "lost", 5) }).unwrap();
         assert_eq!(s.run("r0").unwrap().map(|r| (r.job, r.outcome)), Some(("lost".into(), Some("failed".into()))));

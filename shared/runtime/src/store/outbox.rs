@@ -21,6 +21,7 @@ enum Write {
     Events(String, Vec<RunEvent>),
     Versions(Scope, String, Vec<serde_json::Value>),
     Green(Scope, String, String, serde_json::Value),
+    Chain(Scope, String, String),
 }
 
 impl Write {
@@ -33,7 +34,7 @@ impl Write {
             Write::FinishRun(r) => r.message.len(),
             Write::Events(_, events) => events.iter().map(|e| 48 + e.step.len() + e.message.len()).sum(),
             Write::Versions(_, _, v) => v.iter().map(|x| x.to_string().len()).sum(),
-            Write::StartRun(..) | Write::Green(..) => 0,
+            Write::StartRun(..) | Write::Green(..) | Write::Chain(..) => 0,
         }
     }
 }
@@ -59,6 +60,7 @@ impl<S: Store> Outbox<S> {
             Write::Events(r, e) => self.inner.record_events(r, e),
             Write::Versions(sc, r, v) => self.inner.record_versions(sc, r, v),
             Write::Green(sc, j, r, v) => self.inner.record_green(sc, j, r, v),
+            Write::Chain(sc, j, h) => self.inner.record_chain(sc, j, h),
         }
     }
 
@@ -214,6 +216,13 @@ impl<S: Store> Store for Outbox<S> {
         self.settle();
         self.inner.green(scope, job, resource)
     }
+    fn record_chain(&self, scope: &Scope, job: &str, hash: &str) -> Result<(), StoreError> {
+        self.write(Write::Chain(scope.clone(), job.into(), hash.into()))
+    }
+    fn chain_succeeded(&self, scope: &Scope, job: &str, hash: &str) -> Result<bool, StoreError> {
+        self.settle();
+        self.inner.chain_succeeded(scope, job, hash)
+    }
 }
 
 #[cfg(test)]
@@ -272,6 +281,8 @@ mod tests {
         fn history(&self, _: &Scope, _: &str) -> Result<Vec<serde_json::Value>, StoreError> { Ok(vec![]) }
         fn record_green(&self, _: &Scope, _: &str, _: &str, _: &serde_json::Value) -> Result<(), StoreError> { self.up() }
         fn green(&self, _: &Scope, _: &str, _: &str) -> Result<Vec<serde_json::Value>, StoreError> { Ok(vec![]) }
+        fn record_chain(&self, _: &Scope, _: &str, _: &str) -> Result<(), StoreError> { self.up() }
+        fn chain_succeeded(&self, _: &Scope, _: &str, _: &str) -> Result<bool, StoreError> { Ok(false) }
     }
 
     #[test]

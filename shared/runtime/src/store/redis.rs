@@ -476,6 +476,16 @@ impl Store for RedisStore {
         let raw: Vec<String> = self.with(|c| c.smembers(&key))?;
         raw.iter().map(|r| self.decode(r)).collect()
     }
+
+    fn record_chain(&self, scope: &Scope, job: &str, hash: &str) -> Result<(), StoreError> {
+        let key = self.k(&["chains", &scope.team, &scope.pipeline, job]);
+        self.with(|c| c.sadd(&key, hash))
+    }
+
+    fn chain_succeeded(&self, scope: &Scope, job: &str, hash: &str) -> Result<bool, StoreError> {
+        let key = self.k(&["chains", &scope.team, &scope.pipeline, job]);
+        self.with(|c| c.sismember(&key, hash))
+    }
 }
 
 #[cfg(test)]

@@ -42,6 +42,9 @@ CREATE TABLE IF NOT EXISTS resource_versions (
 CREATE TABLE IF NOT EXISTS passed (
   team TEXT NOT NULL, pipeline TEXT NOT NULL, job TEXT NOT NULL, resource TEXT NOT NULL, version TEXT NOT NULL,
   PRIMARY KEY (team, pipeline, job, resource, version));
+CREATE TABLE IF NOT EXISTS chains (
+  team TEXT NOT NULL, pipeline TEXT NOT NULL, job TEXT NOT NULL, hash TEXT NOT NULL,
+  PRIMARY KEY (team, pipeline, job, hash));
 CREATE TABLE IF NOT EXISTS approvals (
   id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, job TEXT NOT NULL,
   message TEXT NOT NULL, requested_ms INTEGER NOT NULL, deadline_ms INTEGER NOT NULL,
@@ -462,6 +465,19 @@ impl Store for SqliteStore {
             let mut st = c.prepare("SELECT version FROM passed WHERE team = ?1 AND pipeline = ?2 AND job = ?3 AND resource = ?4")?;
             let rows = st.query_map(params![scope.team, scope.pipeline, job, resource], |r| r.get::<_, String>(0))?;
             rows.map(|r| r.map(|t| serde_json::from_str(&t).unwrap_or(serde_json::Value::Null))).collect()
+        })
+    }
+
+    fn record_chain(&self, scope: &Scope, job: &str, hash: &str) -> Result<(), StoreError> {
+        self.with(|c| {
+            c.execute("INSERT OR IGNORE INTO chains (team, pipeline, job, hash) VALUES (?1, ?2, ?3, ?4)", params![scope.team, scope.pipeline, job, hash]).map(|_| ())
+        })
+    }
+
+    fn chain_succeeded(&self, scope: &Scope, job: &str, hash: &str) -> Result<bool, StoreError> {
+        self.with(|c| {
+            c.query_row("SELECT COUNT(*) FROM chains WHERE team = ?1 AND pipeline = ?2 AND job = ?3 AND hash = ?4", params![scope.team, scope.pipeline, job, hash], |r| r.get::<_, i64>(0))
+                .map(|n| n > 0)
         })
     }
 
