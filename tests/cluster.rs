@@ -399,7 +399,8 @@ fn pools_route(backend: Backend) {
     let mut plain = spawn_worker(&url, &["--slots", "2"]);
     let mut special = spawn_worker(&url, &["--slots", "2", "--pool", "special", "--queue", &queue_url]);
     let ran_under = |args: &[&str]| {
-        let mut all = vec!["submit", "p.yml", "--coordinator", &url];
+        // --force: each submission runs, though an earlier one ran the same chain.
+        let mut all = vec!["submit", "p.yml", "--coordinator", &url, "--force"];
         all.extend_from_slice(args);
         let out = steppe(&all, &work);
         assert_eq!(out.status.code(), Some(0), "{}", text(&out));
@@ -410,7 +411,7 @@ fn pools_route(backend: Backend) {
         assert_eq!(ran_under(&["--pool", "special"]), special.id().to_string());
         assert_eq!(ran_under(&[]), plain.id().to_string());
     }
-    let out = steppe(&["submit", "p.yml", "--coordinator", &url, "--pool", "nobody", "--detach"], &work);
+    let out = steppe(&["submit", "p.yml", "--coordinator", &url, "--pool", "nobody", "--detach", "--force"], &work);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let id = String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or_default().to_string();
     let out = steppe(&["cancel", &id, "--coordinator", &url], &work);

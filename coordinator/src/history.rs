@@ -314,4 +314,10 @@ impl Store for RemoteStore {
     fn chain_succeeded(&self, _: &Scope, _: &str, _: &str) -> Result<bool, StoreError> {
         Err(self.read_only())
     }
+    fn set_value(&self, _: &Scope, _: &str, _: Option<&str>) -> Result<(), StoreError> {
+        Err(self.read_only())
+    }
+    fn value(&self, _: &Scope, _: &str) -> Result<Option<String>, StoreError> {
+        Err(self.read_only())
+    }
 }

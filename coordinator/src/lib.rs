@@ -23,4 +23,5 @@ pub mod server;
 pub mod services;
 pub mod text;
 pub mod waits;
+pub mod watch;
 pub mod web;

@@ -87,6 +87,14 @@ pub async fn run_until_signal_from(engine: &Arc<Engine>, run: Arc<JobRun>) -> Jo
     }
 }
 
+/// Resolves at the first Ctrl-C or SIGTERM.
+pub async fn stopped() {
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminated() => {}
+    }
+}
+
 /// Resolves when this process gets SIGTERM.
 pub async fn terminated() {
     match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {

@@ -283,8 +283,8 @@ impl RunService {
         match &r.result {
             Ok(()) => drop(lines.send(format!("job {} succeeded", shown(&job.name)))),
             Err(e) => {
-                let _ = lines.send(format!("job {} {}: {}", shown(&job.name), outcome.word(), crate::text::shown_lines(&e.message)));
                 let _ = lines.send(format!("resume with: steppe submit {} --coordinator URL --resume {run_id}", shown(&req.pipeline)));
+                let _ = lines.send(format!("job {} {}: {}", shown(&job.name), outcome.word(), crate::text::shown_lines(&e.message)));
             }
         }
         i32::from(outcome.exit_code())

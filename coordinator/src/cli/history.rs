@@ -69,6 +69,9 @@ pub struct RunsArgs {
     /// model and tool calls) under its parent, on one time line.
     #[arg(long)]
     trace: bool,
+    /// Show the build queue of `steppe watch`: jobs waiting and running.
+    #[arg(long, conflicts_with_all = ["steps", "logs", "full", "cost", "transcript", "events", "trace"])]
+    queue: bool,
     /// Follow the run live (--run ID, or the newest while it runs, or else
     /// the next to start): its lines and steps as they happen, until it
     /// ends; exits as `steppe run` would have (0, 1, 2 or 130).
@@ -88,9 +91,11 @@ pub struct RunsArgs {
 
 impl RunsArgs {
     pub fn run(self) -> Result<ExitCode> {
-        let RunsArgs { pipeline, job, limit, steps, run, logs, full, step, cost, transcript, events, trace, follow, from_now, name, remote } = self;
+        let RunsArgs { pipeline, job, limit, steps, run, logs, full, step, cost, transcript, events, trace, queue, follow, from_now, name, remote } = self;
         let mut h = History::open(pipeline.as_deref(), name.as_deref(), &remote)?;
-        if follow {
+        if queue {
+            runs_queue(&h)
+        } else if follow {
             let from = if from_now { super::follow::From::Now } else { super::follow::From::Start };
             super::follow::follow(&mut h, job.as_deref(), run.as_deref(), from)
         } else if trace {
@@ -415,6 +420,21 @@ fn runs_events(h: &History, job: Option<&str>, run: Option<&str>) -> Result<Exit
     };
     for e in store.events(&id)? {
         say!("{:<8} {:<30} {}", e.kind, shown(&e.step), shown(&e.message));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn runs_queue(h: &History) -> Result<ExitCode> {
+    let (Some(store), Some(pipeline)) = (&h.store, &h.pipeline) else {
+        say!("no builds queued for {}", h.label);
+        return Ok(ExitCode::SUCCESS);
+    };
+    let rows = crate::watch::queue::load(store.as_ref(), &steppe_runtime::store::Scope::new("", pipeline))?;
+    if rows.is_empty() {
+        say!("no builds queued for {}", h.label);
+    }
+    for line in crate::watch::queue_table(&rows) {
+        say!("{line}");
     }
     Ok(ExitCode::SUCCESS)
 }

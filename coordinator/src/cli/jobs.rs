@@ -29,6 +29,10 @@ pub struct JobsArgs {
     /// The name its history is kept under (default: the file's stem).
     #[arg(long = "pipeline", value_name = "NAME")]
     name: Option<String>,
+    /// Resume a job its breaker paused (`max_consecutive_failures`): its
+    /// failure count is cleared and `steppe watch` runs it again.
+    #[arg(long, value_name = "JOB", conflicts_with = "coordinator")]
+    resume: Option<String>,
     #[command(flatten)]
     vars: VarArgs,
     #[command(flatten)]
@@ -46,6 +50,19 @@ impl JobsArgs {
             Some(remote) => Some(Box::new(crate::history::RemoteStore::connect(&remote)?)),
             None => steppe_runtime::store::SqliteStore::open_existing(&steppe_runtime::store::db_path(&self.pipeline))?.map(|s| Box::new(s) as Box<dyn Store>),
         };
+        if let Some(job) = &self.resume {
+            if !loaded.pipeline.jobs.iter().any(|j| &j.name == job) {
+                let names: Vec<&str> = loaded.pipeline.jobs.iter().map(|j| j.name.as_str()).collect();
+                anyhow::bail!("--resume {job}: {} has no job of that name; jobs: {}{}", self.pipeline.display(), names.join(", "), steppe_language::suggest::did_you_mean(job, names.iter().copied()));
+            }
+            let scope = steppe_runtime::store::Scope::new("", &name);
+            let was = store.as_ref().map(|s| crate::watch::queue::breaker(s.as_ref(), &scope, job)).unwrap_or_default();
+            if let Some(s) = &store {
+                crate::watch::queue::set_breaker(s.as_ref(), &scope, job, &Default::default())?;
+            }
+            say!("{}: {}", shown(job), if was.paused { "resumed; steppe watch runs it again" } else { "was not paused; its failure count is cleared" });
+            return Ok(ExitCode::SUCCESS);
+        }
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
         say!("{:<28} {:>5}  {:<10} {:<21} {:>9}  {}", "JOB", "STEPS", "LAST", "STARTED", "DURATION", "RUN");
         for job in &loaded.pipeline.jobs {
@@ -57,6 +74,8 @@ impl JobsArgs {
                 Some(r) => (r.outcome.clone().unwrap_or_else(|| "running".into()), fmt_time(r.started_ms), fmt_ms(r.finished_ms.unwrap_or(now) - r.started_ms), r.id.clone()),
                 None => ("never run".into(), "-".into(), "-".into(), String::new()),
             };
+            let paused = store.as_ref().is_some_and(|s| crate::watch::queue::breaker(s.as_ref(), &steppe_runtime::store::Scope::new("", &name), &job.name).paused);
+            let outcome = if paused { format!("{outcome} (paused)") } else { outcome };
             say!("{:<28} {:>5}  {:<10} {:<21} {:>9}  {}", shown(&job.name), job.plan.len(), outcome, started, took, id);
         }
         Ok(ExitCode::SUCCESS)

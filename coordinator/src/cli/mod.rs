@@ -29,6 +29,7 @@ pub mod test;
 pub mod token;
 pub mod trace;
 pub mod validate;
+pub mod watch;
 pub mod web;
 
 /// steppe runs Concourse-style YAML pipelines with LLM agent steps,
@@ -82,6 +83,7 @@ pub enum Command {
     Mcp(mcp::McpArgs),
     Preflight(preflight::PreflightArgs),
     Plan(plan::PlanArgs),
+    Watch(watch::WatchArgs),
 }
 
 impl Command {
@@ -109,6 +111,7 @@ impl Command {
             Command::Mcp(a) => a.run(),
             Command::Preflight(a) => a.run(),
             Command::Plan(a) => a.run(),
+            Command::Watch(a) => a.run(),
         }
     }
 }

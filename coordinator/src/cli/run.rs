@@ -132,8 +132,9 @@ fn run_job(path: &Path, job: Option<&str>, start: Option<StartFrom>, script: &Sc
     match &result.result {
         Ok(()) => say!("job {} succeeded", shown(&job.name)),
         Err(e) => {
+            // Before the verdict, which stays the last thing said.
+            warn!("resume with: steppe run {} --resume {id}", shown(&path.display().to_string()));
             say!("job {} {}: {}", shown(&job.name), outcome.word(), crate::text::shown_lines(&e.message));
-            say!("resume with: steppe run {} --resume {id}", shown(&path.display().to_string()));
         }
     }
     if let Some(m) = &model {

@@ -10,11 +10,8 @@ use serde_json::Value;
 use steppe_language::model::Step;
 use steppe_runtime::outcome::StepError;
 
-use super::chain::{is_every, Chain};
+use super::chain::{is_every, Chain, InputSet};
 use super::run::*;
-
-/// One input set: each `every` resource and the version it takes.
-pub type InputSet = Vec<(String, Value)>;
 
 /// Why there is no input set to build (the job ends without error).
 pub struct NoSets(pub String);

@@ -51,6 +51,13 @@ impl JobRun {
                 }
             }
         }
+        if let (Some(s), Ok(())) = (self.engine.out.store(), &r.result) {
+            // Any success, triggered or not, clears the job's breaker.
+            let b = crate::watch::queue::breaker(s.as_ref(), &self.engine.scope, &self.job.name);
+            if b != crate::watch::queue::Breaker::default() {
+                let _ = crate::watch::queue::set_breaker(s.as_ref(), &self.engine.scope, &self.job.name, &Default::default());
+            }
+        }
         if let Some(s) = self.engine.out.store() {
             let (word, msg) = match &r.result {
                 Ok(()) => ("succeeded", String::new()),

@@ -65,19 +65,30 @@ impl JobRun {
         }
     }
 
+    /// A watcher's check: the resource's versions now, filed in its history.
+    pub async fn check_resource(self: &Arc<Self>, name: &str) -> Result<Vec<Value>, StepError> {
+        let v = self.check_versions(name).await?;
+        if let Some(store) = self.engine.out.store() {
+            store.record_versions(&self.engine.scope, name, &v).map_err(|e| StepError::errored(format!("recording versions of {name}: {e}")))?;
+        }
+        Ok(v)
+    }
+
     /// Runs the resource's check: a JSON array of versions, oldest first.
+    /// Its cursor, the newest version recorded, reaches it as `.version`.
     pub(super) async fn check_versions(self: &Arc<Self>, name: &str) -> Result<Vec<Value>, StepError> {
         let (r, t) = self.resource(name)?;
+        let cursor = self.engine.out.store().and_then(|s| s.history(&self.engine.scope, name).ok()).and_then(|h| h.last().cloned()).unwrap_or(json!({}));
         if let Some(e) = t.config.as_ref().and_then(|c| c.expr.as_ref()) {
             let src = e.check.clone().ok_or_else(|| StepError::errored(format!("check {name}: type \"{}\" sets no expr.check", t.name)))?;
-            let v = run_expr(&src, Stage::Check, json!({"source": r.source.clone().unwrap_or(json!({})), "version": {}}), Self::env_of(r, t), self.engine.submission.is_none(), None)
+            let v = run_expr(&src, Stage::Check, json!({"source": r.source.clone().unwrap_or(json!({})), "version": cursor}), Self::env_of(r, t), self.engine.submission.is_none(), None)
                 .map_err(|e| StepError::errored(format!("check {name}: {e}")))?;
             return match v {
                 Value::Array(items) if items.iter().all(Value::is_object) => Ok(items),
                 other => Err(StepError::errored(format!("check {name}: expr.check must give an array of objects, got {other}"))),
             };
         }
-        let data = json!({"source": r.source.clone().unwrap_or(json!({})), "version": {}});
+        let data = json!({"source": r.source.clone().unwrap_or(json!({})), "version": cursor});
         let a = match t.config.as_ref().and_then(|c| c.mcp.as_ref()) {
             Some(m) => {
                 let stage = mcp_stage(&self.engine.pipeline, m, "check", &data, data["source"].clone(), &Value::Null).map_err(|e| StepError::errored(format!("check {name}: {e}")))?;

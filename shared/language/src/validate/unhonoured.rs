@@ -9,14 +9,7 @@ use crate::model::Pipeline;
 
 /// What is accepted but not acted on, and what happens instead.
 pub const NOT_HONOURED: &[(&str, &str)] = &[
-    ("trigger", "steppe does not watch resources yet; the get runs when the plan reaches it"),
-    ("volatile", "steppe has no step cache yet; every step runs"),
-    ("serial", "runs of a job are not serialised yet"),
-    ("serial_groups", "runs of a job are not serialised yet"),
-    ("max_in_flight", "concurrent runs of a job are not limited yet"),
-    ("interruptible", "a new run does not interrupt an older one yet"),
-    ("max_consecutive_failures", "a job is not paused after failures yet"),
-    ("webhook_token_env", "steppe serves no webhooks yet"),
+    ("volatile", "steppe has no step output cache (workspace.root) yet; the chain cache already reruns what changed"),
     ("version_history", "resource versions are all kept"),
     ("run_history", "runs are all kept"),
     ("workspace", "step directories are always fresh copies of their inputs"),
@@ -46,28 +39,7 @@ pub fn warn(p: &Pipeline, r: &mut Report) {
             say("workspace".into(), "workspace");
         }
     }
-    for (i, res) in p.resources.iter().enumerate() {
-        if res.webhook_token_env.is_some() {
-            say(format!("resources[{i}].webhook_token_env"), "webhook_token_env");
-        }
-    }
-    for (j, job) in p.jobs.iter().enumerate() {
-        for (set, key) in [
-            (job.serial.is_some(), "serial"),
-            (job.serial_groups.is_some(), "serial_groups"),
-            (job.max_in_flight.is_some(), "max_in_flight"),
-            (job.interruptible.is_some(), "interruptible"),
-            (job.max_consecutive_failures.is_some(), "max_consecutive_failures"),
-        ] {
-            if set {
-                say(format!("jobs[{j}].{key}"), key);
-            }
-        }
-    }
     each_step(p, &mut |s, path| {
-        if s.trigger.is_some() {
-            say(format!("{path}.trigger"), "trigger");
-        }
         if s.volatile.is_some() {
             say(format!("{path}.volatile"), "volatile");
         }

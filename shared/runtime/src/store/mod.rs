@@ -224,6 +224,10 @@ pub trait Store: Send + Sync {
     fn taken(&self, scope: &Scope, job: &str, resource: &str) -> Result<Vec<serde_json::Value>, StoreError> {
         self.green(scope, &format!("{job}\u{0}every"), resource)
     }
+    /// A pipeline's own small records by key (a watcher's cursors, build
+    /// queue and breakers, as JSON); `None` removes one.
+    fn set_value(&self, scope: &Scope, key: &str, value: Option<&str>) -> Result<(), StoreError>;
+    fn value(&self, scope: &Scope, key: &str) -> Result<Option<String>, StoreError>;
     /// A run of `job` succeeded through the chain whose leaf is `hash` (the step cache).
     fn record_chain(&self, scope: &Scope, job: &str, hash: &str) -> Result<(), StoreError>;
     /// Whether a run of `job` succeeded through the chain whose leaf is `hash`.
@@ -369,6 +373,13 @@ pub(crate) mod tests {
         s.record_taken(&ci, "build", "repo", &v("a")).unwrap();
         assert_eq!(s.taken(&ci, "build", "repo").unwrap(), vec![v("a")]);
         assert_eq!(s.green(&ci, "build", "repo").unwrap(), vec![v("b")], "taken is not passed");
+        assert_eq!(s.value(&ci, "queue").unwrap(), None);
+        s.set_value(&ci, "queue", Some("[1]")).unwrap();
+        s.set_value(&ci, "queue", Some("[1,2]")).unwrap();
+        assert_eq!(s.value(&ci, "queue").unwrap().as_deref(), Some("[1,2]"));
+        assert_eq!(s.value(&Scope::new("other", "ci"), "queue").unwrap(), None, "a value is its scope's");
+        s.set_value(&ci, "queue", None).unwrap();
+        assert_eq!(s.value(&ci, "queue").unwrap(), None);
         assert!(!s.chain_succeeded(&ci, "build", "abc").unwrap());
         s.record_chain(&ci, "build", "abc").unwrap();
         s.record_chain(&ci, "build", "abc").unwrap();

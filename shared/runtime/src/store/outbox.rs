@@ -22,6 +22,7 @@ enum Write {
     Versions(Scope, String, Vec<serde_json::Value>),
     Green(Scope, String, String, serde_json::Value),
     Chain(Scope, String, String),
+    Value(Scope, String, Option<String>),
 }
 
 impl Write {
@@ -34,6 +35,7 @@ impl Write {
             Write::FinishRun(r) => r.message.len(),
             Write::Events(_, events) => events.iter().map(|e| 48 + e.step.len() + e.message.len()).sum(),
             Write::Versions(_, _, v) => v.iter().map(|x| x.to_string().len()).sum(),
+            Write::Value(_, _, v) => v.as_ref().map_or(0, String::len),
             Write::StartRun(..) | Write::Green(..) | Write::Chain(..) => 0,
         }
     }
@@ -61,6 +63,7 @@ impl<S: Store> Outbox<S> {
             Write::Versions(sc, r, v) => self.inner.record_versions(sc, r, v),
             Write::Green(sc, j, r, v) => self.inner.record_green(sc, j, r, v),
             Write::Chain(sc, j, h) => self.inner.record_chain(sc, j, h),
+            Write::Value(sc, k, v) => self.inner.set_value(sc, k, v.as_deref()),
         }
     }
 
@@ -219,6 +222,13 @@ impl<S: Store> Store for Outbox<S> {
     fn record_chain(&self, scope: &Scope, job: &str, hash: &str) -> Result<(), StoreError> {
         self.write(Write::Chain(scope.clone(), job.into(), hash.into()))
     }
+    fn set_value(&self, scope: &Scope, key: &str, value: Option<&str>) -> Result<(), StoreError> {
+        self.write(Write::Value(scope.clone(), key.into(), value.map(str::to_string)))
+    }
+    fn value(&self, scope: &Scope, key: &str) -> Result<Option<String>, StoreError> {
+        self.settle();
+        self.inner.value(scope, key)
+    }
     fn chain_succeeded(&self, scope: &Scope, job: &str, hash: &str) -> Result<bool, StoreError> {
         self.settle();
         self.inner.chain_succeeded(scope, job, hash)
@@ -283,6 +293,8 @@ mod tests {
         fn green(&self, _: &Scope, _: &str, _: &str) -> Result<Vec<serde_json::Value>, StoreError> { Ok(vec![]) }
         fn record_chain(&self, _: &Scope, _: &str, _: &str) -> Result<(), StoreError> { self.up() }
         fn chain_succeeded(&self, _: &Scope, _: &str, _: &str) -> Result<bool, StoreError> { Ok(false) }
+        fn set_value(&self, _: &Scope, _: &str, _: Option<&str>) -> Result<(), StoreError> { self.up() }
+        fn value(&self, _: &Scope, _: &str) -> Result<Option<String>, StoreError> { Ok(None) }
     }
 
     #[test]

@@ -482,6 +482,19 @@ impl Store for RedisStore {
         self.with(|c| c.sadd(&key, hash))
     }
 
+    fn set_value(&self, scope: &Scope, key: &str, value: Option<&str>) -> Result<(), StoreError> {
+        let hash = self.k(&["values", &scope.team, &scope.pipeline]);
+        match value {
+            Some(v) => self.with(|c| c.hset(&hash, key, v)),
+            None => self.with(|c| c.hdel(&hash, key)),
+        }
+    }
+
+    fn value(&self, scope: &Scope, key: &str) -> Result<Option<String>, StoreError> {
+        let hash = self.k(&["values", &scope.team, &scope.pipeline]);
+        self.with(|c| c.hget(&hash, key))
+    }
+
     fn chain_succeeded(&self, scope: &Scope, job: &str, hash: &str) -> Result<bool, StoreError> {
         let key = self.k(&["chains", &scope.team, &scope.pipeline, job]);
         self.with(|c| c.sismember(&key, hash))

@@ -42,6 +42,9 @@ CREATE TABLE IF NOT EXISTS resource_versions (
 CREATE TABLE IF NOT EXISTS passed (
   team TEXT NOT NULL, pipeline TEXT NOT NULL, job TEXT NOT NULL, resource TEXT NOT NULL, version TEXT NOT NULL,
   PRIMARY KEY (team, pipeline, job, resource, version));
+CREATE TABLE IF NOT EXISTS pipeline_values (
+  team TEXT NOT NULL, pipeline TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
+  PRIMARY KEY (team, pipeline, key));
 CREATE TABLE IF NOT EXISTS chains (
   team TEXT NOT NULL, pipeline TEXT NOT NULL, job TEXT NOT NULL, hash TEXT NOT NULL,
   PRIMARY KEY (team, pipeline, job, hash));
@@ -471,6 +474,21 @@ impl Store for SqliteStore {
     fn record_chain(&self, scope: &Scope, job: &str, hash: &str) -> Result<(), StoreError> {
         self.with(|c| {
             c.execute("INSERT OR IGNORE INTO chains (team, pipeline, job, hash) VALUES (?1, ?2, ?3, ?4)", params![scope.team, scope.pipeline, job, hash]).map(|_| ())
+        })
+    }
+
+    fn set_value(&self, scope: &Scope, key: &str, value: Option<&str>) -> Result<(), StoreError> {
+        self.with(|c| match value {
+            Some(v) => c.execute("INSERT OR REPLACE INTO pipeline_values (team, pipeline, key, value) VALUES (?1, ?2, ?3, ?4)", params![scope.team, scope.pipeline, key, v]).map(|_| ()),
+            None => c.execute("DELETE FROM pipeline_values WHERE team = ?1 AND pipeline = ?2 AND key = ?3", params![scope.team, scope.pipeline, key]).map(|_| ()),
+        })
+    }
+
+    fn value(&self, scope: &Scope, key: &str) -> Result<Option<String>, StoreError> {
+        self.with(|c| {
+            let mut st = c.prepare("SELECT value FROM pipeline_values WHERE team = ?1 AND pipeline = ?2 AND key = ?3")?;
+            let mut rows = st.query_map(params![scope.team, scope.pipeline, key], |r| r.get::<_, String>(0))?;
+            rows.next().transpose()
         })
     }
 
