@@ -1,5 +1,7 @@
 //! Runs outlive no process: this one says it is alive in the store, and
-//! runs left unfinished by one that stopped saying so are marked aborted.
+//! runs left unfinished by one that stopped saying so are marked aborted —
+//! except a coordinator's submitted runs, which the coordinator that keeps
+//! their files takes over.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -57,6 +59,12 @@ pub fn sweep(store: &dyn Store, out: &EventHub) -> usize {
     };
     let mut marked = 0;
     for r in orphans {
+        // A submission a coordinator kept its files for: that coordinator
+        // takes the run over (`RunService::take_over_orphans`).
+        let kept = store.value(&steppe_runtime::store::Scope::new(&r.team, &r.pipeline), &format!("submission:{}", r.id)).ok().flatten();
+        if kept.is_some_and(|root| std::path::Path::new(&root).is_dir()) {
+            continue;
+        }
         let rec = RunRecord { finished_ms: Some(now_ms()), outcome: Some("aborted".into()), message: ORPHAN_MESSAGE.into(), ..r };
         match store.finish_run(&rec) {
             Ok(()) => {

@@ -12,6 +12,7 @@ pub fn read_token(file: Option<&Path>) -> anyhow::Result<Option<String>> {
 
 /// A coordinator as the client commands reach it (`--coordinator URL
 /// [--token-file F] [--tls-ca F]`).
+#[derive(Clone)]
 pub struct Remote {
     pub url: String,
     pub token: Option<String>,

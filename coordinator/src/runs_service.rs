@@ -10,7 +10,7 @@ use steppe_proto::v1::runs_server::Runs;
 use steppe_proto::v1::{run_event, CancelReply, CancelRequest, RunEvent, RunFinished, SubmitRequest};
 use steppe_runtime::auth::{Identity, Role};
 use steppe_runtime::outcome::{Class, Outcome};
-use steppe_runtime::store::Scope;
+use steppe_runtime::store::{RunRecord, Scope};
 use steppe_language::{load_file, LoadOptions};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -40,9 +40,9 @@ impl RunService {
     /// Runs one submission; with a scenario, its scripted model serves the
     /// run's agents for as long as it lasts. Returns the exit code and the
     /// requests the model received (when the submitter asked for them).
-    async fn handle_scripted(&self, req: SubmitRequest, who: Identity, root: &Path, lines: &Lines, started: &Lines) -> (i32, Vec<String>) {
+    async fn handle_scripted(&self, req: SubmitRequest, who: Identity, root: &Path, lines: &Lines, started: &Lines, taken: Option<RunRecord>) -> (i32, Vec<String>) {
         if req.scenario.is_empty() {
-            return (self.handle(req, who, root, lines, started, None).await, Vec::new());
+            return (self.handle(req, who, root, lines, started, None, taken).await, Vec::new());
         }
         let scenario = match crate::scripted::parse(&req.scenario, Path::new("--script")) {
             Ok(s) => s,
@@ -72,7 +72,7 @@ impl RunService {
         };
         let dump = req.dump_requests;
         let targets = (model.base_url.clone(), fallback.as_ref().map(|f| f.base_url.clone()));
-        let mut code = self.handle(req, who, root, lines, started, Some(targets)).await;
+        let mut code = self.handle(req, who, root, lines, started, Some(targets), taken).await;
         let mut problems = model.failures();
         problems.extend(fallback.iter().flat_map(|f| f.failures()).map(|p| format!("fallback {p}")));
         if !problems.is_empty() && code != 130 {
@@ -88,7 +88,8 @@ impl RunService {
 
     /// Runs one submission of `team` whose files go under `root`, its agents
     /// pointed at `scripted` (a model's and a fallback's URL) when given.
-    async fn handle(&self, mut req: SubmitRequest, who: Identity, root: &Path, lines: &Lines, started: &Lines, scripted: Option<(String, Option<String>)>) -> i32 {
+    /// `taken`: a run of this submission whose coordinator died, taken over.
+    async fn handle(&self, mut req: SubmitRequest, who: Identity, root: &Path, lines: &Lines, started: &Lines, scripted: Option<(String, Option<String>)>, taken: Option<RunRecord>) -> i32 {
         let team = who.team.clone();
         let given = Some(req.name.as_str()).filter(|n| !n.is_empty());
         let scope = match crate::services::pipeline_name(given, Path::new(&req.pipeline)) {
@@ -100,7 +101,14 @@ impl RunService {
         };
         let id = root.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let (r, i, p, f) = (root.to_path_buf(), id.clone(), req.pipeline.clone(), std::mem::take(&mut req.files));
-        let unpacked = tokio::task::spawn_blocking(move || crate::bundle::unpack(&r, &i, &p, &f)).await.unwrap_or_else(|e| Err(e.to_string()));
+        let unpacked = match &taken {
+            Some(_) => kept(root).map(|k| (k.path, k.sub_dir)),
+            None => tokio::task::spawn_blocking(move || crate::bundle::unpack(&r, &i, &p, &f)).await.unwrap_or_else(|e| Err(e.to_string())),
+        };
+        // What a coordinator taking over a run of this submission needs.
+        if let (None, Ok((path, sub_dir)), false) = (&taken, &unpacked, req.test) {
+            keep(root, &req, &who, path, sub_dir);
+        }
         let (path, sub_dir) = match unpacked {
             Ok(p) => p,
             Err(e) => {
@@ -170,13 +178,21 @@ impl RunService {
         }
         let engine = Arc::new(engine);
         let jobs = loaded.pipeline.jobs.clone();
+        let taken_id = taken.as_ref().map(|r| r.id.clone());
+        let root_text = root.display().to_string();
         let run = |job: steppe_language::model::Job, begin: Option<crate::engine::checkpoint::Start>| {
+            let (taken_id, root_text) = (taken_id.clone(), root_text.clone());
             let engine = engine.clone();
             let lines = lines.clone();
             let (detach, quiet) = (req.detach, req.quiet);
             let active = self.active.clone();
             async move {
-                let run_id = crate::run_actor::run_id();
+                let run_id = taken_id.unwrap_or_else(crate::run_actor::run_id);
+                // Found by a coordinator that takes over when this one dies.
+                let submission_key = format!("submission:{run_id}");
+                if let Some(store) = engine.out.store() {
+                    let _ = store.set_value(&engine.scope, &submission_key, Some(&root_text));
+                }
                 if let Ok(mut a) = active.lock() {
                     a.insert(run_id.clone(), engine.clone());
                 }
@@ -201,6 +217,9 @@ impl RunService {
                 engine.out.unwatch(&run_id);
                 if let Ok(mut a) = active.lock() {
                     a.remove(&run_id);
+                }
+                if let Some(store) = engine.out.store() {
+                    let _ = store.set_value(&engine.scope, &submission_key, None);
                 }
                 (r, run_id)
             }
@@ -267,6 +286,19 @@ impl RunService {
                     return 2;
                 }
             },
+        };
+        let begin = match &taken {
+            Some(run) => match engine.out.store().ok_or_else(|| "no run store".to_string()).and_then(|st| crate::engine::checkpoint::take_over(st.as_ref(), run).map_err(|e| e.to_string())) {
+                Ok(b) => match jobs.iter().find(|j| j.name == run.job) {
+                    Some(j) => Some((j.clone(), b)),
+                    None => return 2,
+                },
+                Err(e) => {
+                    self.svc.out.note(&format!("steppe coordinator: taking over run {}: {e}", run.id));
+                    return 2;
+                }
+            },
+            None => begin,
         };
         let (job, begin) = match begin {
             Some((j, b)) => (j, Some(b)),
@@ -376,7 +408,7 @@ impl Runs for RunService {
             use futures::FutureExt;
             let root = me.svc.state.join("submissions").join(crate::run_actor::run_id());
             // A panic handling this submission fails it, and only it.
-            let (code, requests) = match std::panic::AssertUnwindSafe(me.handle_scripted(req, who, &root, &ltx, &stx)).catch_unwind().await {
+            let (code, requests) = match std::panic::AssertUnwindSafe(me.handle_scripted(req, who, &root, &ltx, &stx, None)).catch_unwind().await {
                 Ok(done) => done,
                 Err(panic) => {
                     let what = steppe_language::load::panic_text(panic.as_ref());
@@ -398,5 +430,104 @@ impl Runs for RunService {
             let _ = tx.send(Ok(RunEvent { event: Some(run_event::Event::Finished(fin)) })).await;
         });
         Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+/// What a coordinator keeps of a submission beside its files, so that one
+/// started after it died can take its run over.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Kept {
+    /// The request as it came (without its files), prost-encoded.
+    request: Vec<u8>,
+    team: String,
+    admin: bool,
+    path: std::path::PathBuf,
+    sub_dir: String,
+}
+
+const KEPT: &str = "submission.json";
+
+/// Removes the submissions under `dir` no run can be taken over from.
+pub fn sweep_submissions(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let day = std::time::Duration::from_secs(24 * 3600);
+    for e in entries.flatten() {
+        let kept = e.path().join(KEPT);
+        let fresh = std::fs::metadata(&kept).and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok()).is_some_and(|age| age < day);
+        if !fresh {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+fn keep(root: &Path, req: &SubmitRequest, who: &Identity, path: &Path, sub_dir: &str) {
+    let k = Kept { request: prost::Message::encode_to_vec(req), team: who.team.clone(), admin: who.role == Role::Admin, path: path.to_path_buf(), sub_dir: sub_dir.to_string() };
+    if let Ok(text) = serde_json::to_string(&k) {
+        let _ = std::fs::write(root.join(KEPT), text);
+    }
+}
+
+fn kept(root: &Path) -> Result<Kept, String> {
+    let text = std::fs::read_to_string(root.join(KEPT)).map_err(|e| format!("reading {}: {e}", root.join(KEPT).display()))?;
+    serde_json::from_str(&text).map_err(|e| format!("reading {}: {e}", root.join(KEPT).display()))
+}
+
+impl RunService {
+    /// Takes over, now and every few seconds, the runs of submissions whose
+    /// coordinator stopped (their files still under this one's state
+    /// directory): each goes on from its last checkpoint under its own id.
+    pub fn take_over_orphans(&self) {
+        let me = RunService { svc: self.svc.clone(), active: self.active.clone(), callers: self.callers.clone(), model_host: self.model_host, trace_parent: None };
+        let me = Arc::new(me);
+        let taking: Arc<std::sync::Mutex<std::collections::HashSet<String>>> = Arc::default();
+        tokio::spawn(async move {
+            loop {
+                let Some(store) = me.svc.out.store().cloned() else { return };
+                let orphans = tokio::task::spawn_blocking(move || store.orphaned_runs(steppe_runtime::store::now_ms()).unwrap_or_default()).await.unwrap_or_default();
+                for run in orphans {
+                    let Some(root) = me.kept_root(&run) else { continue };
+                    if !taking.lock().is_ok_and(|mut t| t.insert(run.id.clone())) {
+                        continue;
+                    }
+                    let (me, taking) = (me.clone(), taking.clone());
+                    tokio::spawn(async move {
+                        me.take_over(run.clone(), root).await;
+                        if let Ok(mut t) = taking.lock() {
+                            t.remove(&run.id);
+                        }
+                    });
+                }
+                tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+            }
+        });
+    }
+
+    /// Where an orphan's submission is kept here, if it is.
+    fn kept_root(&self, run: &RunRecord) -> Option<std::path::PathBuf> {
+        let store = self.svc.out.store()?;
+        let root = store.value(&Scope::new(&run.team, &run.pipeline), &format!("submission:{}", run.id)).ok()??;
+        let root = std::path::PathBuf::from(root);
+        (root.starts_with(self.svc.state.join("submissions")) && root.join(KEPT).is_file()).then_some(root)
+    }
+
+    async fn take_over(&self, run: RunRecord, root: std::path::PathBuf) {
+        let k = match kept(&root) {
+            Ok(k) => k,
+            Err(e) => return self.svc.out.note(&format!("steppe coordinator: taking over run {}: {e}", run.id)),
+        };
+        let Ok(mut req) = <SubmitRequest as prost::Message>::decode(k.request.as_slice()) else {
+            return self.svc.out.note(&format!("steppe coordinator: taking over run {}: its request does not decode", run.id));
+        };
+        // Nobody is attached: the run goes on alone, followers read its history.
+        req.detach = true;
+        req.resume.clear();
+        req.replay.clear();
+        let who = Identity { team: k.team, role: if k.admin { Role::Admin } else { Role::Submit }, pools: Vec::new() };
+        self.svc.out.note(&format!("steppe coordinator: taking over run {} ({}, job {}) from {}, which stopped", run.id, run.pipeline, run.job, run.owner));
+        let (ltx, _) = mpsc::unbounded_channel::<String>();
+        let (stx, _) = mpsc::unbounded_channel::<String>();
+        let (code, _) = self.handle_scripted(req, who, &root, &ltx, &stx, Some(run.clone())).await;
+        self.svc.out.note(&format!("steppe coordinator: run {} taken over ended ({code})", run.id));
+        let _ = std::fs::remove_dir_all(&root);
     }
 }

@@ -109,6 +109,7 @@ pub fn serve(svc: &Arc<Services>, addr: std::net::SocketAddr, opts: ServeOptions
     };
     let artifacts = artifacts::ArtifactService { store: local_store };
     let runs = runs_service::RunService { svc: svc.clone(), active: Default::default(), callers: callers.clone(), model_host: bound.ip(), trace_parent: None };
+    runs.take_over_orphans();
     let history = history::HistoryService { store: history_store };
     let out = svc.out.clone();
     let auth = TokenCheck::with_callers(callers, Arc::new(move |peer: &str, why: &str| out.note(&format!("refused a call from {peer}: {why}"))));

@@ -139,8 +139,10 @@ impl CoordinatorArgs {
         let scratch = scratch()?;
         runtime()?.block_on(async {
             std::fs::create_dir_all(&state).with_context(|| format!("creating {}", state.display()))?;
-            // Submissions of a coordinator that died: their runs died with it.
-            let _ = std::fs::remove_dir_all(state.join("submissions"));
+            // Submissions of a coordinator that died: those it kept for a
+            // successor are taken over (`RunService::take_over_orphans`); the
+            // rest, and any a day old, went with it.
+            crate::runs_service::sweep_submissions(&state.join("submissions"));
             let pools = match queue.as_deref() {
                 Some(url) if steppe_cloud::queues::is_queue_url(url) => {
                     let name = format!("coordinator-{}", std::process::id());

@@ -120,3 +120,51 @@ fn ended(run: &RunRecord, outcome: &str) -> ExitCode {
     }
     ExitCode::from(Outcome::from_word(outcome).unwrap_or(Outcome::Errored).exit_code())
 }
+
+/// How long a submitter waits for a coordinator that went away to come
+/// back and take its run over.
+pub const REATTACH_FOR: Duration = Duration::from_secs(600);
+
+/// Follows run `id` at a coordinator whose stream broke: from the events
+/// after `seen_lines`' worth, reconnecting while the coordinator is away,
+/// until the run ends; the exit code `steppe run` gives its outcome.
+pub fn reattach(remote: &crate::remote::Remote, id: &str) -> Result<u8> {
+    let deadline = std::time::Instant::now() + REATTACH_FOR;
+    let mut seen: Option<usize> = None;
+    let mut said_away = false;
+    loop {
+        let attempt = (|| -> Result<Option<u8>> {
+            let store = crate::history::RemoteStore::connect(remote)?;
+            loop {
+                let run = store.run(id)?.with_context(|| format!("run {id} is not in the history of the coordinator at {}", remote.url))?;
+                // On the first contact, only what happens from now on is new.
+                let events = match seen {
+                    None => {
+                        seen = Some(store.events(id)?.len());
+                        Vec::new()
+                    }
+                    Some(n) => store.events_after(id, n)?,
+                };
+                seen = Some(seen.unwrap_or(0) + events.len());
+                print_events(&store, id, &events)?;
+                if let Some(outcome) = run.outcome.as_deref() {
+                    let _ = ended(&run, outcome);
+                    return Ok(Some(Outcome::from_word(outcome).unwrap_or(Outcome::Errored).exit_code()));
+                }
+                std::thread::sleep(POLL);
+            }
+        })();
+        match attempt {
+            Ok(Some(code)) => return Ok(code),
+            Ok(None) => {}
+            Err(e) if std::time::Instant::now() < deadline => {
+                if !said_away {
+                    warn!("steppe: waiting for the coordinator at {} to come back ({})", remote.url, format!("{e:#}"));
+                    said_away = true;
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+            Err(e) => return Err(e.context(format!("run {id}: the coordinator at {} did not come back in {}", remote.url, steppe_language::duration::show(REATTACH_FOR)))),
+        }
+    }
+}

@@ -296,7 +296,14 @@ pub async fn submit(remote: &Remote, path: &Path, o: SubmitOptions) -> anyhow::R
                 continue;
             }
         };
-        let Some(ev) = ev.map_err(|s| went_away(&remote.url, &started, &s))? else { break };
+        let ev = match ev {
+            Ok(ev) => ev,
+            // A coordinator that comes back (or one started in its place)
+            // takes the run over: follow it there.
+            Err(_) if started.len() == 1 && !test && !interrupted => return reattach(remote, &started[0]).await,
+            Err(s) => return Err(went_away(&remote.url, &started, &s)),
+        };
+        let Some(ev) = ev else { break };
         match ev.event {
             Some(run_event::Event::Line(l)) => {
                 if l.starts_with("steppe: error:") || l.starts_with("  ") && l.contains(": ") && !l.starts_with("  [") {
@@ -325,7 +332,18 @@ pub async fn submit(remote: &Remote, path: &Path, o: SubmitOptions) -> anyhow::R
             None => {}
         }
     }
+    if started.len() == 1 && !test && !interrupted {
+        return reattach(remote, &started[0]).await;
+    }
     Err(went_away(&remote.url, &started, &tonic::Status::unavailable("the stream ended without saying how the run finished")))
+}
+
+/// Follows a run whose coordinator went away, until it ends.
+async fn reattach(remote: &Remote, id: &str) -> anyhow::Result<i32> {
+    warn!("steppe: lost the coordinator at {} while {id} ran; following it until it ends (a coordinator that starts again takes it over)", remote.url);
+    let (remote, id) = (remote.clone(), id.to_string());
+    let code = tokio::task::spawn_blocking(move || super::follow::reattach(&remote, &id)).await??;
+    Ok(i32::from(code))
 }
 
 /// The coordinator stopped answering while its runs went on: what became of
@@ -333,7 +351,7 @@ pub async fn submit(remote: &Remote, path: &Path, o: SubmitOptions) -> anyhow::R
 fn went_away(url: &str, started: &[String], s: &tonic::Status) -> anyhow::Error {
     let what = if started.is_empty() { "before the run began".to_string() } else { format!("while {} ran", started.join(", ")) };
     let look = match started.first() {
-        Some(id) => format!("; a coordinator that starts again marks it aborted — see `steppe runs --run {id} --coordinator {url}`"),
+        Some(id) => format!("; see `steppe runs --run {id} --coordinator {url} --follow`"),
         None => String::new(),
     };
     anyhow::anyhow!("the coordinator at {url} went away {what} ({}){look}", s.message())

@@ -37,6 +37,9 @@ pub struct Start {
     /// The steps said to be done already, and the word said of them.
     pub done: Vec<String>,
     pub word: &'static str,
+    /// Taking over a run whose coordinator died: its start time, and the
+    /// first step-record number it has not used (its id is the new run's).
+    pub taken_over: Option<(i64, i64)>,
 }
 
 /// A run's checkpoints, oldest first.
@@ -79,7 +82,7 @@ pub fn resolve(store: &dyn Store, scope: &steppe_runtime::store::Scope, jobs: &[
             let last = cps.last().cloned();
             let done = cps.iter().map(|c| name(c.at)).collect();
             let next = last.as_ref().map_or(0, |c| c.next);
-            Ok((job, Start { from_run: id.to_string(), checkpoint: last, next, done, word: "already succeeded" }))
+            Ok((job, Start { from_run: id.to_string(), checkpoint: last, next, done, word: "already succeeded", taken_over: None }))
         }
         StartFrom::Replay { from: step, .. } => {
             let names: Vec<String> = (0..job.plan.len()).map(name).collect();
@@ -87,7 +90,7 @@ pub fn resolve(store: &dyn Store, scope: &steppe_runtime::store::Scope, jobs: &[
                 format!("--from {step}: job {} has no top-level step of that name; its steps: {}{}", job.name, names.join(", "), steppe_language::suggest::did_you_mean(step, names.iter().map(String::as_str)))
             })?;
             if at == 0 {
-                return Ok((job, Start { from_run: id.to_string(), checkpoint: None, next: 0, done: Vec::new(), word: "replayed" }));
+                return Ok((job, Start { from_run: id.to_string(), checkpoint: None, next: 0, done: Vec::new(), word: "replayed", taken_over: None }));
             }
             let cp = cps.iter().rev().find(|c| c.next == at).cloned().ok_or_else(|| {
                 let reached: Vec<String> = cps.iter().map(|c| name(c.at)).collect();
@@ -97,7 +100,17 @@ pub fn resolve(store: &dyn Store, scope: &steppe_runtime::store::Scope, jobs: &[
                 )
             })?;
             let word = "from the replayed run";
-            Ok((job, Start { from_run: id.to_string(), checkpoint: Some(cp), next: at, done: names[..at].to_vec(), word }))
+            Ok((job, Start { from_run: id.to_string(), checkpoint: Some(cp), next: at, done: names[..at].to_vec(), word, taken_over: None }))
         }
     }
+}
+
+/// Taking over run `id` of a coordinator that died: the same run, from its
+/// last checkpoint (the step it was in runs again), its records continued.
+pub fn take_over(store: &dyn Store, run: &steppe_runtime::store::RunRecord) -> Result<Start, steppe_runtime::store::StoreError> {
+    let cps = checkpoints(store, &run.id)?;
+    let seq = store.steps(&run.id)?.iter().map(|s| s.seq + 1).max().unwrap_or(0);
+    let last = cps.last().cloned();
+    let next = last.as_ref().map_or(0, |c| c.next);
+    Ok(Start { from_run: run.id.clone(), checkpoint: last, next, done: Vec::new(), word: "", taken_over: Some((run.started_ms, seq)) })
 }

@@ -17,7 +17,7 @@ impl JobRun {
     /// Runs the job: plan (with routing), job hooks, job assert.
     pub async fn run(self: &Arc<Self>) -> JobResult {
         let now_ms = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
-        let started_ms = now_ms();
+        let started_ms = self.start.as_ref().and_then(|s| s.taken_over).map_or_else(now_ms, |(t, _)| t);
         let rec = self.record(started_ms);
         self.engine.out.run_began(&self.run_id, &rec.pipeline, &rec.job);
         if let Some(s) = self.engine.out.store() {
@@ -110,7 +110,11 @@ impl JobRun {
             *c = chains.clone();
         }
         let (mut result, mut log) = if let Some(st) = &self.start {
-            self.engine.out.run_note(&self.run_id, &format!("continuing run {}", st.from_run));
+            if st.taken_over.is_some() {
+                self.engine.out.run_note(&self.run_id, "continuing the run where it was when its coordinator stopped");
+            } else {
+                self.engine.out.run_note(&self.run_id, &format!("continuing run {}", st.from_run));
+            }
             if let Some(cp) = &st.checkpoint {
                 self.restore(cp);
             }
@@ -118,7 +122,7 @@ impl JobRun {
                 self.engine.out.run_note(&self.run_id, &format!("skip: {name} ({})", st.word));
             }
             // The steps it continues count as this run's.
-            let carried = if st.done.is_empty() { Vec::new() } else { st.checkpoint.as_ref().map(|c| c.log.clone()).unwrap_or_default() };
+            let carried = if st.done.is_empty() && st.taken_over.is_none() { Vec::new() } else { st.checkpoint.as_ref().map(|c| c.log.clone()).unwrap_or_default() };
             self.walk_plan(st.next, job_timeout, started, Some(carried)).await
         } else if skip_all {
             self.skip_chains(&chains);

@@ -193,7 +193,7 @@ impl JobRun {
             artifacts: Mutex::new(HashMap::new()),
             vars: Mutex::new(HashMap::new()),
             every: Mutex::new(HashMap::new()),
-            seq: std::sync::atomic::AtomicI64::new(0),
+            seq: std::sync::atomic::AtomicI64::new(start.as_ref().and_then(|s| s.taken_over).map_or(0, |(_, seq)| seq)),
             fetched: Mutex::new(Vec::new()),
             decisions: Mutex::new(HashMap::new()),
             usage: Mutex::new(Vec::new()),

@@ -199,7 +199,13 @@ fn run_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRecord> {
 impl Store for SqliteStore {
     fn start_run(&self, rec: &RunRecord) -> Result<(), StoreError> {
         self.with(|c| {
-            c.execute("INSERT INTO runs (id, job, started_ms, team, pipeline, owner) VALUES (?1, ?2, ?3, ?4, ?5, ?6)", params![rec.id, rec.job, rec.started_ms, rec.team, rec.pipeline, rec.owner]).map(|_| ())
+            // A run taken over (its driver died) changes owner and goes on.
+            c.execute(
+                "INSERT INTO runs (id, job, started_ms, team, pipeline, owner) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                 ON CONFLICT(id) DO UPDATE SET owner = ?6, finished_ms = NULL, outcome = NULL, message = ''",
+                params![rec.id, rec.job, rec.started_ms, rec.team, rec.pipeline, rec.owner],
+            )
+            .map(|_| ())
         })
     }
 
