@@ -222,3 +222,82 @@ fn a_cluster_skips_for_every_submitter_and_resumes_a_submitted_run() {
     assert_eq!(runs(&work).iter().filter(|l| l.starts_with("prepare")).count(), 1, "{:?}", runs(&work));
     stop([&mut worker, &mut coord]);
 }
+
+#[test]
+fn with_a_workspace_root_outputs_and_fetches_are_reused_across_builds() {
+    let work = scratch("cache-outputs");
+    std::fs::write(work.join("versions.json"), r#"[{"ref":"a"}]"#).expect("write");
+    std::fs::write(
+        work.join("p.yml"),
+        r#"
+workspace:
+  root: ws
+  cache: {resources: true}
+resource_types:
+- name: file-versions
+  config:
+    check: cat ((dir))/versions.json
+    in: echo fetched >> ((dir))/runs.log && echo {{ .version.ref }} > ref
+resources:
+- {name: repo, type: file-versions, source: {}}
+jobs:
+- name: j
+  plan:
+  - get: repo
+  - task: build
+    inputs: [repo]
+    outputs: [bin]
+    run: echo build >> ((dir))/runs.log && cp repo/ref bin/ref
+  - task: stamp
+    inputs: [bin]
+    outputs: [stamped]
+    volatile: true
+    run: echo stamp >> ((dir))/runs.log && cp bin/ref stamped/ref
+  - task: report
+    inputs: [stamped]
+    run: echo report-((n))-$(cat stamped/ref) >> ((dir))/runs.log
+"#,
+    )
+    .expect("write");
+    let go = |n: &str| {
+        let out = steppe(&["run", "p.yml", "--var", &format!("dir={}", work.display()), "--var", &format!("n={n}")], &work);
+        let t = text(&out);
+        assert_eq!(out.status.code(), Some(0), "{t}");
+        t
+    };
+    go("1");
+    assert_eq!(runs(&work), ["fetched", "build", "stamp", "report-1-a"]);
+    // Another chain (the report changed): build's outputs come back, the
+    // volatile stamp runs, the fetch is not made again.
+    let t = go("2");
+    assert!(t.contains("skip: build (reused)") && t.contains("fetched before"), "{t}");
+    assert!(t.contains("execution: [repo, build, stamp, report]"), "a reused step counts: {t}");
+    assert_eq!(runs(&work)[4..], ["stamp", "report-2-a"]);
+    // A new version is new input: build runs again.
+    std::fs::write(work.join("versions.json"), r#"[{"ref":"a"},{"ref":"b"}]"#).expect("write");
+    go("3");
+    assert_eq!(runs(&work)[6..], ["fetched", "build", "stamp", "report-3-b"]);
+}
+
+#[test]
+fn history_is_capped_by_defaults_and_flags() {
+    let work = scratch("cache-history");
+    let dir = format!("dir={}", work.display());
+    std::fs::write(
+        work.join("p.yml"),
+        "defaults:\n  version_history: 2\nresource_types:\n- name: file-versions\n  config:\n    check: cat ((dir))/versions.json\nresources:\n- {name: repo, type: file-versions, source: {}}\njobs:\n- name: j\n  plan:\n  - get: repo\n  - task: t\n    inputs: [repo]\n    run: cat repo/version.json\n",
+    )
+    .expect("write");
+    for (i, refs) in [r#"[{"ref":"a"}]"#, r#"[{"ref":"b"}]"#, r#"[{"ref":"c"}]"#, r#"[{"ref":"d"}]"#].iter().enumerate() {
+        std::fs::write(work.join("versions.json"), refs).expect("write");
+        let out = steppe(&["run", "p.yml", "--var", &dir, "--run-history", "3"], &work);
+        assert_eq!(out.status.code(), Some(0), "run {i}: {}", text(&out));
+    }
+    // Pinned to a version the history no longer holds: it is gone.
+    let out = steppe(&["run", "p.yml", "--var", &dir, "--pin", "ref=a"], &work);
+    assert!(text(&out).contains("no version matches pin"), "{}", text(&out));
+    let out = steppe(&["run", "p.yml", "--var", &dir, "--pin", "ref=c", "--run-history", "3"], &work);
+    assert_eq!(out.status.code(), Some(0), "the newest two stay: {}", text(&out));
+    let listed = text(&steppe(&["runs", "p.yml"], &work));
+    assert_eq!(listed.lines().filter(|l| l.starts_with("r-")).count(), 3, "three runs kept: {listed}");
+}

@@ -121,17 +121,16 @@ fn keys_not_honoured_yet_are_warned_about_with_positions() {
     let d = scratch("unhonoured");
     std::fs::write(
         d.join("p.yml"),
-        "resource_types:\n- name: t\n  config:\n    check: echo '[{\"v\":\"1\"}]'\n    in: 'true'\nresources:\n- {name: r, type: t, webhook_token_env: HOOK_TOKEN}\ndefaults:\n  run_history: 5\njobs:\n- name: build\n  serial: true\n  plan:\n  - get: r\n    trigger: true\n  - task: hello\n    volatile: true\n    run: echo hi\n",
+        "resource_types:\n- name: t\n  config:\n    check: echo '[{\"v\":\"1\"}]'\n    in: 'true'\nresources:\n- {name: r, type: t, webhook_token_env: HOOK_TOKEN}\nworkspace:\n  strategy: btrfs\n  root: ws\njobs:\n- name: build\n  serial: true\n  plan:\n  - get: r\n    trigger: true\n  - task: hello\n    volatile: true\n    run: echo hi\n",
     )
     .expect("write");
     let (code, out, err) = steppe(&["validate", "--syntax-only", "p.yml"], &d);
     assert_eq!(code, 0, "{out}{err}");
-    assert!(err.contains("p.yml:17:5: jobs[0].plan[1].volatile: warning: volatile: is not honoured by this build yet"), "{err}");
-    assert!(err.contains("defaults.run_history: warning: run_history: is not honoured"), "{err}");
-    assert!(!err.contains("trigger:") && !err.contains("serial:") && !err.contains("webhook_token_env:"), "what steppe watch honours loads quietly: {err}");
+    assert!(err.contains("p.yml:9:3: workspace.strategy: warning: workspace: is not honoured by this build yet: btrfs"), "{err}");
+    assert!(!err.contains("trigger:") && !err.contains("serial:") && !err.contains("webhook_token_env:") && !err.contains("volatile:"), "what steppe honours loads quietly: {err}");
     let (code, out, err) = steppe(&["run", "p.yml"], &d);
     assert_eq!(code, 0, "{out}{err}");
-    assert!(err.contains("volatile: is not honoured") && out.contains("[hello] hi"), "{out}{err}");
+    assert!(err.contains("workspace: is not honoured") && out.contains("[hello] hi"), "{out}{err}");
     std::fs::write(d.join("ok.yml"), "jobs:\n- name: j\n  plan:\n  - task: t\n    run: echo\n").expect("write");
     let (_, _, err) = steppe(&["validate", "--syntax-only", "ok.yml"], &d);
     assert!(!err.contains("warning"), "a pipeline without such keys loads quietly: {err}");

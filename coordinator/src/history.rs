@@ -317,6 +317,12 @@ impl Store for RemoteStore {
     fn set_value(&self, _: &Scope, _: &str, _: Option<&str>) -> Result<(), StoreError> {
         Err(self.read_only())
     }
+    fn forget_versions(&self, _: &Scope, _: &str, _: &[serde_json::Value], _: &[String]) -> Result<(), StoreError> {
+        Err(self.read_only())
+    }
+    fn delete_run(&self, _: &steppe_runtime::store::RunRecord) -> Result<(), StoreError> {
+        Err(self.read_only())
+    }
     fn value(&self, _: &Scope, _: &str) -> Result<Option<String>, StoreError> {
         Err(self.read_only())
     }

@@ -193,6 +193,8 @@ pub fn make_engine_with(
         park_questions: true,
         force: false,
         pins: Vec::new(),
+        version_history: None,
+        run_history: None,
     }
 }
 

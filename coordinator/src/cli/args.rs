@@ -84,6 +84,14 @@ pub struct CacheArgs {
     /// pins must match; repeatable). Beats a step's `version:`.
     #[arg(long = "pin", value_name = "NAME=VALUE")]
     pub pin: Vec<String>,
+    /// Versions kept per resource, the oldest dropped first (default 1000;
+    /// 0 keeps all; `defaults.version_history` wins).
+    #[arg(long, value_name = "N")]
+    pub version_history: Option<u64>,
+    /// Runs kept per job, the oldest removed first (default 100; 0 keeps
+    /// all; `defaults.run_history` wins).
+    #[arg(long, value_name = "N")]
+    pub run_history: Option<u64>,
 }
 
 impl CacheArgs {

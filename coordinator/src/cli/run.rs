@@ -158,5 +158,6 @@ pub(super) async fn engine(loaded: &steppe_language::Loaded, exec: &ExecArgs, sc
     let built = crate::services::make_engine_with(&svc, loaded, scope, answers, scripted, svc.cancel_tx.clone(), svc.cancel_rx.clone());
     // `steppe test` runs every step: nothing is skipped, nothing pinned.
     let (force, pins) = if park_questions { (exec.cache.force, exec.cache.pins()?) } else { (true, Vec::new()) };
-    Ok(Arc::new(engine::Engine { preflight: !exec.no_preflight, park_questions, force, pins, ..built }))
+    let (version_history, run_history) = (exec.cache.version_history, exec.cache.run_history);
+    Ok(Arc::new(engine::Engine { preflight: !exec.no_preflight, park_questions, force, pins, version_history, run_history, ..built }))
 }

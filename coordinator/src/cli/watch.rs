@@ -103,6 +103,8 @@ impl WatchArgs {
                 w.preflight = !self.no_preflight;
                 w.force = self.cache.force;
                 w.pins = pins;
+                w.version_history = self.cache.version_history;
+                w.run_history = self.cache.run_history;
                 std::sync::Arc::new(w)
             };
             w.recover().await.map_err(anyhow::Error::msg)?;

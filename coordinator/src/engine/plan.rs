@@ -67,6 +67,7 @@ impl JobRun {
             if let Err(e) = s.finish_run(&rec) {
                 self.engine.out.run_note(&self.run_id, &format!("steppe: recording the run: {e}"));
             }
+            self.cap_runs();
         }
         self.engine.out.run_ended(&self.run_id, Outcome::of(&r.result).word());
         r

@@ -52,6 +52,7 @@ impl JobRun {
                     self.engine.out.run_note(&self.run_id, &format!("steppe: recording versions of {name}: {e}"));
                     return Ok(v);
                 }
+                self.cap_versions(name, &v);
                 store.history(&self.engine.scope, name).map_err(|e| StepError::errored(format!("history of {name}: {e}")))
             }
             Err(e) => {
@@ -70,6 +71,7 @@ impl JobRun {
         let v = self.check_versions(name).await?;
         if let Some(store) = self.engine.out.store() {
             store.record_versions(&self.engine.scope, name, &v).map_err(|e| StepError::errored(format!("recording versions of {name}: {e}")))?;
+            self.cap_versions(name, &v);
         }
         Ok(v)
     }
@@ -265,6 +267,11 @@ impl JobRun {
             return Ok(vec![(artifact.to_string(), r)]);
         };
         let data = json!({"source": r.source.clone().unwrap_or(json!({})), "version": version, "params": params});
+        let fetch_key = self.fetch_key(&json!({"in": in_cmd, "data": data, "image": t.image, "env": Self::env_of(r, t), "user": t.user, "network": t.network}));
+        if let Some(hit) = fetch_key.as_deref().and_then(|k| self.cached_fetch(k)) {
+            self.engine.out.run_note(&self.run_id, &format!("{name}: fetched before (workspace.cache.resources); in: not run"));
+            return Ok(vec![(artifact.to_string(), hit)]);
+        }
         let a = Assignment {
             env: Self::env_of(r, t),
             cwd: Cwd::CaptureSelf,
@@ -276,6 +283,9 @@ impl JobRun {
         };
         let res = self.dispatch(a).await;
         res.result?;
+        if let (Some(key), Some((_, r))) = (&fetch_key, res.outputs.first()) {
+            self.keep_fetch(key, r);
+        }
         Ok(res.outputs.into_iter().map(|(_, r)| (artifact.to_string(), r)).collect())
     }
 

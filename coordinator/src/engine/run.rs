@@ -73,6 +73,9 @@ pub struct Engine {
     pub force: bool,
     /// `--pin k=v`: every get takes the oldest version holding these fields.
     pub pins: Vec<(String, String)>,
+    /// `--version-history N` / `--run-history N` (`defaults:` wins; 0 keeps all).
+    pub version_history: Option<u64>,
+    pub run_history: Option<u64>,
     /// An ask_user question nobody can answer at once waits in the store for
     /// `steppe questions answer` (off under `steppe test`: nobody is there).
     pub park_questions: bool,

@@ -43,6 +43,14 @@ impl JobRun {
                 Err(e) => return self.finish_err(&label, StepError::errored(format!("{label}: context.from: {e}"))),
             }
         }
+        let reuse_key = self.output_key(s, &inputs, !cell.is_empty());
+        if let Some(outputs) = reuse_key.as_deref().and_then(|k| self.reused_outputs(k)) {
+            // Its outputs from an earlier success with the same content and inputs.
+            self.engine.out.run_note(&self.run_id, &format!("skip: {label} (reused)"));
+            let mut d = Done::ok(vec![label.clone()]);
+            d.outputs = outputs;
+            return mapped(s, d);
+        }
         let a = Assignment {
             env,
             inputs,
@@ -63,13 +71,21 @@ impl JobRun {
             d.log = log;
             let _ = o;
         }
-        if let Some(m) = &s.output_mapping {
-            for (n, _) in d.outputs.iter_mut() {
-                if let Some(to) = m.get(n.as_str()).and_then(Value::as_str) {
-                    *n = to.to_string();
-                }
+        if let (Some(key), Ok(())) = (&reuse_key, &d.result) {
+            self.keep_outputs(key, &d.outputs);
+        }
+        mapped(s, d)
+    }
+}
+
+/// Outputs renamed as the step's `output_mapping` says.
+fn mapped(s: &Step, mut d: Done) -> Done {
+    if let Some(m) = &s.output_mapping {
+        for (n, _) in d.outputs.iter_mut() {
+            if let Some(to) = m.get(n.as_str()).and_then(Value::as_str) {
+                *n = to.to_string();
             }
         }
-        d
     }
+    d
 }

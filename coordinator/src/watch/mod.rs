@@ -66,6 +66,8 @@ pub struct Watcher {
     pub preflight: bool,
     pub force: bool,
     pub pins: Vec<(String, String)>,
+    pub version_history: Option<u64>,
+    pub run_history: Option<u64>,
     pub max_concurrent: usize,
     /// Read-modify-write of the queue, one at a time.
     queue: tokio::sync::Mutex<()>,
@@ -86,6 +88,8 @@ impl Watcher {
             preflight: true,
             force: false,
             pins: Vec::new(),
+            version_history: None,
+            run_history: None,
             max_concurrent: max_concurrent.max(1),
             queue: tokio::sync::Mutex::new(()),
             running: Mutex::default(),
@@ -108,6 +112,8 @@ impl Watcher {
         e.preflight = self.preflight;
         e.force = self.force;
         e.pins = self.pins.clone();
+        e.version_history = self.version_history;
+        e.run_history = self.run_history;
         e.park_questions = true;
         Arc::new(e)
     }

@@ -4,15 +4,12 @@
 //! when its feature lands.
 
 use crate::load::report::Report;
-use crate::model::walk::each_step;
 use crate::model::Pipeline;
 
 /// What is accepted but not acted on, and what happens instead.
 pub const NOT_HONOURED: &[(&str, &str)] = &[
-    ("volatile", "steppe has no step output cache (workspace.root) yet; the chain cache already reruns what changed"),
-    ("version_history", "resource versions are all kept"),
-    ("run_history", "runs are all kept"),
-    ("workspace", "step directories are always fresh copies of their inputs"),
+    ("workspace", "btrfs snapshots are not made: step directories are fresh copies of their inputs"),
+    ("workspace.root", "step directories are made in the process's scratch directory; root only turns on the step output cache and the resource cache"),
 ];
 
 fn why(key: &str) -> &'static str {
@@ -24,24 +21,12 @@ pub fn warn(p: &Pipeline, r: &mut Report) {
     let mut say = |path: String, key: &str| {
         r.warn(&path, format!("{key}: is not honoured by this build yet: {}", why(key)));
     };
-    if let Some(d) = &p.defaults {
-        for (set, key) in [
-            (d.version_history.is_some(), "version_history"),
-            (d.run_history.is_some(), "run_history"),
-        ] {
-            if set {
-                say(format!("defaults.{key}"), key);
-            }
-        }
-    }
     if let Some(w) = &p.workspace {
-        if w.strategy.as_deref().is_some_and(|s| s != "copy") || w.root.is_some() || w.options.is_some() || w.cache.is_some() {
-            say("workspace".into(), "workspace");
+        if w.strategy.as_deref().is_some_and(|s| s != "copy") || w.options.is_some() {
+            say("workspace.strategy".into(), "workspace");
+        }
+        if w.root.is_some() {
+            say("workspace.root".into(), "workspace.root");
         }
     }
-    each_step(p, &mut |s, path| {
-        if s.volatile.is_some() {
-            say(format!("{path}.volatile"), "volatile");
-        }
-    });
 }

@@ -224,6 +224,11 @@ pub trait Store: Send + Sync {
     fn taken(&self, scope: &Scope, job: &str, resource: &str) -> Result<Vec<serde_json::Value>, StoreError> {
         self.green(scope, &format!("{job}\u{0}every"), resource)
     }
+    /// Drops versions from a resource's history, and `jobs`' `passed:`
+    /// records of them (`version_history`).
+    fn forget_versions(&self, scope: &Scope, resource: &str, versions: &[serde_json::Value], jobs: &[String]) -> Result<(), StoreError>;
+    /// Removes a finished run with its steps, logs, spans and events (`run_history`).
+    fn delete_run(&self, run: &RunRecord) -> Result<(), StoreError>;
     /// A pipeline's own small records by key (a watcher's cursors, build
     /// queue and breakers, as JSON); `None` removes one.
     fn set_value(&self, scope: &Scope, key: &str, value: Option<&str>) -> Result<(), StoreError>;
@@ -373,6 +378,11 @@ pub(crate) mod tests {
         s.record_taken(&ci, "build", "repo", &v("a")).unwrap();
         assert_eq!(s.taken(&ci, "build", "repo").unwrap(), vec![v("a")]);
         assert_eq!(s.green(&ci, "build", "repo").unwrap(), vec![v("b")], "taken is not passed");
+        s.record_versions(&ci, "repo", &[v("d")]).unwrap();
+        s.record_green(&ci, "build", "repo", &v("a")).unwrap();
+        s.forget_versions(&ci, "repo", &[v("a"), v("c")], &["build".to_string()]).unwrap();
+        assert_eq!(s.history(&ci, "repo").unwrap(), vec![v("b"), v("d")], "forgotten versions leave the history, the order stays");
+        assert_eq!(s.green(&ci, "build", "repo").unwrap(), vec![v("b")], "and their passed: records go");
         assert_eq!(s.value(&ci, "queue").unwrap(), None);
         s.set_value(&ci, "queue", Some("[1]")).unwrap();
         s.set_value(&ci, "queue", Some("[1,2]")).unwrap();
@@ -390,6 +400,11 @@ pub(crate) mod tests {
         s.finish_run(&RunRecord { finished_ms: Some(6), outcome: Some("failed".into()), message: "m".into(), ..run("r0", &ci, "lost", 5) }).unwrap();
         assert_eq!(s.run("r0").unwrap().map(|r| (r.job, r.outcome)), Some(("lost".into(), Some("failed".into()))));
         assert_eq!(s.runs(&RunFilter { job: Some("lost"), ..all(10) }).unwrap().len(), 1);
+        let r0 = s.run("r0").unwrap().expect("r0");
+        s.record_event("r0", "note", "", "kept until the run goes").unwrap();
+        s.delete_run(&r0).unwrap();
+        assert!(s.run("r0").unwrap().is_none() && s.events("r0").unwrap().is_empty(), "a deleted run goes with its events");
+        assert!(s.runs(&RunFilter { job: Some("lost"), ..all(10) }).unwrap().is_empty(), "and from every listing");
         scopes_keep_apart(s);
         orphans_are_found(s);
         spending_adds_up(s);

@@ -23,6 +23,8 @@ enum Write {
     Green(Scope, String, String, serde_json::Value),
     Chain(Scope, String, String),
     Value(Scope, String, Option<String>),
+    Forget(Scope, String, Vec<serde_json::Value>, Vec<String>),
+    DeleteRun(RunRecord),
 }
 
 impl Write {
@@ -36,7 +38,8 @@ impl Write {
             Write::Events(_, events) => events.iter().map(|e| 48 + e.step.len() + e.message.len()).sum(),
             Write::Versions(_, _, v) => v.iter().map(|x| x.to_string().len()).sum(),
             Write::Value(_, _, v) => v.as_ref().map_or(0, String::len),
-            Write::StartRun(..) | Write::Green(..) | Write::Chain(..) => 0,
+            Write::Forget(_, _, v, _) => v.iter().map(|x| x.to_string().len()).sum(),
+            Write::StartRun(..) | Write::Green(..) | Write::Chain(..) | Write::DeleteRun(..) => 0,
         }
     }
 }
@@ -64,6 +67,8 @@ impl<S: Store> Outbox<S> {
             Write::Green(sc, j, r, v) => self.inner.record_green(sc, j, r, v),
             Write::Chain(sc, j, h) => self.inner.record_chain(sc, j, h),
             Write::Value(sc, k, v) => self.inner.set_value(sc, k, v.as_deref()),
+            Write::Forget(sc, r, v, j) => self.inner.forget_versions(sc, r, v, j),
+            Write::DeleteRun(r) => self.inner.delete_run(r),
         }
     }
 
@@ -222,6 +227,12 @@ impl<S: Store> Store for Outbox<S> {
     fn record_chain(&self, scope: &Scope, job: &str, hash: &str) -> Result<(), StoreError> {
         self.write(Write::Chain(scope.clone(), job.into(), hash.into()))
     }
+    fn forget_versions(&self, scope: &Scope, resource: &str, versions: &[serde_json::Value], jobs: &[String]) -> Result<(), StoreError> {
+        self.write(Write::Forget(scope.clone(), resource.into(), versions.to_vec(), jobs.to_vec()))
+    }
+    fn delete_run(&self, run: &RunRecord) -> Result<(), StoreError> {
+        self.write(Write::DeleteRun(run.clone()))
+    }
     fn set_value(&self, scope: &Scope, key: &str, value: Option<&str>) -> Result<(), StoreError> {
         self.write(Write::Value(scope.clone(), key.into(), value.map(str::to_string)))
     }
@@ -294,6 +305,8 @@ mod tests {
         fn record_chain(&self, _: &Scope, _: &str, _: &str) -> Result<(), StoreError> { self.up() }
         fn chain_succeeded(&self, _: &Scope, _: &str, _: &str) -> Result<bool, StoreError> { Ok(false) }
         fn set_value(&self, _: &Scope, _: &str, _: Option<&str>) -> Result<(), StoreError> { self.up() }
+        fn forget_versions(&self, _: &Scope, _: &str, _: &[serde_json::Value], _: &[String]) -> Result<(), StoreError> { self.up() }
+        fn delete_run(&self, _: &RunRecord) -> Result<(), StoreError> { self.up() }
         fn value(&self, _: &Scope, _: &str) -> Result<Option<String>, StoreError> { Ok(None) }
     }
 

@@ -482,6 +482,38 @@ impl Store for RedisStore {
         self.with(|c| c.sadd(&key, hash))
     }
 
+    fn forget_versions(&self, scope: &Scope, resource: &str, versions: &[serde_json::Value], jobs: &[String]) -> Result<(), StoreError> {
+        let key = self.k(&["versions", &scope.team, &scope.pipeline, resource]);
+        let greens: Vec<String> = jobs.iter().map(|j| self.k(&["green", &scope.team, &scope.pipeline, j, resource])).collect();
+        let vs: Vec<String> = versions.iter().map(canonical).collect();
+        if vs.is_empty() {
+            return Ok(());
+        }
+        self.with(|c| {
+            let mut p = redis::pipe();
+            p.zrem(&key, &vs).ignore();
+            for g in &greens {
+                p.srem(g, &vs).ignore();
+            }
+            p.query::<()>(c)
+        })
+    }
+
+    fn delete_run(&self, run: &RunRecord) -> Result<(), StoreError> {
+        let keys: Vec<String> = ["run", "steps", "logs", "spans", "events"].iter().map(|k| self.k(&[k, &run.id])).collect();
+        let indexes = self.run_indexes(run);
+        let running = self.k(&["running"]);
+        self.with(|c| {
+            let mut p = redis::pipe();
+            p.del(&keys).ignore();
+            for i in &indexes {
+                p.zrem(i, &run.id).ignore();
+            }
+            p.srem(&running, &run.id).ignore();
+            p.query::<()>(c)
+        })
+    }
+
     fn set_value(&self, scope: &Scope, key: &str, value: Option<&str>) -> Result<(), StoreError> {
         let hash = self.k(&["values", &scope.team, &scope.pipeline]);
         match value {
@@ -512,8 +544,9 @@ mod tests {
         let s = RedisStore::connect(&url, "steppe-test").expect("connect");
         super::super::tests::conformance(&s);
         drop(s);
-        // A new connection (a restarted coordinator) sees the same history.
+        // A new connection (a restarted coordinator) sees the same history
+        // (the conformance suite's runs, less the one it deleted).
         let s = RedisStore::connect(&url, "steppe-test").expect("connect");
-        assert_eq!(s.runs(&RunFilter { limit: 10, ..Default::default() }).unwrap().len(), 10);
+        assert_eq!(s.runs(&RunFilter { limit: 10, ..Default::default() }).unwrap().len(), 9);
     }
 }

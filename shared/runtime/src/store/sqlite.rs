@@ -483,6 +483,31 @@ impl Store for SqliteStore {
         })
     }
 
+    fn forget_versions(&self, scope: &Scope, resource: &str, versions: &[serde_json::Value], jobs: &[String]) -> Result<(), StoreError> {
+        self.with(|c| {
+            let tx = c.transaction()?;
+            for v in versions {
+                let v = canonical(v);
+                tx.execute("DELETE FROM resource_versions WHERE team = ?1 AND pipeline = ?2 AND resource = ?3 AND version = ?4", params![scope.team, scope.pipeline, resource, v])?;
+                for j in jobs {
+                    tx.execute("DELETE FROM passed WHERE team = ?1 AND pipeline = ?2 AND job = ?3 AND resource = ?4 AND version = ?5", params![scope.team, scope.pipeline, j, resource, v])?;
+                }
+            }
+            tx.commit()
+        })
+    }
+
+    fn delete_run(&self, run: &RunRecord) -> Result<(), StoreError> {
+        self.with(|c| {
+            let tx = c.transaction()?;
+            for table in ["steps", "logs", "spans", "events"] {
+                tx.execute(&format!("DELETE FROM {table} WHERE run_id = ?1"), params![run.id])?;
+            }
+            tx.execute("DELETE FROM runs WHERE id = ?1", params![run.id])?;
+            tx.commit()
+        })
+    }
+
     fn set_value(&self, scope: &Scope, key: &str, value: Option<&str>) -> Result<(), StoreError> {
         self.with(|c| match value {
             Some(v) => c.execute("INSERT OR REPLACE INTO pipeline_values (team, pipeline, key, value) VALUES (?1, ?2, ?3, ?4)", params![scope.team, scope.pipeline, key, v]).map(|_| ()),
