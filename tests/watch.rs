@@ -164,3 +164,52 @@ fn a_webhook_with_its_token_queues_a_build_and_a_wrong_one_is_refused() {
     assert_eq!(runs(&work), ["build-a", "deploy-a", "build-b", "deploy-b"]);
     stop([&mut watcher]);
 }
+
+#[test]
+fn a_coordinator_watches_a_pipeline_and_runs_its_builds_on_its_workers() {
+    let work = scratch("watch-coordinator");
+    versions(&work, &["a"]);
+    let log = work.join("runs.log");
+    std::fs::write(
+        work.join("p.yml"),
+        format!(
+            "resource_types:\n- name: file-versions\n  config:\n    check: cat versions.json\nresources:\n- {{name: repo, type: file-versions, source: {{}}}}\njobs:\n- name: build\n  plan:\n  - get: repo\n    trigger: true\n  - task: t\n    inputs: [repo]\n    run: tr -dc 'a-z0-9' < repo/version.json >> {} && echo >> {}\n",
+            log.display(),
+            log.display()
+        ),
+    )
+    .expect("write");
+    let (mut coord, url, _log) = serving_logged(&["coordinator", "--listen", "127.0.0.1:0", "--state", "state", "--watch", "p.yml", "--watch-interval", "1s"], &work);
+    let mut worker = spawn_worker(&url, &["--slots", "1"]);
+    wait_for("the first build", Duration::from_secs(30), || runs(&work).contains(&"refa".to_string()));
+    versions(&work, &["a", "b"]);
+    wait_for("the build of the new version", Duration::from_secs(30), || runs(&work).contains(&"refb".to_string()));
+    assert_eq!(runs(&work), ["refa", "refb"]);
+    let listed = text(&steppe(&["runs", "--coordinator", &url, "--pipeline", "p"], &work));
+    assert!(listed.matches("succeeded").count() >= 2, "{listed}");
+    stop([&mut worker, &mut coord]);
+}
+
+#[test]
+fn stopping_interrupts_an_interruptible_build_and_queues_it_for_the_next_start() {
+    let work = scratch("watch-interrupt");
+    versions(&work, &["a"]);
+    let started = work.join("started");
+    std::fs::write(
+        work.join("p.yml"),
+        format!(
+            "resource_types:\n- name: file-versions\n  config:\n    check: cat versions.json\nresources:\n- {{name: repo, type: file-versions, source: {{}}}}\njobs:\n- name: slow\n  interruptible: true\n  plan:\n  - get: repo\n    trigger: true\n  - task: wait\n    run: echo go >> {} && sleep 30\n",
+            started.display()
+        ),
+    )
+    .expect("write");
+    let mut watcher = child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(["watch", "p.yml", "--interval", "1h"]).current_dir(&work).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().expect("watch");
+    wait_for("the build to start", Duration::from_secs(20), || started.exists());
+    let t0 = std::time::Instant::now();
+    let _ = std::process::Command::new("kill").args(["-TERM", &watcher.id().to_string()]).status();
+    let status = watcher.wait().expect("wait");
+    assert!(t0.elapsed() < Duration::from_secs(15), "an interruptible build is not waited for");
+    assert_eq!(status.code(), Some(130));
+    let q = text(&steppe(&["runs", "p.yml", "--queue"], &work));
+    assert!(q.lines().any(|l| l.starts_with("slow") && l.contains("pending")), "it waits for the next start: {q}");
+}

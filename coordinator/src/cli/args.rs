@@ -92,6 +92,12 @@ pub struct CacheArgs {
     /// all; `defaults.run_history` wins).
     #[arg(long, value_name = "N")]
     pub run_history: Option<u64>,
+    /// Keep the run's workspace for --resume and --replay: steppe always
+    /// does (every step's outputs stay in the artifact store, by content),
+    /// so this is accepted for the reference runner's pipelines and changes
+    /// nothing.
+    #[arg(long)]
+    pub keep_workspace: bool,
 }
 
 impl CacheArgs {

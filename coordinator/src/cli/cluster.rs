@@ -116,13 +116,35 @@ pub struct CoordinatorArgs {
     /// token a person signs in with (the CLI's tokens).
     #[arg(long, value_name = "ADDR")]
     web: Option<std::net::SocketAddr>,
+    /// Watch this pipeline as `steppe watch` does (repeatable): its trigger
+    /// resources polled every --watch-interval (checks run here), its builds
+    /// queued in the coordinator's store and run on its workers, its history
+    /// under the file's stem.
+    #[arg(long = "watch", value_name = "PIPELINE")]
+    watch: Vec<PathBuf>,
+    /// How often watched pipelines are polled.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = super::args::parse_wait)]
+    watch_interval: std::time::Duration,
     #[command(flatten)]
     log: super::log::LogArgs,
 }
 
 impl CoordinatorArgs {
     pub fn run(self) -> Result<ExitCode> {
-        let CoordinatorArgs { listen, workers, state, token_file, auth, queue, queue_lease, no_create_queues, max_receives, store, redis_password_file, redis_prefix, worker_lease, artifacts, tls_cert, tls_key, metrics, web, log } = self;
+        let CoordinatorArgs { listen, workers, state, token_file, auth, queue, queue_lease, no_create_queues, max_receives, store, redis_password_file, redis_prefix, worker_lease, artifacts, tls_cert, tls_key, metrics, web, watch, watch_interval, log } = self;
+        // Loaded now, so a mistake in one stops the coordinator before it serves.
+        let mut watched = Vec::new();
+        for path in &watch {
+            let loaded = match super::load_reporting(path, &steppe_language::LoadOptions::from_env(Default::default())) {
+                Ok(l) => l,
+                Err(code) => return Ok(code),
+            };
+            if crate::watch::triggers(&loaded.pipeline).is_empty() {
+                anyhow::bail!("--watch {}: no get has trigger: true, so there is nothing to watch", path.display());
+            }
+            let name = crate::services::pipeline_name(None, path)?;
+            watched.push((loaded, name));
+        }
         log.init(super::log::Sink::Stdout);
         let queue_key = steppe_cloud::queues::base_key(queue.as_deref().unwrap_or_default(), &queue_key(&redis_prefix));
         let (queue, store) = with_redis_password(queue, store, redis_password_file.as_deref())?;
@@ -173,11 +195,29 @@ impl CoordinatorArgs {
                 let bound = crate::services::serve_metrics(&svc, addr).await.with_context(|| format!("--metrics {addr}"))?;
                 svc.out.note(&format!("metrics on http://{bound}/metrics"));
             }
+            let (stop_watching, watching) = tokio::sync::watch::channel(false);
+            let mut watchers = Vec::new();
+            for (loaded, name) in watched {
+                let w = crate::watch::Watcher::new(svc.clone(), loaded, steppe_runtime::store::Scope::new("", &name), 1).map_err(anyhow::Error::msg)?;
+                w.recover().await.map_err(anyhow::Error::msg)?;
+                svc.out.note(&format!("watching pipeline {name} every {}", steppe_language::duration::show(watch_interval)));
+                let mut stop = watching.clone();
+                watchers.push(tokio::spawn(async move {
+                    w.run(watch_interval, false, async move {
+                        let _ = stop.wait_for(|s| *s).await;
+                    })
+                    .await
+                }));
+            }
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => {}
                 _ = terminated() => {}
             }
             svc.out.note("steppe coordinator: stopping");
+            let _ = stop_watching.send(true);
+            for w in watchers {
+                let _ = w.await;
+            }
             svc.out.flush().await;
             anyhow::Ok(())
         })?;

@@ -114,29 +114,11 @@ impl WatchArgs {
                 let at = crate::watch::webhook::serve(w.clone(), addr).await?;
                 say!("webhooks: POST http://{at}/check/RESOURCE");
             }
-            let stop = crate::run_actor::stopped();
-            tokio::pin!(stop);
-            let mut next_poll = tokio::time::Instant::now();
-            loop {
-                if tokio::time::Instant::now() >= next_poll {
-                    w.poll().await;
-                    next_poll = tokio::time::Instant::now() + self.interval;
-                }
-                let running = w.dispatch().await;
-                if self.once && running == 0 && !w.has_runnable().await {
-                    return anyhow::Ok(0u8);
-                }
-                let wait = if self.once { Duration::from_secs(3600) } else { next_poll.saturating_duration_since(tokio::time::Instant::now()) };
-                tokio::select! {
-                    _ = w.wake.notified() => {}
-                    _ = tokio::time::sleep(wait) => {}
-                    _ = &mut stop => {
-                        warn!("steppe: stopping the watch");
-                        w.stop().await;
-                        return anyhow::Ok(130u8);
-                    }
-                }
+            let stopped = w.run(self.interval, self.once, crate::run_actor::stopped()).await;
+            if stopped {
+                warn!("steppe: stopped the watch");
             }
+            anyhow::Ok(if stopped { 130u8 } else { 0 })
         })?;
         drop(lock);
         Ok(ExitCode::from(code))

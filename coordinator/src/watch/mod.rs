@@ -332,6 +332,35 @@ impl Watcher {
     }
 }
 
+impl Watcher {
+    /// Polls every `interval` and runs what is queued until `stop` resolves
+    /// (then stops as [`Watcher::stop`] says; true) or, with `once`, until
+    /// the first poll's builds and what they queued have run (false).
+    pub async fn run(self: &Arc<Self>, interval: Duration, once: bool, stop: impl std::future::Future<Output = ()>) -> bool {
+        tokio::pin!(stop);
+        let mut next_poll = tokio::time::Instant::now();
+        loop {
+            if tokio::time::Instant::now() >= next_poll {
+                self.poll().await;
+                next_poll = tokio::time::Instant::now() + interval;
+            }
+            let running = self.dispatch().await;
+            if once && running == 0 && !self.has_runnable().await {
+                return false;
+            }
+            let wait = if once { Duration::from_secs(3600) } else { next_poll.saturating_duration_since(tokio::time::Instant::now()) };
+            tokio::select! {
+                _ = self.wake.notified() => {}
+                _ = tokio::time::sleep(wait) => {}
+                _ = &mut stop => {
+                    self.stop().await;
+                    return true;
+                }
+            }
+        }
+    }
+}
+
 /// Rows as `steppe runs --queue` prints them.
 pub fn queue_table(rows: &[Row]) -> Vec<String> {
     let mut out = vec![format!("{:<28} {:<8} {:<21} WHY", "JOB", "STATE", "QUEUED")];
