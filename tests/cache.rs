@@ -36,7 +36,7 @@ jobs:
 "#;
 
 fn runs(work: &Path) -> Vec<String> {
-    std::fs::read_to_string(work.join("runs.log")).unwrap_or_default().lines().map(str::to_string).collect()
+    lines_of(&work.join("runs.log"))
 }
 
 fn run(work: &Path, extra: &[&str]) -> String {
@@ -300,4 +300,29 @@ fn history_is_capped_by_defaults_and_flags() {
     assert_eq!(out.status.code(), Some(0), "the newest two stay: {}", text(&out));
     let listed = text(&steppe(&["runs", "p.yml"], &work));
     assert_eq!(listed.lines().filter(|l| l.starts_with("r-")).count(), 3, "three runs kept: {listed}");
+}
+
+#[test]
+fn matrix_cells_that_succeeded_before_are_skipped_one_by_one() {
+    let work = scratch("cache-cells");
+    let dir = format!("dir={}", work.display());
+    let write = |values: &str| {
+        std::fs::write(
+            work.join("p.yml"),
+            format!("jobs:\n- name: j\n  plan:\n  - task: test\n    across:\n    - var: os\n      values: [{values}]\n    run: echo {{{{ .vars.os }}}} >> ((dir))/runs.log\n"),
+        )
+        .expect("write");
+    };
+    write("linux, mac");
+    let run = || {
+        let out = steppe(&["run", "p.yml", "--var", &dir], &work);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+        text(&out)
+    };
+    run();
+    assert_eq!(runs(&work), ["linux", "mac"]);
+    write("linux, mac, windows");
+    let t = run();
+    assert!(t.contains("skip: test [os=linux] (unchanged)") && t.contains("skip: test [os=mac] (unchanged)"), "{t}");
+    assert_eq!(runs(&work)[2..], ["windows"], "only the new cell ran");
 }

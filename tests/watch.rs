@@ -43,7 +43,7 @@ jobs:
 "#;
 
 fn runs(work: &Path) -> Vec<String> {
-    std::fs::read_to_string(work.join("runs.log")).unwrap_or_default().lines().map(str::to_string).collect()
+    lines_of(&work.join("runs.log"))
 }
 
 fn versions(work: &Path, refs: &[&str]) {

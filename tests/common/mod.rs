@@ -202,6 +202,11 @@ pub fn run_steppe(args: &[&str], dir: &Path) -> (i32, String, String) {
 }
 
 /// Waits up to `limit` for `check` to hold, polling; panics naming `what`.
+/// The lines of a file a test's steps append to (none while it does not exist).
+pub fn lines_of(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path).unwrap_or_default().lines().map(str::to_string).collect()
+}
+
 pub fn wait_for(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
     let t0 = Instant::now();
     while !check() {

@@ -107,6 +107,35 @@ impl CacheArgs {
     }
 }
 
+/// `--resume RUN` or `--replay RUN --from STEP`: a run that continues another.
+#[derive(Args, Debug, Default, Clone)]
+pub struct StartArgs {
+    /// Continue a run that failed, errored or was aborted: the job it ran,
+    /// from the step after the last one it finished, with the artifacts and
+    /// values it had (a new run; the steps it finished print as skipped).
+    #[arg(long, value_name = "RUN", conflicts_with = "replay")]
+    pub resume: Option<String>,
+    /// Start a new run at a step of an earlier run (with --from), from the
+    /// artifacts and values that run had before that step. The earlier run
+    /// must have finished every step before it.
+    #[arg(long, value_name = "RUN", requires = "from")]
+    pub replay: Option<String>,
+    /// With --replay: the top-level step to start at.
+    #[arg(long, value_name = "STEP", requires = "replay")]
+    pub from: Option<String>,
+}
+
+impl StartArgs {
+    pub fn start(&self) -> Option<crate::engine::checkpoint::StartFrom> {
+        use crate::engine::checkpoint::StartFrom;
+        match (&self.resume, &self.replay, &self.from) {
+            (Some(r), _, _) => Some(StartFrom::Resume(r.clone())),
+            (None, Some(run), Some(from)) => Some(StartFrom::Replay { run: run.clone(), from: from.clone() }),
+            _ => None,
+        }
+    }
+}
+
 /// `NAME=VALUE` pins, each checked.
 pub fn parse_pins(pins: &[String]) -> Result<Vec<(String, String)>> {
     pins.iter()

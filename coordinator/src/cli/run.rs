@@ -8,7 +8,7 @@ use anyhow::Result;
 use clap::Args;
 use steppe_language::LoadOptions;
 
-use super::args::{ExecArgs, VarArgs};
+use super::args::{ExecArgs, StartArgs, VarArgs};
 use super::scenario::ScriptArgs;
 use super::{cores, load_reporting, runtime, scratch};
 use crate::engine;
@@ -37,19 +37,8 @@ pub struct RunArgs {
     /// The job to run (required when the pipeline has more than one).
     #[arg(long)]
     job: Option<String>,
-    /// Continue a run that failed, errored or was aborted: the job it ran,
-    /// from the step after the last one it finished, with the artifacts and
-    /// values it had (a new run; the steps it finished print as skipped).
-    #[arg(long, value_name = "RUN", conflicts_with = "replay")]
-    resume: Option<String>,
-    /// Start a new run at a step of an earlier run (with --from), from the
-    /// artifacts and values that run had before that step. The earlier run
-    /// must have finished every step before it.
-    #[arg(long, value_name = "RUN", requires = "from")]
-    replay: Option<String>,
-    /// With --replay: the top-level step to start at.
-    #[arg(long, value_name = "STEP", requires = "replay")]
-    from: Option<String>,
+    #[command(flatten)]
+    start: StartArgs,
     #[command(flatten)]
     script: ScriptArgs,
     #[command(flatten)]
@@ -60,11 +49,7 @@ pub struct RunArgs {
 
 impl RunArgs {
     pub fn run(self) -> Result<ExitCode> {
-        let start = match (self.resume, self.replay, self.from) {
-            (Some(r), _, _) => Some(StartFrom::Resume(r)),
-            (None, Some(run), Some(from)) => Some(StartFrom::Replay { run, from }),
-            _ => None,
-        };
+        let start = self.start.start();
         run_job(&self.pipeline, self.job.as_deref(), start, &self.script, &self.exec, &self.vars)
     }
 }

@@ -10,7 +10,7 @@ use steppe_language::LoadOptions;
 use steppe_proto::v1::runs_client::RunsClient;
 use steppe_proto::v1::{run_event, CancelRequest, SubmitRequest};
 
-use super::args::{CacheArgs, ExecArgs, RemoteArgs, VarArgs};
+use super::args::{CacheArgs, ExecArgs, RemoteArgs, StartArgs, VarArgs};
 use super::scenario::{Prepared, ScriptArgs};
 use super::{load_reporting, runtime};
 use crate::engine::checkpoint::StartFrom;
@@ -78,16 +78,8 @@ pub struct SubmitArgs {
     no_preflight: bool,
     #[command(flatten)]
     cache: CacheArgs,
-    /// Continue a run of this pipeline that failed, errored or was aborted,
-    /// from the step after the last one it finished.
-    #[arg(long, value_name = "RUN", conflicts_with = "replay")]
-    resume: Option<String>,
-    /// Start a new run at a step of an earlier run (with --from).
-    #[arg(long, value_name = "RUN", requires = "from")]
-    replay: Option<String>,
-    /// With --replay: the top-level step to start at.
-    #[arg(long, value_name = "STEP", requires = "replay")]
-    from: Option<String>,
+    #[command(flatten)]
+    start: StartArgs,
     #[command(flatten)]
     script: ScriptArgs,
     #[command(flatten)]
@@ -96,12 +88,8 @@ pub struct SubmitArgs {
 
 impl SubmitArgs {
     pub fn run(self) -> Result<ExitCode> {
-        let SubmitArgs { pipeline, job, test, detach, coordinator, token_file, tls_ca, pool, answer, include, name, quiet, no_preflight, cache, resume, replay, from, script, vars } = self;
-        let start = match (resume, replay, from) {
-            (Some(r), _, _) => Some(StartFrom::Resume(r)),
-            (None, Some(run), Some(from)) => Some(StartFrom::Replay { run, from }),
-            _ => None,
-        };
+        let SubmitArgs { pipeline, job, test, detach, coordinator, token_file, tls_ca, pool, answer, include, name, quiet, no_preflight, cache, start, script, vars } = self;
+        let start = start.start();
         cache.pins()?;
         let remote = Remote::new(&coordinator, token_file.as_deref(), tls_ca.as_deref())?;
         let mut vars = vars.resolve()?;

@@ -62,7 +62,16 @@ impl JobRun {
             self.engine.out.run_note(&self.run_id, &format!("across: 0 cells ({} is empty); nothing to run", s.name().unwrap_or("step")));
             return Done::ok(Vec::new());
         }
-        let _ = kind;
+        // Cells of a top-level task without outputs are hashed one by one
+        // (on the step before the block): one that succeeded before is skipped.
+        let cell_parent = if kind == StepKind::Task && s.output_names().is_empty() && !self.engine.force { self.cell_parent(s) } else { None };
+        // A cell is the step without its axes and with its own values: a
+        // value added or removed rehashes no other cell.
+        let mut cell_content = self.content(s, None);
+        if let Value::Object(m) = &mut cell_content {
+            m.remove("across");
+        }
+        let (cell_parent, cell_content) = (cell_parent.as_deref(), &cell_content);
         let limit = s.max_in_flight.filter(|m| *m > 1).map(|m| m as usize).unwrap_or(1);
         let gate = Arc::new(tokio::sync::Semaphore::new(limit));
         // budget: checked before each cell against the across's counter in
@@ -127,7 +136,18 @@ impl JobRun {
                         let _ = tokio::time::timeout(std::time::Duration::from_millis(250), freed).await;
                     }
                 }
+                let cell_hash = cell_parent.map(|p| steppe_runtime::merkle::node_hash("task", &json!({"content": cell_content, "cell": c}), p));
+                if let Some(h) = &cell_hash {
+                    if self.engine.out.store().is_some_and(|st| st.chain_succeeded(&self.engine.scope, &self.job.name, h).unwrap_or(false)) {
+                        let name = s.name().unwrap_or("step");
+                        self.engine.out.run_note(&self.run_id, &format!("skip: {} (unchanged)", cell_label(name, c)));
+                        return Some((c.clone(), Done::ok(Vec::new())));
+                    }
+                }
                 let done = self.step(s, c.clone(), false).await;
+                if let (Some(h), Ok(())) = (&cell_hash, &done.result) {
+                    self.record_chain(h);
+                }
                 if let Some(o) = &done.agent {
                     finished.fetch_add(o.tokens, std::sync::atomic::Ordering::Relaxed);
                 }
@@ -189,6 +209,16 @@ impl JobRun {
         } else {
             Done::err(combined(&errors, ""), log)
         }
+    }
+
+    /// The hash of the top-level step before `s` in this run's chain (""
+    /// when `s` is first); none when `s` is not a top-level step.
+    fn cell_parent(&self, s: &Step) -> Option<String> {
+        let i = self.job.plan.iter().position(|p| std::ptr::eq(p, s))?;
+        let bound: Vec<(String, Value)> = self.every.lock().map(|e| e.iter().map(|(k, v)| (k.clone(), v.clone())).collect()).unwrap_or_default();
+        let chains = self.chains.lock().ok()?;
+        let chain = chains.iter().find(|c| c.set.as_ref().is_none_or(|set| set.iter().all(|kv| bound.contains(kv))))?;
+        Some(if i == 0 { String::new() } else { chain.nodes.get(i - 1)?.hash.clone() })
     }
 
     pub(super) async fn axis_values(self: &Arc<Self>, ax: &AcrossVar) -> Result<Vec<String>, StepError> {

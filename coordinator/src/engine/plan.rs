@@ -119,6 +119,14 @@ impl JobRun {
             if let Some(cp) = &st.checkpoint {
                 self.restore(cp);
             }
+            // The job's budget goes on from what the run it continues spent.
+            if st.taken_over.is_none() {
+                let ledger = &self.engine.dispatcher.ledger;
+                let spent = ledger.spend(&steppe_runtime::budget::job_counter(&st.from_run), 0).await.unwrap_or(0);
+                if spent > 0 {
+                    let _ = ledger.spend(&steppe_runtime::budget::job_counter(&self.run_id), spent).await;
+                }
+            }
             for name in &st.done {
                 self.engine.out.run_note(&self.run_id, &format!("skip: {name} ({})", st.word));
             }
