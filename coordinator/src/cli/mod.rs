@@ -12,6 +12,7 @@ pub mod cluster;
 pub mod completions;
 pub mod follow;
 pub mod format;
+pub mod gate;
 pub mod history;
 mod history_source;
 pub mod jobs;
@@ -84,6 +85,7 @@ pub enum Command {
     Preflight(preflight::PreflightArgs),
     Plan(plan::PlanArgs),
     Watch(watch::WatchArgs),
+    Gate(gate::GateArgs),
 }
 
 impl Command {
@@ -112,6 +114,7 @@ impl Command {
             Command::Preflight(a) => a.run(),
             Command::Plan(a) => a.run(),
             Command::Watch(a) => a.run(),
+            Command::Gate(a) => a.run(),
         }
     }
 }

@@ -22,6 +22,9 @@ pub struct Checkpoint {
     pub artifacts: BTreeMap<String, String>,
     /// `load_var` values captured so far.
     pub vars: BTreeMap<String, String>,
+    /// The first step-record number not used yet.
+    #[serde(default)]
+    pub seq: i64,
 }
 
 /// Where a run starts from another run's progress.
@@ -109,8 +112,10 @@ pub fn resolve(store: &dyn Store, scope: &steppe_runtime::store::Scope, jobs: &[
 /// last checkpoint (the step it was in runs again), its records continued.
 pub fn take_over(store: &dyn Store, run: &steppe_runtime::store::RunRecord) -> Result<Start, steppe_runtime::store::StoreError> {
     let cps = checkpoints(store, &run.id)?;
-    let seq = store.steps(&run.id)?.iter().map(|s| s.seq + 1).max().unwrap_or(0);
     let last = cps.last().cloned();
+    // Records after the checkpoint are of the step that was running: it
+    // runs again and writes over them.
+    let seq = last.as_ref().map_or(0, |c| c.seq);
     let next = last.as_ref().map_or(0, |c| c.next);
     Ok(Start { from_run: run.id.clone(), checkpoint: last, next, done: Vec::new(), word: "", taken_over: Some((run.started_ms, seq)) })
 }

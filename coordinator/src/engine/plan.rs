@@ -248,7 +248,7 @@ impl JobRun {
                     }
                 };
                 if outer {
-                    self.checkpoint(i, next, &log);
+                    self.checkpoint(i, next, &log).await;
                 }
                 i = next;
             }

@@ -1,0 +1,7 @@
+//! Stepgate (seed 003, `../shared/spec/stepgate-and-sandbox.md` §1): a
+//! procedure as a stepfile whose steps are gated, served as MCP tools. So
+//! far: the ledger of a run (JCS-canonical records chained by SHA-256) and
+//! its verification.
+
+pub mod jcs;
+pub mod ledger;
