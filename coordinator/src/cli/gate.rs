@@ -15,9 +15,15 @@ use clap::Args;
 /// `stepfile` the same throughout. Prints `FILE: intact, N records` or
 /// `FILE: broken at seq K: REASON`; exits 1 when any is broken.
 ///
+/// With --list, each FILE is a stepfile (YAML or JSON): loaded strictly
+/// (an unknown key is an error with its position), its load-time rules
+/// checked, listed with its identity (`sha256:` of its RFC 8785 form).
+/// Problems print as `StepfileInvalid: FILE:LINE:COL: PATH: MESSAGE`, exit 2.
+///
 /// Serving stepfiles (`steppe gate STEPFILE…`) is not built yet.
 ///
 /// Examples:
+///   steppe gate --list shelf-audit.yaml
 ///   steppe gate --verify ledgers/shelf-audit-*.jsonl
 #[derive(Args, Debug)]
 #[command(verbatim_doc_comment)]
@@ -26,14 +32,39 @@ pub struct GateArgs {
     #[arg(required = true, value_name = "FILE")]
     files: Vec<PathBuf>,
     /// Check ledgers rather than serve stepfiles.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "list")]
     verify: bool,
+    /// Load the stepfiles and list them (id, steps, identity, title).
+    #[arg(long)]
+    list: bool,
 }
 
 impl GateArgs {
     pub fn run(self) -> Result<ExitCode> {
         if !self.verify {
-            anyhow::bail!("serving stepfiles as MCP tools is not built yet; `steppe gate --verify LEDGER…` checks run ledgers");
+            // Every stepfile loads before anything is served.
+            let mut loaded = Vec::new();
+            let mut invalid = false;
+            for f in &self.files {
+                match steppe_gate::stepfile::load_file(f) {
+                    Ok(l) => loaded.push(l),
+                    Err(e) => {
+                        invalid = true;
+                        warn!("{e}");
+                    }
+                }
+            }
+            if invalid {
+                return Ok(ExitCode::from(2));
+            }
+            if !self.list {
+                anyhow::bail!("serving stepfiles as MCP tools is not built yet; `steppe gate --list STEPFILE…` checks them, `steppe gate --verify LEDGER…` checks run ledgers");
+            }
+            for l in &loaded {
+                let s = &l.stepfile;
+                say!("{:<32} {:>3} step(s)  {}  {}", s.id, s.steps.len(), l.identity, s.title.as_deref().unwrap_or(""));
+            }
+            return Ok(ExitCode::SUCCESS);
         }
         let mut broken = false;
         for f in &self.files {

@@ -13,7 +13,7 @@ pub struct SourceMap {
 }
 
 impl SourceMap {
-    pub(crate) fn build(root: &Node) -> Self {
+    pub fn build(root: &Node) -> Self {
         let mut marks = HashMap::new();
         marks.insert(String::new(), root.mark);
         fn walk(n: &Node, path: &str, marks: &mut HashMap<String, Mark>) {
