@@ -3,6 +3,7 @@
 //! far: stepfiles loaded and checked, and the ledger of a run
 //! (JCS-canonical records chained by SHA-256) with its verification.
 
+pub mod expr;
 pub mod jcs;
 pub mod ledger;
 pub mod stepfile;
