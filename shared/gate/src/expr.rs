@@ -405,6 +405,85 @@ pub fn template(t: &Value, data: &Value) -> Result<Value, ExprError> {
     }
 }
 
+/// Checks a rule before it runs: every object in it is one known operator
+/// (or `{}`); what `literal` holds is data.
+pub fn check(rule: &Value) -> Result<(), String> {
+    match rule {
+        Value::Array(items) => items.iter().try_for_each(check),
+        Value::Object(m) if m.is_empty() => Ok(()),
+        Value::Object(m) => match operator(rule) {
+            Some(("literal", _)) => Ok(()),
+            Some((op, a)) if is_operator(op) => check(a),
+            _ => {
+                let keys: Vec<&str> = m.keys().map(String::as_str).collect();
+                Err(format!("an expression object is one operator; {{{}}} is not one", keys.join(", ")))
+            }
+        },
+        _ => Ok(()),
+    }
+}
+
+/// Most a diagnosis says.
+const DIAGNOSIS_CHARS: usize = 2000;
+
+fn compact(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// What a failed predicate says after its message (§1.7): its `explain`
+/// evaluated, or else what the predicate shows by itself — a `subset`'s
+/// missing items, the offending `left`s of a `none` over a `join`, an
+/// equality's expected and got, the failing parts of an `and` joined by
+/// ` | ` — at most 2,000 characters; empty when there is nothing to add.
+pub fn diagnosis(predicate: &Value, data: &Value, explain: Option<&Value>) -> Result<String, ExprError> {
+    let detail = match explain {
+        Some(e) => compact(&eval(e, data)?),
+        None => auto_detail(predicate, data)?,
+    };
+    Ok(detail.chars().take(DIAGNOSIS_CHARS).collect())
+}
+
+fn auto_detail(rule: &Value, data: &Value) -> Result<String, ExprError> {
+    let Some((op, raw)) = operator(rule) else { return Ok(String::new()) };
+    let list = args(raw);
+    Ok(match op {
+        "subset" if list.len() == 2 => {
+            let missing = apply("difference", raw, data)?;
+            if missing.as_array().is_some_and(|a| !a.is_empty()) { missing.to_string() } else { String::new() }
+        }
+        "none" if list.len() == 2 && operator(&list[0]).is_some_and(|(o, _)| o == "join") => {
+            let rows = match eval(&list[0], data)? {
+                Value::Array(a) => a,
+                _ => Vec::new(),
+            };
+            let mut bad = Vec::new();
+            for r in rows {
+                if truthy(&eval(&list[1], &r)?) {
+                    bad.push(r.get("left").cloned().unwrap_or(Value::Null));
+                }
+            }
+            if bad.is_empty() { String::new() } else { Value::Array(bad).to_string() }
+        }
+        "==" | "===" if list.len() == 2 => format!("expected {}, got {}", eval(&list[1], data)?, eval(&list[0], data)?),
+        "and" => {
+            let mut parts = Vec::new();
+            for part in &list {
+                if !passes(part, data)? {
+                    let d = auto_detail(part, data)?;
+                    if !d.is_empty() {
+                        parts.push(d);
+                    }
+                }
+            }
+            parts.join(" | ")
+        }
+        _ => String::new(),
+    })
+}
+
 /// `results [op, path?]`: the flattened `result.path` of every call to
 /// `op` that did not fail.
 fn results(data: &Value, op: &str, path: Option<&str>) -> Value {
@@ -551,10 +630,31 @@ mod tests {
         assert_eq!(ev(json!({"assign": [{"literal": {"a": 1, "b": 1}}, {"object": [[["b", 2]]]}]}), json!({})), json!({"a": 1, "b": 2}));
         assert_eq!(ev(json!({"join": [{"literal": [{"id": 1}, {"id": 2}]}, {"literal": [{"k": 2, "v": "x"}]}, "id", "k"]}), json!({})), json!([{"left": {"id": 1}, "right": null}, {"left": {"id": 2}, "right": {"k": 2, "v": "x"}}]));
         assert!(eval(&json!({"a": 1, "b": 2}), &json!({})).is_err(), "in a rule, an object is an operator");
+        assert_eq!(check(&json!({"and": [{"var": "x"}, {"literal": {"a": 1, "b": 2}}]})), Ok(()));
+        assert_eq!(check(&json!({"and": [{"vra": "x"}]})), Err("an expression object is one operator; {vra} is not one".to_string()));
         assert_eq!(template(&json!({"rows": {"map": [{"var": "xs"}, {"+": [{"var": ""}, 1]}]}, "fixed": {"literal": {"var": "x"}}}), &json!({"xs": [1, 2]})).unwrap(), json!({"rows": [2, 3], "fixed": {"var": "x"}}));
         let items = json!({"literal": [{"id": "a", "s": 2}, {"id": "b"}, {"id": "c", "s": 1}]});
         assert_eq!(ev(json!({"map": [{"sort_by": [items.clone(), "s", "asc"]}, {"var": "id"}]}), json!({})), json!(["c", "a", "b"]), "nulls last");
         assert_eq!(ev(json!({"map": [{"sort_by": [items, "s", "desc"]}, {"var": "id"}]}), json!({})), json!(["a", "c", "b"]), "nulls last either way");
+    }
+
+    #[test]
+    fn failed_predicates_say_what_failed() {
+        let sources = json!({"inputs": {"sources": ["S-01", "S-02"]}, "output": {"cited": ["S-01", "S-07", "S-09"], "count": 3}});
+        let subset = json!({"subset": [{"var": "output.cited"}, {"var": "inputs.sources"}]});
+        assert_eq!(diagnosis(&subset, &sources, None).unwrap(), r#"["S-07","S-09"]"#);
+        let equal = json!({"==": [{"var": "output.count"}, {"length": {"var": "inputs.sources"}}]});
+        assert_eq!(diagnosis(&equal, &sources, None).unwrap(), "expected 2, got 3");
+        let data = json!({"inputs": {"sources": ["S-01", "S-02"]}, "output": {"cited": ["S-01", "S-09"], "count": 1}});
+        let both = json!({"and": [subset, {"==": [{"var": "output.count"}, {"length": {"var": "output.cited"}}]}]});
+        assert_eq!(diagnosis(&both, &data, None).unwrap(), r#"["S-09"] | expected 2, got 1"#);
+        let explain = json!({"cat": ["unknown", " ", {"length": {"difference": [{"var": "output.cited"}, {"var": "inputs.sources"}]}}]});
+        assert_eq!(diagnosis(&both, &data, Some(&explain)).unwrap(), "unknown 1");
+        let stock = json!({"inputs": {"catalogue": [{"id": "K-1", "stock": 4}, {"id": "K-2", "stock": 0}]}, "output": {"rows": [{"id": "K-1", "stock": 4}, {"id": "K-2", "stock": 3}]}});
+        let none = json!({"none": [{"join": [{"var": "output.rows"}, {"var": "inputs.catalogue"}, "id", "id"]}, {"!=": [{"var": "left.stock"}, {"var": "right.stock"}]}]});
+        assert!(!passes(&none, &stock).unwrap());
+        assert_eq!(diagnosis(&none, &stock, None).unwrap(), r#"[{"id":"K-2","stock":3}]"#);
+        assert_eq!(diagnosis(&json!({"!": true}), &stock, None).unwrap(), "", "nothing to add");
     }
 
     #[test]

@@ -261,6 +261,21 @@ fn rules(doc: &Stepfile) -> Vec<(String, String)> {
                 }
             }
         }
+        let mut rules: Vec<(String, &Value)> = Vec::new();
+        for (j, g) in s.gates.iter().flatten().enumerate() {
+            rules.extend(g.predicate.iter().map(|r| (format!("{p}.gates[{j}].predicate"), r)));
+            rules.extend(g.explain.iter().map(|r| (format!("{p}.gates[{j}].explain"), r)));
+        }
+        rules.extend(s.derive.iter().flatten().map(|(k, r)| (format!("{p}.derive.{k}"), r)));
+        rules.extend(s.when.iter().map(|r| (format!("{p}.when"), r)));
+        if let Some(Value::Object(lets)) = &s.let_ {
+            rules.extend(lets.iter().map(|(k, r)| (format!("{p}.let.{k}"), r)));
+        }
+        for (path, r) in rules {
+            if let Err(e) = crate::expr::check(r) {
+                bad(path, e);
+            }
+        }
         let props = s.produces.get("properties").and_then(Value::as_object);
         for k in s.derive.iter().flat_map(|d| d.keys()) {
             if !props.is_some_and(|p| p.contains_key(k)) {
@@ -332,9 +347,10 @@ steps:
         let e = load_str(&bad, Path::new("shelf.yaml")).unwrap_err();
         assert!(e.to_string().starts_with("StepfileInvalid: shelf.yaml:4:1: "), "{e}");
         assert!(e.to_string().contains("titel") && e.to_string().contains("title"), "an unknown key, with the near miss: {e}");
-        let bad = GOOD.replace("tools: [searchItems]", "tools: [searchItem]").replace("id: report", "id: fetch").replace("retries: 2", "retries: 9");
+        let bad = GOOD.replace("tools: [searchItems]", "tools: [searchItem]").replace("id: report", "id: fetch").replace("retries: 2", "retries: 9").replace("{length: {var", "{lenght: {var");
         let e = load_str(&bad, Path::new("shelf.yaml")).unwrap_err();
-        assert_eq!(e.issues.len(), 3, "{e}");
+        assert_eq!(e.issues.len(), 4, "{e}");
+        assert!(e.issues.iter().any(|i| i.contains("steps[1].derive.count: an expression object is one operator; {lenght} is not one")), "{e}");
         assert!(e.issues.iter().any(|i| i.contains("steps[1].tools[0]: \"searchItem\" is not an operation")), "{e}");
         assert!(e.issues.iter().any(|i| i.contains("steps[1].id: step id \"fetch\" is used twice")), "{e}");
         assert!(e.issues.iter().any(|i| i.contains("steps[1].retries: retries is 0 to 5")), "{e}");
