@@ -121,17 +121,18 @@ fn a_serial_group_runs_one_build_at_a_time_and_every_starts_from_the_newest() {
     .expect("write");
     let dir = format!("dir={}", work.display());
     let out = steppe(&["watch", "p.yml", "--once", "--max-concurrent", "3", "--var", &dir], &work);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{said}");
     let log = runs(&work);
-    assert_eq!(log.len(), 4, "{log:?}");
-    assert!(log[0].starts_with("start-") && log[1].starts_with("end-") && log[2].starts_with("start-"), "never two builds of one group at once: {log:?}");
+    assert_eq!(log.len(), 4, "{log:?}\n{said}");
+    assert!(log[0].starts_with("start-") && log[1].starts_with("end-") && log[2].starts_with("start-"), "never two builds of one group at once: {log:?}\n{said}");
     let each = std::fs::read_to_string(work.join("each.log")).unwrap_or_default();
-    assert_eq!(each.lines().collect::<Vec<_>>(), [r#"{"ref":"v3"}"#], "a cold start takes the newest only");
+    assert_eq!(each.lines().collect::<Vec<_>>(), [r#"{"ref":"v3"}"#], "a cold start takes the newest only:\n{said}");
     versions(&work, &["v1", "v2", "v3", "v4", "v5"]);
     let out = steppe(&["watch", "p.yml", "--once", "--max-concurrent", "3", "--var", &dir], &work);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let each = std::fs::read_to_string(work.join("each.log")).unwrap_or_default();
-    assert_eq!(each.lines().collect::<Vec<_>>(), [r#"{"ref":"v3"}"#, r#"{"ref":"v4"}"#, r#"{"ref":"v5"}"#], "every new version once");
+    assert_eq!(each.lines().collect::<Vec<_>>(), [r#"{"ref":"v3"}"#, r#"{"ref":"v4"}"#, r#"{"ref":"v5"}"#], "every new version once:\n{}", text(&out));
 }
 
 #[test]

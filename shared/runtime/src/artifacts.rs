@@ -200,12 +200,19 @@ impl ArtifactStore for LocalArtifactStore {
         let digest = digest_dir(dir)?;
         let dest = self.root.join(&digest);
         if !dest.exists() {
-            let tmp = self.root.join(format!(".tmp-{digest}-{}", std::process::id()));
+            // A directory of this writer's own: two steps of one process
+            // storing the same content at once must not share one.
+            static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let tmp = self.root.join(format!(".tmp-{digest}-{}-{n}", std::process::id()));
             let _ = fs::remove_dir_all(&tmp);
             copy_tree(dir, &tmp)?;
-            if fs::rename(&tmp, &dest).is_err() {
-                // Another writer stored the same content first.
+            if let Err(e) = fs::rename(&tmp, &dest) {
                 let _ = fs::remove_dir_all(&tmp);
+                // Another writer stored the same content first; anything else is an error.
+                if !dest.is_dir() {
+                    return Err(e);
+                }
             }
         }
         Ok(ArtifactRef { digest })
@@ -232,6 +239,34 @@ impl ArtifactStore for LocalArtifactStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn many_writers_of_the_same_content_at_once_all_get_it_stored() {
+        let root = std::env::temp_dir().join(format!("steppe-artifacts-race-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        let store = std::sync::Arc::new(LocalArtifactStore::new(&root).unwrap());
+        let src = root.join("src");
+        fs::create_dir_all(src.join("deep")).unwrap();
+        for i in 0..50 {
+            fs::write(src.join("deep").join(format!("f{i}")), "x".repeat(1000)).unwrap();
+        }
+        let handles: Vec<_> = (0..8)
+            .map(|_| {
+                let (store, src) = (store.clone(), src.clone());
+                std::thread::spawn(move || store.put_dir(&src))
+            })
+            .collect();
+        for h in handles {
+            let r = h.join().unwrap().expect("stored");
+            let dest = root.join("out").join(rand_name());
+            store.materialize(&r, &dest).expect("whole and verified");
+        }
+    }
+
+    fn rand_name() -> String {
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        format!("m{}", N.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    }
 
     #[test]
     fn same_content_same_digest_and_round_trip() {
