@@ -193,19 +193,23 @@ impl Watcher {
         Ok(())
     }
 
-    /// Starts what the queue and the limits allow; how many builds run now.
-    pub async fn dispatch(self: &Arc<Self>) -> usize {
+    /// Starts what the queue and the limits allow; how many builds run now,
+    /// and whether more could start (only `--max-concurrent` held them back).
+    pub async fn dispatch(self: &Arc<Self>) -> (usize, bool) {
         let _g = self.queue.lock().await;
         let mut rows = queue::load(self.store.as_ref(), &self.scope).unwrap_or_default();
         let limits: HashMap<String, Limits> = self.pipeline().jobs.iter().map(|j| (j.name.clone(), Limits::of(j))).collect();
         let paused = |job: &str| queue::breaker(self.store.as_ref(), &self.scope, job).paused;
         let mut started = Vec::new();
-        while self.running_count() + started.len() < self.max_concurrent {
+        let more = loop {
+            if self.running_count() + started.len() >= self.max_concurrent {
+                break true;
+            }
             match queue::claim(&mut rows, &limits, &paused) {
                 Ok(job) => started.push(job),
-                Err(_) => break,
+                Err(_) => break false,
             }
-        }
+        };
         if !started.is_empty() {
             if let Err(e) = queue::save(self.store.as_ref(), &self.scope, &rows) {
                 self.say(&format!("watch: saving the queue: {e}"));
@@ -214,20 +218,11 @@ impl Watcher {
         for job in started {
             self.start_build(job);
         }
-        self.running_count()
+        (self.running_count(), more)
     }
 
     fn running_count(&self) -> usize {
         self.running.lock().map(|r| r.len()).unwrap_or(0)
-    }
-
-    /// Whether any build waits that its limits would let run.
-    pub async fn has_runnable(&self) -> bool {
-        let _g = self.queue.lock().await;
-        let mut rows = queue::load(self.store.as_ref(), &self.scope).unwrap_or_default();
-        let limits: HashMap<String, Limits> = self.pipeline().jobs.iter().map(|j| (j.name.clone(), Limits::of(j))).collect();
-        let paused = |job: &str| queue::breaker(self.store.as_ref(), &self.scope, job).paused;
-        queue::claim(&mut rows, &limits, &paused).is_ok()
     }
 
     fn start_build(self: &Arc<Self>, job_name: String) {
@@ -344,8 +339,8 @@ impl Watcher {
                 self.poll().await;
                 next_poll = tokio::time::Instant::now() + interval;
             }
-            let running = self.dispatch().await;
-            if once && running == 0 && !self.has_runnable().await {
+            let (running, more) = self.dispatch().await;
+            if once && running == 0 && !more {
                 return false;
             }
             let wait = if once { Duration::from_secs(3600) } else { next_poll.saturating_duration_since(tokio::time::Instant::now()) };

@@ -514,23 +514,7 @@ fn host(url: &str) -> Option<String> {
 
 /// RFC 3339 times in UTC, to and from Unix seconds.
 mod time {
-    fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-        let y = if m <= 2 { y - 1 } else { y };
-        let era = if y >= 0 { y } else { y - 399 } / 400;
-        let yoe = y - era * 400;
-        let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + d - 1;
-        let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-        era * 146097 + doe - 719468
-    }
-
-    fn days_in_month(y: i64, m: i64) -> i64 {
-        match m {
-            2 if (y % 4 == 0 && y % 100 != 0) || y % 400 == 0 => 29,
-            2 => 28,
-            4 | 6 | 9 | 11 => 30,
-            _ => 31,
-        }
-    }
+    use steppe_language::calendar::{civil_from_days, days_from_civil, days_in_month};
 
     pub fn parse(s: &str) -> Option<i64> {
         let b = s.as_bytes();
@@ -567,15 +551,7 @@ mod time {
 
     pub fn format(t: i64) -> String {
         let (days, secs) = (t.div_euclid(86400), t.rem_euclid(86400));
-        let z = days + 719468;
-        let era = if z >= 0 { z } else { z - 146096 } / 146097;
-        let doe = z - era * 146097;
-        let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
-        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-        let mp = (5 * doy + 2) / 153;
-        let d = doy - (153 * mp + 2) / 5 + 1;
-        let m = if mp < 10 { mp + 3 } else { mp - 9 };
-        let y = yoe + era * 400 + i64::from(m <= 2);
+        let (y, m, d) = civil_from_days(days);
         format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", secs / 3600, secs % 3600 / 60, secs % 60)
     }
 }

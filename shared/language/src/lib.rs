@@ -6,6 +6,7 @@
 //! a test below keeps it so): anything that only reads a pipeline can use it.
 
 pub mod builtins;
+pub mod calendar;
 pub mod confine;
 pub mod de;
 pub mod duration;
