@@ -1,13 +1,24 @@
-//! `steppe gate`: Stepgate's command. So far `--verify`, which checks the
-//! hash chain of run ledgers; serving stepfiles is not built yet.
+//! `steppe gate`: Stepgate's command — stepfiles served as MCP tools over
+//! stdio or loopback HTTP, `--list` to check them, `--verify` for ledgers.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Result;
 use clap::Args;
 
 /// Stepgate: gated stepfiles as MCP tools, and their runs' ledgers.
+///
+/// `steppe gate STEPFILE…` serves each stepfile as an MCP tool over stdio
+/// (or over streamable HTTP on 127.0.0.1 with --http PORT). Calling a
+/// stepfile's tool starts a run and shows its first step; the client calls
+/// the step's operations with `stepgate_call` and hands in the step's output
+/// with `stepgate_submit`, which the step's gates check. Mechanical steps
+/// (`do:`) run without the client. Requests go only to the hosts the
+/// stepfile's tools declare (every redirect hop checked); a credential comes
+/// from `<NAME>_API_KEY` and goes only to its own hosts. Every event is in
+/// the run's ledger (`<stepfile>-<run>.jsonl` in --ledger-dir, else stderr).
 ///
 /// With --verify, each FILE is a run's ledger (`<stepfile>-<run>.jsonl`):
 /// every record's `seq` must be its place, its `prev` the SHA-256 of the
@@ -20,16 +31,17 @@ use clap::Args;
 /// checked, listed with its identity (`sha256:` of its RFC 8785 form).
 /// Problems print as `StepfileInvalid: FILE:LINE:COL: PATH: MESSAGE`, exit 2.
 ///
-/// Serving stepfiles (`steppe gate STEPFILE…`) is not built yet.
-///
 /// Examples:
+///   steppe gate shelf-audit.yaml --ledger-dir ledgers      # MCP over stdio
+///   steppe gate shelf-audit.yaml --http 8765               # http://127.0.0.1:8765/mcp
 ///   steppe gate --list shelf-audit.yaml
 ///   steppe gate --verify ledgers/shelf-audit-*.jsonl
 #[derive(Args, Debug)]
 #[command(verbatim_doc_comment)]
 pub struct GateArgs {
-    /// The ledgers to check (with --verify).
-    #[arg(required = true, value_name = "FILE")]
+    /// Stepfiles to serve or list (.yaml, .yml, .json), or ledgers to check
+    /// (with --verify). None serves the authoring tools only.
+    #[arg(value_name = "FILE")]
     files: Vec<PathBuf>,
     /// Check ledgers rather than serve stepfiles.
     #[arg(long, conflicts_with = "list")]
@@ -37,10 +49,65 @@ pub struct GateArgs {
     /// Load the stepfiles and list them (id, steps, identity, title).
     #[arg(long)]
     list: bool,
+    /// Serve streamable HTTP on 127.0.0.1:PORT at /mcp instead of stdio (0 picks a port).
+    #[arg(long, value_name = "PORT")]
+    http: Option<u16>,
+    /// Write each run's ledger to DIR/<stepfile>-<run>.jsonl (default: stderr).
+    #[arg(long, value_name = "DIR")]
+    ledger_dir: Option<PathBuf>,
+    /// Write each run's attempts to DIR/<stepfile>-<run>.cases.yaml.
+    #[arg(long, value_name = "DIR")]
+    record_cases: Option<PathBuf>,
+    /// Calls a step may make, over all its attempts (refused ones count).
+    #[arg(long, default_value_t = 100, value_name = "N")]
+    calls_per_step: u32,
+    /// Characters of a result the client is shown (the rest cut, with a note).
+    #[arg(long, default_value_t = 20_000, value_name = "N")]
+    tool_result_chars: usize,
+    /// A run nobody drives for this long is abandoned.
+    #[arg(long, default_value_t = 1_800_000, value_name = "MS")]
+    run_idle_ms: u64,
+    /// Each outgoing request's deadline, body included.
+    #[arg(long, default_value_t = 60_000, value_name = "MS")]
+    request_timeout_ms: u64,
+    /// The most of a response that is read.
+    #[arg(long, default_value_t = 10_485_760, value_name = "BYTES")]
+    response_bytes: usize,
+    /// An email address for the User-Agent of every request.
+    #[arg(long, value_name = "EMAIL")]
+    contact: Option<String>,
 }
 
 impl GateArgs {
+    fn serve(&self, loaded: Vec<steppe_gate::stepfile::Loaded>) -> Result<ExitCode> {
+        let opts = steppe_gate::run::Options {
+            calls_per_step: self.calls_per_step,
+            tool_result_chars: self.tool_result_chars,
+            run_idle: Duration::from_millis(self.run_idle_ms),
+            request_timeout: Duration::from_millis(self.request_timeout_ms),
+            response_bytes: self.response_bytes,
+            ledger_dir: self.ledger_dir.clone(),
+            contact: self.contact.clone(),
+            record_cases: self.record_cases.clone(),
+            offline: false,
+        };
+        steppe_cloud::install_crypto();
+        let gate = steppe_gate::server::Gate::new(loaded, opts);
+        let rt = tokio::runtime::Runtime::new()?;
+        let served = rt.block_on(async {
+            match self.http {
+                Some(port) => steppe_gate::http::serve_http(gate, port, |addr| warn!("steppe gate: serving MCP at http://{addr}/mcp")).await,
+                None => steppe_gate::server::serve_stdio(gate).await,
+            }
+        });
+        served.map_err(|e| anyhow::anyhow!(e))?;
+        Ok(ExitCode::SUCCESS)
+    }
+
     pub fn run(self) -> Result<ExitCode> {
+        if self.verify && self.files.is_empty() {
+            anyhow::bail!("--verify needs the ledgers to check: steppe gate --verify LEDGER…");
+        }
         if !self.verify {
             // Every stepfile loads before anything is served.
             let mut loaded = Vec::new();
@@ -58,7 +125,7 @@ impl GateArgs {
                 return Ok(ExitCode::from(2));
             }
             if !self.list {
-                anyhow::bail!("serving stepfiles as MCP tools is not built yet; `steppe gate --list STEPFILE…` checks them, `steppe gate --verify LEDGER…` checks run ledgers");
+                return self.serve(loaded);
             }
             for l in &loaded {
                 let s = &l.stepfile;

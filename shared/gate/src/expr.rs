@@ -283,15 +283,22 @@ fn apply(op: &str, raw: &Value, data: &Value) -> Result<Value, ExprError> {
         }
         "log" => arg(0),
         "results" => results(data, &text(&arg(0)), v.get(1).map(text).as_deref()),
-        "object" => Value::Object(
-            (if let Some(Value::Array(pairs)) = v.first() { pairs.clone() } else { Vec::new() })
-                .iter()
-                .filter_map(|p| match p {
-                    Value::Array(kv) if kv.len() == 2 => Some((text(&kv[0]), kv[1].clone())),
-                    _ => None,
-                })
-                .collect(),
-        ),
+        // `object: [[k, v], …]` lists its pairs as its arguments; a single
+        // expression gives them. A pair whose key is not a string makes null.
+        "object" => {
+            let pairs = match (raw.is_array(), v.first()) {
+                (false, Some(Value::Array(p))) => p.clone(),
+                _ => v.clone(),
+            };
+            let mut out = Map::new();
+            for p in &pairs {
+                match p {
+                    Value::Array(kv) if kv.len() == 2 && kv[0].is_string() => _ = out.insert(text(&kv[0]), kv[1].clone()),
+                    _ => return Ok(Value::Null),
+                }
+            }
+            Value::Object(out)
+        }
         "length" => match arg(0) {
             Value::Array(a) => json!(a.len()),
             Value::String(s) => json!(s.chars().count()),
@@ -351,8 +358,9 @@ fn apply(op: &str, raw: &Value, data: &Value) -> Result<Value, ExprError> {
         "assign" => {
             let mut out = Map::new();
             for x in &v {
-                if let Value::Object(m) = x {
-                    out.extend(m.clone());
+                match x {
+                    Value::Object(m) => out.extend(m.clone()),
+                    _ => return Ok(Value::Null),
                 }
             }
             Value::Object(out)
@@ -596,14 +604,17 @@ mod tests {
             {"tool": "list", "arguments": {}, "result": "HTTP 500", "is_error": true}
         ]});
         assert_eq!(ev(json!({"results": ["list", "items"]}), data), json!([1, 2, 3]));
-        assert_eq!(ev(json!({"object": [[["a", 1], ["b", {"+": [1, 1]}]]]}), json!({})), json!({"a": 1, "b": 2}));
+        assert_eq!(ev(json!({"object": [["a", 1], ["b", {"+": [1, 1]}]]}), json!({})), json!({"a": 1, "b": 2}));
+        assert_eq!(ev(json!({"object": {"var": "pairs"}}), json!({"pairs": [["a", 1]]})), json!({"a": 1}));
+        assert_eq!(ev(json!({"object": [[5, 1]]}), json!({})), Value::Null, "a key that is not a string");
+        assert_eq!(ev(json!({"assign": [{"literal": {"a": 1}}, "x"]}), json!({})), Value::Null, "an argument that is not an object");
         assert_eq!(ev(json!({"length": "héllo"}), json!({})), json!(5));
         assert_eq!(ev(json!({"unique": [[1, 2, 1, "1"]]}), json!({})), json!([1, 2, "1"]));
         assert_eq!(ev(json!({"subset": [[1, 2], [2, 1, 3]]}), json!({})), json!(true));
         assert_eq!(ev(json!({"difference": [[1, 2, 3], [2]]}), json!({})), json!([1, 3]));
         assert_eq!(ev(json!({"host": "https://User@API.Example.com:8443/v1?x"}), json!({})), json!("api.example.com:8443"));
         assert_eq!(ev(json!({"match_all": ["K-1 and K-22, k-3", "(K-[0-9]+)"]}), json!({})), json!(["K-1", "K-22"]));
-        assert_eq!(ev(json!({"assign": [{"literal": {"a": 1, "b": 1}}, {"object": [[["b", 2]]]}]}), json!({})), json!({"a": 1, "b": 2}));
+        assert_eq!(ev(json!({"assign": [{"literal": {"a": 1, "b": 1}}, {"object": [["b", 2]]}]}), json!({})), json!({"a": 1, "b": 2}));
         assert_eq!(ev(json!({"join": [{"literal": [{"id": 1}, {"id": 2}]}, {"literal": [{"k": 2, "v": "x"}]}, "id", "k"]}), json!({})), json!([{"left": {"id": 1}, "right": null}, {"left": {"id": 2}, "right": {"k": 2, "v": "x"}}]));
         assert!(eval(&json!({"a": 1, "b": 2}), &json!({})).is_err(), "in a rule, an object is an operator");
         assert_eq!(check(&json!({"and": [{"var": "x"}, {"literal": {"a": 1, "b": 2}}]})), Ok(()));

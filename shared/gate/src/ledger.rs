@@ -21,7 +21,8 @@ pub enum LedgerError {
 /// Appends a run's records to `<dir>/<stepfile>-<run>.jsonl`, chaining each
 /// to the one before.
 pub struct Ledger {
-    path: PathBuf,
+    /// The file; none writes to standard error.
+    path: Option<PathBuf>,
     run: String,
     stepfile: String,
     seq: u64,
@@ -35,11 +36,19 @@ impl Ledger {
         let path = dir.join(format!("{stepfile}-{run}.jsonl"));
         std::fs::create_dir_all(dir).map_err(|source| LedgerError::Io { path: dir.to_path_buf(), source })?;
         std::fs::File::create(&path).map_err(|source| LedgerError::Io { path: path.clone(), source })?;
-        Ok(Ledger { path, run: run.to_string(), stepfile: stepfile.to_string(), seq: 0, prev: None })
+        Ok(Ledger { path: Some(path), run: run.to_string(), stepfile: stepfile.to_string(), seq: 0, prev: None })
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// A ledger in `dir`, or on standard error when there is none.
+    pub fn open(dir: Option<&Path>, stepfile: &str, run: &str) -> Result<Ledger, LedgerError> {
+        match dir {
+            Some(d) => Ledger::create(d, stepfile, run),
+            None => Ok(Ledger { path: None, run: run.to_string(), stepfile: stepfile.to_string(), seq: 0, prev: None }),
+        }
+    }
+
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
     }
 
     /// Appends a record of `kind` with `fields` (an object), stamped `at`
@@ -58,8 +67,13 @@ impl Ledger {
         rec.insert("prev".into(), self.prev.clone().map_or(Value::Null, Value::String));
         rec.extend(fields);
         let line = canonical(&Value::Object(rec));
-        let mut f = std::fs::OpenOptions::new().append(true).open(&self.path).map_err(|source| LedgerError::Io { path: self.path.clone(), source })?;
-        writeln!(f, "{line}").map_err(|source| LedgerError::Io { path: self.path.clone(), source })?;
+        match &self.path {
+            Some(path) => {
+                let mut f = std::fs::OpenOptions::new().append(true).open(path).map_err(|source| LedgerError::Io { path: path.clone(), source })?;
+                writeln!(f, "{line}").map_err(|source| LedgerError::Io { path: path.clone(), source })?;
+            }
+            None => eprintln!("{line}"),
+        }
         self.prev = Some(digest(line.as_bytes()));
         self.seq += 1;
         Ok(line)
@@ -132,7 +146,7 @@ mod tests {
         l.record("gate", "2026-12-02T00:00:02Z", json!({"step": "fetch", "attempt": 1, "gate": "names", "verdict": "pass", "diagnosis": null})).unwrap();
         l.record("run_finished", "2026-12-02T00:00:03Z", json!({"outcome": "passed"})).unwrap();
         assert!(l.record("x", "t", json!({"seq": 9})).is_err(), "the envelope is not a field");
-        l.path().to_path_buf()
+        l.path().expect("a file").to_path_buf()
     }
 
     fn rewrite(path: &Path, f: impl FnOnce(&mut Vec<String>)) -> PathBuf {

@@ -1,9 +1,22 @@
 //! Stepgate (seed 003, `../shared/spec/stepgate-and-sandbox.md` §1): a
-//! procedure as a stepfile whose steps are gated, served as MCP tools. So
-//! far: stepfiles loaded and checked, and the ledger of a run
-//! (JCS-canonical records chained by SHA-256) with its verification.
+//! procedure as a stepfile whose steps are gated, served as MCP tools: the
+//! stepfile loaded and checked, runs driven one step at a time through
+//! `stepgate_call` and `stepgate_submit`, every request held to the hosts
+//! the stepfile declares, and every event in a hash-chained ledger.
 
+pub mod cases;
+pub mod egress;
+pub mod error;
 pub mod expr;
+pub mod guide;
+pub mod http;
 pub mod jcs;
 pub mod ledger;
+pub mod openapi;
+pub mod reply;
+pub mod run;
+pub mod schema;
+pub mod server;
+pub mod settings;
 pub mod stepfile;
+pub mod tools;

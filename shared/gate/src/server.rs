@@ -1,0 +1,166 @@
+//! The MCP surface (§1.9, §1.14): each stepfile a tool that starts a run,
+//! `stepgate_call` and `stepgate_submit` to drive it, and the authoring
+//! tools; served over stdio or streamable HTTP on loopback.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rmcp::model::{CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
+use serde_json::{json, Value};
+use tokio::sync::Mutex;
+
+use crate::reply::{self, Reply};
+use crate::run::{not_active, Options, Run, State};
+use crate::stepfile::Loaded;
+
+const INSTRUCTIONS: &str = "Each stepfile tool starts a run of a fixed procedure and returns its first step. Do each step as instructed: call the step's operations only through stepgate_call, then send the step's output to stepgate_submit. Stepgate checks the output with the step's gates; if it is rejected, fix every listed problem and submit again. Values must come from the operations' results, because gates compare them. Continue until the run finishes. To write a new stepfile, call stepgate_guide first: it explains the format and the other authoring tools.";
+
+/// The stepfiles served and the runs going on, shared by every session.
+pub struct Gate {
+    stepfiles: Vec<Arc<Loaded>>,
+    opts: Arc<Options>,
+    runs: Mutex<HashMap<String, Arc<Mutex<Run>>>>,
+}
+
+impl Gate {
+    pub fn new(stepfiles: Vec<Loaded>, opts: Options) -> Arc<Gate> {
+        Arc::new(Gate { stepfiles: stepfiles.into_iter().map(Arc::new).collect(), opts: Arc::new(opts), runs: Mutex::new(HashMap::new()) })
+    }
+
+    fn tools(&self) -> Vec<Tool> {
+        let mut tools: Vec<Value> = self
+            .stepfiles
+            .iter()
+            .map(|l| {
+                let s = &l.stepfile;
+                let lead = s.description.clone().or_else(|| s.title.clone()).unwrap_or_else(|| format!("Runs the {} stepfile.", s.id));
+                let mut t = json!({"name": s.id, "description": format!("{lead} Starts a run and returns its first step; do each step with stepgate_call and stepgate_submit."), "inputSchema": s.inputs});
+                if let Some(title) = &s.title {
+                    t["title"] = json!(title);
+                }
+                t
+            })
+            .collect();
+        let run = json!({"type": "string", "description": "The run id a stepfile tool returned."});
+        tools.push(json!({"name": "stepgate_call", "title": "Call a step operation",
+            "description": "Calls one of the current step's operations for a Stepgate run and returns its result. Stepgate makes the request and adds any credentials.",
+            "inputSchema": {"type": "object", "properties": {"run": run, "operation": {"type": "string", "description": "An operation the current step lists."}, "arguments": {"type": "object", "description": "Arguments matching the operation's schema."}}, "required": ["run", "operation"]}}));
+        tools.push(json!({"name": "stepgate_submit", "title": "Submit a step's output",
+            "description": "Submits the current step's output for a Stepgate run. Returns the next step, the gate failures to fix, or the finished run's outputs.",
+            "inputSchema": {"type": "object", "properties": {"run": run, "output": {"type": "object", "description": "The step's output, matching the schema the step gave."}}, "required": ["run", "output"]}}));
+        tools.push(json!({"name": "stepgate_guide", "title": "How to write a stepfile", "description": "Explains the stepfile format, the authoring workflow and the other authoring tools.", "inputSchema": {"type": "object", "properties": {}}}));
+        tools.push(json!({"name": "stepgate_validate", "title": "Check a stepfile", "description": "Loads a stepfile (YAML or JSON text) as the server would: its problems with their paths, or its id, identity and steps.",
+            "inputSchema": {"type": "object", "properties": {"stepfile": {"type": "string", "description": "The stepfile's text."}}, "required": ["stepfile"]}}));
+        tools.into_iter().filter_map(|t| serde_json::from_value(t).ok()).collect()
+    }
+
+    /// Answers one tool call.
+    pub async fn call(&self, name: &str, args: Value) -> Reply {
+        match name {
+            "stepgate_call" | "stepgate_submit" => {
+                let id = args.get("run").and_then(Value::as_str).unwrap_or("undefined").to_string();
+                let Some(run) = self.runs.lock().await.get(&id).cloned() else {
+                    return reply::failed(Some(&id), &not_active(&id));
+                };
+                let mut run = run.lock().await;
+                let r = if name == "stepgate_call" {
+                    let op = args.get("operation").and_then(Value::as_str).unwrap_or_default().to_string();
+                    run.call(&op, args.get("arguments").cloned().unwrap_or_else(|| json!({}))).await
+                } else {
+                    run.submit(args.get("output").cloned().unwrap_or(Value::Null)).await
+                };
+                if run.state != State::Running {
+                    self.runs.lock().await.remove(&id);
+                }
+                r
+            }
+            "stepgate_guide" => reply::plain(crate::guide::GUIDE.to_string(), false),
+            "stepgate_validate" => crate::guide::validate(args.get("stepfile").and_then(Value::as_str).unwrap_or_default()),
+            id => match self.stepfiles.iter().find(|l| l.stepfile.id == id) {
+                None => reply::unknown_tool(id),
+                Some(l) => {
+                    let (run, r) = Run::start(l.clone(), self.opts.clone(), args).await;
+                    if let Some(run) = run.filter(|r| r.state == State::Running) {
+                        self.runs.lock().await.insert(run.id.clone(), Arc::new(Mutex::new(run)));
+                    }
+                    r
+                }
+            },
+        }
+    }
+
+    /// Abandons runs idle longer than `--run-idle-ms` (after any call in flight).
+    pub async fn sweep(&self) {
+        let idle: Vec<(String, Arc<Mutex<Run>>)> = self.runs.lock().await.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        for (id, run) in idle {
+            let Ok(mut r) = run.try_lock() else { continue };
+            if r.last_used.elapsed() >= self.opts.run_idle {
+                r.abandon().await;
+                self.runs.lock().await.remove(&id);
+            }
+        }
+    }
+
+    /// Abandons every run (the session that owned them closed).
+    pub async fn abandon_all(&self) {
+        let all: Vec<Arc<Mutex<Run>>> = self.runs.lock().await.drain().map(|(_, v)| v).collect();
+        for run in all {
+            run.lock().await.abandon().await;
+        }
+    }
+
+    pub(crate) fn sweeper(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let gate = self.clone();
+        let every = self.opts.run_idle.min(Duration::from_secs(1)).max(Duration::from_millis(10));
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                gate.sweep().await;
+            }
+        })
+    }
+}
+
+fn result(r: Reply) -> CallToolResult {
+    let mut out = if r.is_error { CallToolResult::error(vec![ContentBlock::text(r.text)]) } else { CallToolResult::success(vec![ContentBlock::text(r.text)]) };
+    out.structured_content = r.structured;
+    out
+}
+
+#[derive(Clone)]
+pub(crate) struct Handler(Arc<Gate>);
+
+pub(crate) fn handler(gate: Arc<Gate>) -> Handler {
+    Handler(gate)
+}
+
+impl ServerHandler for Handler {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_tool_list_changed().build())
+            .with_server_info(Implementation::new("stepgate", env!("CARGO_PKG_VERSION")))
+            .with_instructions(INSTRUCTIONS)
+    }
+
+    async fn list_tools(&self, _: Option<PaginatedRequestParams>, _: RequestContext<RoleServer>) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(self.0.tools()))
+    }
+
+    async fn call_tool(&self, request: CallToolRequestParams, _: RequestContext<RoleServer>) -> Result<CallToolResponse, ErrorData> {
+        let args = request.arguments.map(Value::Object).unwrap_or_else(|| json!({}));
+        Ok(result(self.0.call(request.name.as_ref(), args).await).into())
+    }
+}
+
+/// Serves over standard input and output until the client closes them;
+/// the session's runs are abandoned then.
+pub async fn serve_stdio(gate: Arc<Gate>) -> Result<(), String> {
+    let sweeper = gate.sweeper();
+    let service = Handler(gate.clone()).serve((tokio::io::stdin(), tokio::io::stdout())).await.map_err(|e| format!("starting the MCP session: {e}"))?;
+    let _ = service.waiting().await;
+    sweeper.abort();
+    gate.abandon_all().await;
+    Ok(())
+}
