@@ -8,6 +8,7 @@ mod common;
 
 use common::*;
 use serde_json::json;
+use std::time::Duration;
 
 #[test]
 fn verify_tells_an_intact_ledger_from_a_tampered_one() {
@@ -23,7 +24,7 @@ fn verify_tells_an_intact_ledger_from_a_tampered_one() {
     ] {
         l.record(kind, "2026-12-02T00:00:00Z", fields).expect("record");
     }
-    let good = l.path().to_path_buf();
+    let good = l.path().expect("a ledger file").to_path_buf();
     let out = steppe(&["gate", "--verify", good.to_str().expect("path")], &work);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert!(text(&out).contains("shelf-audit-0b5e.jsonl: intact, 6 records"), "{}", text(&out));
@@ -121,4 +122,136 @@ fn every_conformance_case_passes_through_an_mcp_client() {
 fn the_repositorys_own_gate_cases_pass() {
     harness(&repo("tests/gate"), "stdio");
     harness(&repo("tests/gate"), "http");
+}
+
+/// One HTTP/1.1 request to 127.0.0.1:`port` with exactly these headers:
+/// the status and the body.
+fn raw(port: u16, method: &str, path: &str, headers: &[(&str, String)], body: &[u8]) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    let mut head = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes()).expect("write");
+    let _ = s.write_all(body);
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let out = String::from_utf8_lossy(&out).to_string();
+    let status = out.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (status, out)
+}
+
+/// `--http` serves 127.0.0.1 only, at /mcp only, and refuses what a
+/// DNS-rebinding page or a confused client would send.
+#[test]
+fn http_refuses_foreign_hosts_and_origins_other_paths_and_bad_bodies() {
+    let work = scratch("gate-http");
+    std::fs::write(
+        work.join("p.yaml"),
+        "stepgate: \"1\"\nid: hello\ninputs: {type: object}\nsteps:\n  - id: greet\n    instructions: Say hello.\n    produces: {type: object}\n    gates: [{id: any, schema: {type: object}}]\n",
+    )
+    .expect("write");
+    let (mut child, log) = spawn_logged(&["gate", "p.yaml", "--http", "0", "--ledger-dir", "ledgers"], &work);
+    wait_in_log(&log, "/mcp", Duration::from_secs(20));
+    let shown = log.lock().map(|l| l.clone()).unwrap_or_default();
+    let port: u16 = shown.split("http://127.0.0.1:").nth(1).and_then(|r| r.split('/').next()).and_then(|p| p.parse().ok()).expect("the port it serves on");
+    let host = ("Host", format!("127.0.0.1:{port}"));
+    let json = ("Content-Type", "application/json".to_string());
+    let accept = ("Accept", "application/json, text/event-stream".to_string());
+    let init = br#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+
+    let (code, body) = raw(port, "POST", "/mcp", &[("Host", "evil.example".into()), json.clone(), accept.clone()], init);
+    assert_eq!(code, 403, "a Host that is not loopback (DNS rebinding): {body}");
+    assert!(body.contains("{\"error\":"), "{body}");
+    let (code, body) = raw(port, "POST", "/mcp", &[host.clone(), ("Origin", "https://attacker.example".into()), json.clone(), accept.clone()], init);
+    assert_eq!(code, 403, "an Origin that is not loopback: {body}");
+    let (code, body) = raw(port, "GET", "/other", &[host.clone()], b"");
+    assert_eq!(code, 404, "{body}");
+    assert!(body.contains("only /mcp"), "{body}");
+    let (code, body) = raw(port, "POST", "/mcp", &[host.clone(), json.clone(), accept.clone()], b"{not json");
+    assert_eq!(code, 400, "{body}");
+    let list = br#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#;
+    let (code, body) = raw(port, "POST", "/mcp", &[host.clone(), json.clone(), accept.clone()], list);
+    assert_eq!(code, 400, "no session: {body}");
+    let (code, body) = raw(port, "POST", "/mcp", &[host.clone(), json.clone(), accept.clone(), ("Mcp-Session-Id", "made-up".into())], list);
+    assert_eq!(code, 400, "an unknown session: {body}");
+    let big = vec![b' '; 5 * 1024 * 1024];
+    let (code, _) = raw(port, "POST", "/mcp", &[host.clone(), json.clone(), accept.clone()], &big);
+    assert_eq!(code, 413);
+    let (code, body) = raw(port, "POST", "/mcp", &[host.clone(), ("Origin", "http://localhost:3000".into()), json.clone(), accept.clone()], init);
+    assert_eq!(code, 200, "a loopback client initializes: {body}");
+    assert!(body.to_ascii_lowercase().contains("mcp-session-id:"), "a session is issued: {body}");
+    assert!(body.contains("\"name\":\"stepgate\""), "{body}");
+    stop([&mut child]);
+}
+
+/// `--test` replays recorded cases offline: the repository's cases of the
+/// docs example pass; a record whose verdicts or calls no longer hold
+/// fails with the reason; a case naming a gate the step lacks is refused.
+#[test]
+fn recorded_cases_replay_offline_and_say_what_no_longer_holds() {
+    let dir = repo("tests/gate/offline");
+    let work = scratch("gate-test");
+    let stepfile = dir.join("shelf-audit.stepfile.yaml");
+    let sf = stepfile.to_str().expect("path");
+    let out = steppe(&["gate", "--test", sf], &work);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let lines: Vec<String> = text(&out).lines().map(str::to_string).collect();
+    assert_eq!(lines.len(), 6, "one line per step of each case: {lines:?}");
+    assert!(lines.iter().all(|l| l.starts_with("ok  ")), "{lines:?}");
+    assert!(lines[1].ends_with("/ report (verifier and approve gates not run offline: audited)"), "{lines:?}");
+
+    let cases = std::fs::read_to_string(dir.join("shelf-audit.cases.yaml")).expect("read");
+    let changed = work.join("changed.cases.yaml");
+    std::fs::write(&changed, cases.replace("expect: { fail: [names-all] }", "expect: pass").replace("arguments: { shelf: B }", "arguments: { shelf: C }")).expect("write");
+    let out = steppe(&["gate", "--test", sf, changed.to_str().expect("path")], &work);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let shown = text(&out);
+    assert!(shown.contains("FAIL  a report that misses an item, then one that names both / report"), "{shown}");
+    assert!(shown.contains("      expected every gate to pass, but names-all failed\n      names-all: name every item; missing: [\"K-1\"]"), "{shown}");
+    assert!(shown.contains("      call shelf would send {\"shelf\":\"B\"} as listItems call 1, but the case recorded {\"shelf\":\"C\"}"), "{shown}");
+
+    std::fs::write(&changed, cases.replace("expect: { fail: [derive] }", "expect: { fail: [no-such-gate] }")).expect("write");
+    let out = steppe(&["gate", "--test", sf, changed.to_str().expect("path")], &work);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("CasesInvalid: cases invalid: case \"a count the client sends is refused, a stock nobody fetched fails\", step report: no-such-gate is not one of its gates"), "{}", text(&out));
+    std::fs::write(&changed, cases.replace("expect: pass", "expected: pass")).expect("write");
+    let out = steppe(&["gate", "--test", sf, changed.to_str().expect("path")], &work);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("CasesInvalid: cases invalid: /cases/0/steps/0 must have required property 'expect'"), "{}", text(&out));
+    let out = steppe(&["gate", "--test", "no-such-entry", "--catalog", work.to_str().expect("path")], &work);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out).contains("UnknownStepfile: no catalog stepfile named no-such-entry"), "{}", text(&out));
+}
+
+/// A run served with `--record-cases` leaves a cases file that `--test`
+/// replays as it happened (the run of the docs example, against its
+/// fixture API).
+#[test]
+fn a_recorded_run_replays_under_test() {
+    let work = scratch("gate-record");
+    let case = std::fs::read_to_string(repo("tests/gate/shelf-audit.case.yaml")).expect("read");
+    std::fs::write(work.join("shelf-audit.case.yaml"), format!("args: [--record-cases, {}]\n{case}", work.join("recorded").display())).expect("write");
+    let keep = work.join("kept");
+    let out = child_of_this_test(&venv_python())
+        .arg(repo("tests/support/stepgate_conformance.py"))
+        .args(["--steppe", env!("CARGO_BIN_EXE_steppe"), "--cases"])
+        .arg(&work)
+        .arg("--keep")
+        .arg(&keep)
+        .output()
+        .expect("run the harness");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let recorded: Vec<_> = std::fs::read_dir(work.join("recorded")).expect("recorded").flatten().map(|e| e.path()).collect();
+    assert_eq!(recorded.len(), 1, "{recorded:?}");
+    let body = std::fs::read_to_string(&recorded[0]).expect("read");
+    assert!(body.starts_with("# Recorded by steppe gate --record-cases from run "), "{body}");
+    let stepfile = keep.join("shelf-audit").join("shelf-audit.json");
+    let out = steppe(&["gate", "--test", stepfile.to_str().expect("path"), recorded[0].to_str().expect("path")], &work);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let shown = text(&out);
+    let steps: Vec<&str> = shown.lines().map(|l| l.split(" of shelf-audit / ").nth(1).unwrap_or(l)).collect();
+    assert_eq!(steps, ["fetch", "report", "report"], "the mechanical step and both attempts: {shown}");
 }

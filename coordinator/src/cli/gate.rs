@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Args;
 
 /// Stepgate: gated stepfiles as MCP tools, and their runs' ledgers.
@@ -26,6 +26,14 @@ use clap::Args;
 /// `stepfile` the same throughout. Prints `FILE: intact, N records` or
 /// `FILE: broken at seq K: REASON`; exits 1 when any is broken.
 ///
+/// With --test, the stepfile's recorded cases (from --record-cases, or
+/// written by hand) are replayed offline: each step's recorded output is
+/// judged again by its produces, derive, let and gates (verifier and approval
+/// gates named and skipped), mechanical steps recomputed from their recorded
+/// calls; the failing gates must be the ones recorded. Prints
+/// `ok  CASE / STEP` or `FAIL  CASE / STEP` with the reasons; exits 1 on any
+/// mismatch, 2 when the cases or the stepfile do not load.
+///
 /// With --list, each FILE is a stepfile (YAML or JSON): loaded strictly
 /// (an unknown key is an error with its position), its load-time rules
 /// checked, listed with its identity (`sha256:` of its RFC 8785 form).
@@ -35,6 +43,8 @@ use clap::Args;
 ///   steppe gate shelf-audit.yaml --ledger-dir ledgers      # MCP over stdio
 ///   steppe gate shelf-audit.yaml --http 8765               # http://127.0.0.1:8765/mcp
 ///   steppe gate --list shelf-audit.yaml
+///   steppe gate shelf-audit.yaml --record-cases cases/     # keep each run's attempts
+///   steppe gate --test shelf-audit.yaml cases/shelf-audit-*.cases.yaml
 ///   steppe gate --verify ledgers/shelf-audit-*.jsonl
 #[derive(Args, Debug)]
 #[command(verbatim_doc_comment)]
@@ -47,8 +57,16 @@ pub struct GateArgs {
     #[arg(long, conflicts_with = "list")]
     verify: bool,
     /// Load the stepfiles and list them (id, steps, identity, title).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "test")]
     list: bool,
+    /// Replay a stepfile's recorded cases offline: `--test STEPFILE [CASES]`
+    /// (default CASES: `<id>.cases.yaml` beside it). A name that is not a
+    /// path is looked up in --catalog.
+    #[arg(long, conflicts_with = "verify")]
+    test: bool,
+    /// Where `--test NAME` finds `<domain>/<NAME>/<NAME>.stepfile.yaml`.
+    #[arg(long, value_name = "DIR", default_value = "stepfiles")]
+    catalog: PathBuf,
     /// Serve streamable HTTP on 127.0.0.1:PORT at /mcp instead of stdio (0 picks a port).
     #[arg(long, value_name = "PORT")]
     http: Option<u16>,
@@ -92,6 +110,10 @@ impl GateArgs {
             offline: false,
         };
         steppe_cloud::install_crypto();
+        if let Some(dir) = &self.record_cases {
+            std::fs::create_dir_all(dir).with_context(|| format!("making {}", dir.display()))?;
+            warn!("steppe gate: recording cases in {}; each file holds the APIs' full responses, so trim them before sharing", dir.display());
+        }
         let gate = steppe_gate::server::Gate::new(loaded, opts);
         let rt = tokio::runtime::Runtime::new()?;
         let served = rt.block_on(async {
@@ -104,7 +126,43 @@ impl GateArgs {
         Ok(ExitCode::SUCCESS)
     }
 
+    fn test(&self) -> Result<ExitCode> {
+        use steppe_gate::casetest;
+        let (Some(target), extra) = (self.files.first(), self.files.get(1)) else {
+            anyhow::bail!("--test needs a stepfile path or catalog name: steppe gate --test STEPFILE [CASES]");
+        };
+        let failed = |e: steppe_gate::error::GateError| {
+            warn!("{e}");
+            Ok(ExitCode::from(2))
+        };
+        let path = match casetest::resolve(&target.to_string_lossy(), &self.catalog) {
+            Ok(p) => p,
+            Err(e) => return failed(e),
+        };
+        let loaded = match steppe_gate::stepfile::load_file(&path) {
+            Ok(l) => l,
+            Err(e) => {
+                warn!("{e}");
+                return Ok(ExitCode::from(2));
+            }
+        };
+        let cases_path = extra.cloned().unwrap_or_else(|| casetest::default_cases(&path, &loaded.stepfile.id));
+        let reports = match casetest::load(&cases_path, &loaded).and_then(|cases| casetest::run(&loaded, &cases)) {
+            Ok(r) => r,
+            Err(e) => return failed(e),
+        };
+        for r in &reports {
+            for line in r.lines() {
+                say!("{line}");
+            }
+        }
+        Ok(if reports.iter().all(|r| r.ok) { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    }
+
     pub fn run(self) -> Result<ExitCode> {
+        if self.test {
+            return self.test();
+        }
         if self.verify && self.files.is_empty() {
             anyhow::bail!("--verify needs the ledgers to check: steppe gate --verify LEDGER…");
         }

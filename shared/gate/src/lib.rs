@@ -5,6 +5,8 @@
 //! the stepfile declares, and every event in a hash-chained ledger.
 
 pub mod cases;
+pub mod casetest;
+pub mod check;
 pub mod egress;
 pub mod error;
 pub mod expr;

@@ -14,7 +14,9 @@ use crate::expr;
 use crate::jcs::{digest, digest_json};
 use crate::ledger::Ledger;
 use crate::reply::{self, Reply};
-use crate::schema::{self, Schema};
+use crate::cases::{Attempt, CallSeen};
+use crate::check::{self, Stage, Verdict};
+use crate::schema;
 use crate::stepfile::{Loaded, Step};
 use crate::tools::{Outcome, Tools};
 
@@ -58,15 +60,6 @@ pub enum State {
     Abandoned,
 }
 
-/// A call that reached its tool, as gates see it.
-#[derive(Debug, Clone)]
-pub struct CallSeen {
-    pub tool: String,
-    pub arguments: Value,
-    pub result: Value,
-    pub is_error: bool,
-}
-
 pub struct Run {
     pub id: String,
     pub loaded: Arc<Loaded>,
@@ -86,7 +79,7 @@ pub struct Run {
     pub error: Option<GateError>,
     pub last_used: Instant,
     /// What `--record-cases` keeps of each attempt.
-    pub attempts: Vec<crate::cases::Attempt>,
+    pub attempts: Vec<Attempt>,
 }
 
 /// A fresh run id (a random UUID).
@@ -284,8 +277,7 @@ impl Run {
         }
         if let Some(dir) = self.opts.record_cases.clone() {
             if !self.attempts.is_empty() && self.state != State::Abandoned {
-                let name = format!("{} {}", self.loaded.stepfile.id, self.id);
-                if let Err(e) = crate::cases::append(&dir, &self.loaded.stepfile.id, &self.id, &name, &self.inputs, &self.attempts) {
+                if let Err(e) = crate::cases::write(&dir, &self.loaded.stepfile.id, &self.id, &self.inputs, &self.attempts) {
                     eprintln!("stepgate: cases of run {} not recorded: {e}", self.id);
                 }
             }
@@ -372,9 +364,8 @@ impl Run {
         Ok((out, shown))
     }
 
-    fn gate_context(&self, output: &Value, lets: &Value) -> Value {
-        let calls: Vec<Value> = self.calls.iter().map(|c| json!({"tool": c.tool, "arguments": c.arguments, "result": c.result, "is_error": c.is_error})).collect();
-        json!({"inputs": self.inputs, "steps": self.outputs, "output": output, "calls": calls, "let": lets})
+    fn calls_json(&self) -> Value {
+        crate::cases::calls_json(&self.calls)
     }
 
     /// A mechanical step: its calls, its output, its produces and gates.
@@ -419,15 +410,9 @@ impl Run {
         let data = json!({"inputs": self.inputs, "steps": self.outputs, "responses": responses});
         let output = expr::template(&d.output, &data).map_err(|e| GateError::new("GateFailed", format!("step {}: its output: {}", step.id, e.0)))?;
         self.record("computed", json!({"step": step.id, "output": sized(&output)}));
-        let mut failures = Vec::new();
-        let problems = schema::problems(&step.produces, self.defs(), &output).map_err(|e| GateError::new("GateFailed", format!("step {}: produces does not compile: {e}", step.id)))?;
-        if !problems.is_empty() {
-            let diagnosis = problems.join("; ");
-            self.record("gate", json!({"step": step.id, "attempt": 1, "gate": "produces", "verdict": "fail", "diagnosis": digest(diagnosis.as_bytes())}));
-            failures.push(("produces".to_string(), diagnosis));
-        } else {
-            failures = self.gates(step, &output, &json!({})).await?;
-        }
+        let (_, failures) = self.evaluate(step, output.clone()).await?;
+        let failed = failures.iter().map(|(g, _)| g.clone()).collect();
+        self.attempts.push(Attempt { step: step.id.clone(), calls: self.calls.clone(), output: output.clone(), failed });
         if !failures.is_empty() {
             return Err(gate_failed(step, &failures));
         }
@@ -439,29 +424,17 @@ impl Run {
     /// Every gate of `step` over `output`, in file order, each recorded;
     /// the failures as (gate, message and diagnosis).
     async fn gates(&mut self, step: &Step, output: &Value, lets: &Value) -> Result<Vec<(String, String)>, GateError> {
-        let ctx = self.gate_context(output, lets);
+        let ctx = check::context(&self.inputs, &Value::Object(self.outputs.clone()), output, &self.calls_json(), lets);
         let mut failures = Vec::new();
         for g in step.gates.iter().flatten() {
-            let verdict: Option<String> = if let Some(s) = &g.schema {
-                let p = Schema::compile(s, self.defs()).map_err(|e| GateError::new("GateFailed", format!("gate {}: its schema does not compile: {e}", g.id)))?.problems(output);
-                (!p.is_empty()).then(|| p.join("; "))
-            } else if let Some(pred) = &g.predicate {
-                let ok = expr::passes(pred, &ctx).unwrap_or(false);
-                if ok {
-                    None
-                } else {
-                    let detail = expr::diagnosis(pred, &ctx, g.explain.as_ref()).unwrap_or_default();
-                    let message = g.message.clone().unwrap_or_default();
-                    Some(if detail.is_empty() { message } else { format!("{message} {detail}") })
-                }
-            } else if let Some(h) = &g.http {
-                if self.opts.offline {
-                    continue;
-                }
-                self.verify(step, &g.id, &h.tool, output).await?
-            } else {
-                // Approval needs the client's form elicitation, which this server does not ask for yet.
-                return Err(crate::tools::preflight("approval", format!("gate {} asks a person to approve, and this server does not ask clients for approvals yet", g.id)));
+            let verdict = match check::verdict(g, self.defs(), &ctx)? {
+                Verdict::Pass => None,
+                Verdict::Fail(d) => Some(d),
+                Verdict::Elsewhere => match &g.http {
+                    Some(h) => self.verify(step, &g.id, &h.tool, output).await?,
+                    // Approval needs the client's form elicitation, which this server does not ask for yet.
+                    None => return Err(crate::tools::preflight("approval", format!("gate {} asks a person to approve, and this server does not ask clients for approvals yet", g.id))),
+                },
             };
             let attempt = self.attempt;
             self.record("gate", json!({"step": step.id, "attempt": attempt, "gate": g.id, "verdict": if verdict.is_some() { "fail" } else { "pass" }, "diagnosis": verdict.as_ref().map(|d| digest(d.as_bytes()))}));
@@ -476,8 +449,7 @@ impl Run {
     async fn verify(&mut self, step: &Step, gate: &str, tool: &str, output: &Value) -> Result<Option<String>, GateError> {
         let tools = self.tools.as_ref().ok_or_else(|| GateError::new("ToolCallFailed", "the run has no tools"))?;
         let (url, credential) = tools.verifiers.get(tool).cloned().ok_or_else(|| GateError::new("ToolCallFailed", format!("verifier {tool} is not prepared")))?;
-        let calls: Vec<Value> = self.calls.iter().map(|c| json!({"tool": c.tool, "arguments": c.arguments, "result": c.result, "is_error": c.is_error})).collect();
-        let body = json!({"stepfile": self.loaded.stepfile.id, "step": step.id, "gate": gate, "inputs": self.inputs, "steps": self.outputs, "output": output, "calls": calls});
+        let body = json!({"stepfile": self.loaded.stepfile.id, "step": step.id, "gate": gate, "inputs": self.inputs, "steps": self.outputs, "output": output, "calls": self.calls_json()});
         let req = crate::openapi::Request { method: "POST".into(), url, headers: Vec::new(), body: Some(("application/json".into(), body.to_string().into_bytes())) };
         let placement = crate::egress::Placement::Bearer;
         let a = tools.egress.send(&req, credential.as_ref().map(|c| (c, &placement)), false, tool, &mut Vec::new()).await?;
@@ -505,7 +477,7 @@ impl Run {
             Err(e) => return self.fail(e).await,
         };
         let expect: Vec<String> = failures.iter().map(|(g, _)| g.clone()).collect();
-        self.attempts.push(crate::cases::Attempt { step: step.id.clone(), calls: self.calls.clone(), output: output.clone(), failed: expect });
+        self.attempts.push(Attempt { step: step.id.clone(), calls: self.calls.clone(), output: output.clone(), failed: expect });
         if failures.is_empty() {
             self.outputs.insert(step.id.clone(), full);
             self.record("step_passed", json!({"step": step.id, "attempt": attempt}));
@@ -522,48 +494,20 @@ impl Run {
     /// A submission's evaluation (§1.7): the output with derived fields, and the failures.
     async fn evaluate(&mut self, step: &Step, output: Value) -> Result<(Value, Vec<(String, String)>), GateError> {
         let attempt = self.attempt;
-        let derive = step.derive.clone().unwrap_or_default();
-        let fail_one = |run: &mut Run, gate: &str, diagnosis: String| {
-            run.record("gate", json!({"step": step.id, "attempt": attempt, "gate": gate, "verdict": "fail", "diagnosis": digest(diagnosis.as_bytes())}));
-            vec![(gate.to_string(), diagnosis)]
-        };
-        let present: Vec<&String> = derive.keys().filter(|k| output.get(k.as_str()).is_some()).collect();
-        if !present.is_empty() {
-            let names: Vec<&str> = present.iter().map(|k| k.as_str()).collect();
-            let d = format!("{} {} computed by Stepgate; submit the output without {}", names.join(", "), if names.len() == 1 { "is" } else { "are" }, if names.len() == 1 { "it" } else { "them" });
-            return Ok((output, fail_one(self, "derive", d)));
-        }
-        let keys: Vec<&String> = derive.keys().collect();
-        let partial = schema::without(&step.produces, &keys);
-        let problems = schema::problems(&partial, self.defs(), &output).map_err(|e| GateError::new("GateFailed", format!("step {}: produces does not compile: {e}", step.id)))?;
-        if !problems.is_empty() {
-            return Ok((output, fail_one(self, "produces", problems.join("; "))));
-        }
-        let mut lets = Map::new();
-        if let Some(Value::Object(defs)) = &step.let_ {
-            for (name, rule) in defs {
-                let ctx = self.gate_context(&output, &Value::Object(lets.clone()));
-                lets.insert(name.clone(), expr::eval(rule, &ctx).unwrap_or(Value::Null));
+        let stage = check::prepare(step, self.defs(), &self.inputs, &Value::Object(self.outputs.clone()), &output, &self.calls_json())?;
+        match stage {
+            Stage::Refused { gate, diagnosis } => {
+                self.record("gate", json!({"step": step.id, "attempt": attempt, "gate": gate, "verdict": "fail", "diagnosis": digest(diagnosis.as_bytes())}));
+                Ok((output, vec![(gate.to_string(), diagnosis)]))
             }
-        }
-        let lets = Value::Object(lets);
-        let mut full = output.clone();
-        if !derive.is_empty() {
-            let ctx = self.gate_context(&output, &lets);
-            for (k, rule) in &derive {
-                let v = expr::eval(rule, &ctx).unwrap_or(Value::Null);
-                if let Value::Object(m) = &mut full {
-                    m.insert(k.clone(), v);
+            Stage::Ready { full, lets, derived } => {
+                if derived {
+                    self.record("derived", json!({"step": step.id, "attempt": attempt, "output": sized(&full)}));
                 }
+                let failures = self.gates(step, &full, &lets).await?;
+                Ok((full, failures))
             }
-            let problems = schema::problems(&step.produces, self.defs(), &full).map_err(|e| GateError::new("GateFailed", e))?;
-            if !problems.is_empty() {
-                return Ok((full, fail_one(self, "produces", format!("a derived field breaks produces: {}", problems.join("; ")))));
-            }
-            self.record("derived", json!({"step": step.id, "attempt": attempt, "output": sized(&full)}));
         }
-        let failures = self.gates(step, &full, &lets).await?;
-        Ok((full, failures))
     }
 }
 
