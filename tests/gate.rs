@@ -255,3 +255,88 @@ fn a_recorded_run_replays_under_test() {
     let steps: Vec<&str> = shown.lines().map(|l| l.split(" of shelf-audit / ").nth(1).unwrap_or(l)).collect();
     assert_eq!(steps, ["fetch", "report", "report"], "the mechanical step and both attempts: {shown}");
 }
+
+/// An agent step granted a `stepgate:` server follows the gated procedure:
+/// the stepfile served by `steppe gate` on the worker that runs the step,
+/// its gate rejecting the first output, the run finishing on the second;
+/// the ledger kept with the step's record, written out by `steppe runs
+/// --ledgers` and verified. Embedded, and through a coordinator's worker.
+#[test]
+fn a_pipeline_agent_follows_a_gated_procedure() {
+    agent_follows_a_gated_procedure(None);
+}
+
+#[test]
+fn a_pipeline_agent_follows_a_gated_procedure_on_a_cluster_worker() {
+    let dir = scratch("gate-pipeline-cluster");
+    let (mut coord, url, _log) = serving_logged(&["coordinator", "--listen", "127.0.0.1:0", "--workers", "0", "--state", "state"], &dir);
+    let mut worker = spawn_worker(&url, &["--slots", "1"]);
+    agent_follows_a_gated_procedure(Some(&url));
+    stop([&mut worker, &mut coord]);
+}
+
+fn agent_follows_a_gated_procedure(coordinator: Option<&str>) {
+    let work = scratch(if coordinator.is_some() { "gate-pipeline-remote" } else { "gate-pipeline" });
+    std::fs::create_dir_all(work.join("procedures")).expect("mkdir");
+    std::fs::write(
+        work.join("procedures/release-note.yaml"),
+        "stepgate: \"1\"\nid: release-note\ninputs: {type: object, required: [version], properties: {version: {type: string}}}\nsteps:\n  - id: draft\n    instructions: \"Draft the release note of {{inputs.version}}.\"\n    produces: {type: object, required: [note], properties: {note: {type: string}}}\n    gates:\n      - {id: names-version, message: the note must name the version, predicate: {in: [{var: inputs.version}, {var: output.note}]}}\n    retries: 1\n",
+    )
+    .expect("write");
+    std::fs::write(
+        work.join("p.yml"),
+        "mcp_servers:\n- name: procedures\n  stepgate:\n    stepfiles: [procedures/release-note.yaml]\nagents:\n- name: writer\n  source: {model: openrouter/x/y}\n  tools:\n  - {mcp: procedures}\njobs:\n- name: note\n  plan:\n  - agent: writer\n    messages: [Write the release note of 1.2 by following the release-note procedure.]\n    assert:\n      tool_calls:\n      - name: procedures__release-note\n      - name: procedures__stepgate_submit\n        args: {run: \"1\"}\n",
+    )
+    .expect("write");
+    std::fs::write(
+        work.join("s.yaml"),
+        "model:\n  turns:\n    - call: procedures__release-note\n      args: {version: \"1.2\"}\n    - call: procedures__stepgate_submit\n      args: {run: \"1\", output: {note: Fixes the login page.}}\n    - call: procedures__stepgate_submit\n      args: {run: \"1\", output: {note: 1.2 fixes the login page.}}\n    - say: The release note passed its gate.\n",
+    )
+    .expect("write");
+    let remote: Vec<&str> = coordinator.map(|u| vec!["--coordinator", u]).unwrap_or_default();
+    let mut args = vec!["run", "p.yml", "--script", "s.yaml"];
+    args.extend(&remote);
+    let out = steppe(&args, &work);
+    let shown = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{shown}");
+    assert!(shown.contains("→ procedures__release-note") && shown.contains("→ procedures__stepgate_submit"), "{shown}");
+    let mut args = vec!["runs", "p.yml", "--transcript", "--ledgers", "ledgers"];
+    args.extend(&remote);
+    let out = steppe(&args, &work);
+    let shown = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{shown}");
+    assert!(shown.contains("The output was rejected. Fix every problem below"), "the gate's rejection reached the model: {shown}");
+    assert!(shown.contains("procedures/release-note-1.jsonl (8 records; --ledgers DIR writes it)"), "{shown}");
+    let ledger = work.join("ledgers/release-note-1.jsonl");
+    let types: Vec<String> = std::fs::read_to_string(&ledger).expect("the ledger").lines().map(|l| serde_json::from_str::<serde_json::Value>(l).expect("json")["type"].as_str().unwrap_or_default().to_string()).collect();
+    assert_eq!(types, ["run_started", "step_started", "submit", "gate", "submit", "gate", "step_passed", "run_finished"], "{shown}");
+    let verify = steppe(&["gate", "--verify", ledger.to_str().expect("path")], &work);
+    assert_eq!(verify.status.code(), Some(0), "{}", text(&verify));
+    assert!(text(&verify).contains("intact, 8 records"), "{}", text(&verify));
+}
+
+/// A `stepgate:` server is checked at load: a stepfile path that leaves the
+/// pipeline's directory, none at all, or beside a command, each an error
+/// with its place; a stepfile that does not load fails the step naming it.
+#[test]
+fn stepgate_servers_are_checked_where_they_are_declared() {
+    let work = scratch("gate-validate");
+    let pipeline = |server: &str| format!("mcp_servers:\n- name: procedures\n{server}agents:\n- name: writer\n  source: {{model: openrouter/x/y}}\n  tools: [{{mcp: procedures}}]\njobs:\n- name: j\n  plan:\n  - agent: writer\n    messages: [Go.]\n");
+    for (server, said) in [
+        ("  stepgate: {stepfiles: [../elsewhere.yaml]}\n", "mcp_servers[0].stepgate.stepfiles[0]"),
+        ("  stepgate: {stepfiles: []}\n", "stepgate: serves at least one stepfile"),
+        ("  command: python3\n  stepgate: {stepfiles: [a.yaml]}\n", "stepgate: is served by steppe itself, so it takes no endpoint or command"),
+        ("  stepgate: {stepfiles: [a.yaml], env: [\"not a name\"]}\n", "env lists the NAMEs of variables"),
+    ] {
+        std::fs::write(work.join("p.yml"), pipeline(server)).expect("write");
+        let out = steppe(&["validate", "p.yml"], &work);
+        assert_ne!(out.status.code(), Some(0), "{server}: {}", text(&out));
+        assert!(text(&out).contains(said), "{server}: {}", text(&out));
+    }
+    std::fs::write(work.join("a.yaml"), "stepgate: \"1\"\nid: broken\ninputs: {type: object}\nsteps: []\n").expect("write");
+    std::fs::write(work.join("p.yml"), pipeline("  stepgate: {stepfiles: [a.yaml]}\n")).expect("write");
+    std::fs::write(work.join("s.yaml"), "model:\n  turns:\n    - say: never asked\n").expect("write");
+    let out = steppe(&["run", "p.yml", "--script", "s.yaml"], &work);
+    assert_ne!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("MCP server \"procedures\": StepfileInvalid: a.yaml"), "{}", text(&out));
+}

@@ -62,8 +62,12 @@ fn file(full: &Path, rel: &str) -> anyhow::Result<BundleFile> {
 pub fn collect(path: &Path, loaded: &Loaded, patterns: &[String]) -> anyhow::Result<Bundle> {
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let mut files = vec![file(path, &name)?];
-    for rel in &loaded.read_files {
-        files.push(file(&loaded.dir.join(rel), rel)?);
+    // The stepfiles `stepgate:` servers serve are read when a step starts, on the coordinator.
+    let stepfiles = loaded.pipeline.mcp_servers.iter().flat_map(|m| m.stepgate.iter().flat_map(|g| g.stepfiles.iter()));
+    for rel in loaded.read_files.iter().chain(stepfiles) {
+        if !files.iter().any(|f| &f.path == rel) {
+            files.push(file(&loaded.dir.join(rel), rel)?);
+        }
     }
     let read = files.len() - 1;
     let mut patterns = patterns.to_vec();

@@ -94,6 +94,10 @@ pub struct GateArgs {
     /// An email address for the User-Agent of every request.
     #[arg(long, value_name = "EMAIL")]
     contact: Option<String>,
+    /// Number runs 1, 2, … instead of random UUIDs (a gate hosted for one
+    /// pipeline step, whose transcript then reads alike run to run).
+    #[arg(long, hide = true)]
+    sequential_runs: bool,
 }
 
 impl GateArgs {
@@ -108,6 +112,7 @@ impl GateArgs {
             contact: self.contact.clone(),
             record_cases: self.record_cases.clone(),
             offline: false,
+            sequential_runs: self.sequential_runs,
         };
         steppe_cloud::install_crypto();
         if let Some(dir) = &self.record_cases {

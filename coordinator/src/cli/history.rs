@@ -1,7 +1,7 @@
 //! `steppe runs`, `approvals`, `approve` and `reject`: the recorded history, read
 //! from a pipeline's own store or a coordinator's.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
@@ -61,6 +61,11 @@ pub struct RunsArgs {
     /// Show agent steps' transcripts (text, calls, results) with --steps.
     #[arg(long)]
     transcript: bool,
+    /// Write the ledgers of the gated procedures (`stepgate:` servers) the
+    /// run's agent steps followed into DIR, one `<stepfile>-<run>.jsonl`
+    /// each, for `steppe gate --verify DIR/*.jsonl`.
+    #[arg(long, value_name = "DIR")]
+    ledgers: Option<PathBuf>,
     /// Show the run's events (steps started and ended, notes) in order.
     #[arg(long)]
     events: bool,
@@ -91,7 +96,7 @@ pub struct RunsArgs {
 
 impl RunsArgs {
     pub fn run(self) -> Result<ExitCode> {
-        let RunsArgs { pipeline, job, limit, steps, run, logs, full, step, cost, transcript, events, trace, queue, follow, from_now, name, remote } = self;
+        let RunsArgs { pipeline, job, limit, steps, run, logs, full, step, cost, transcript, ledgers, events, trace, queue, follow, from_now, name, remote } = self;
         let mut h = History::open(pipeline.as_deref(), name.as_deref(), &remote)?;
         if queue {
             runs_queue(&h)
@@ -106,7 +111,7 @@ impl RunsArgs {
             runs_cost(&h, job.as_deref(), limit, run.as_deref())
         } else {
             let logs = (logs || full || step.is_some()).then_some(LogsView { full, step });
-            runs(&h, job.as_deref(), limit, steps || transcript, run.as_deref(), logs, transcript)
+            runs(&h, job.as_deref(), limit, steps || transcript || ledgers.is_some(), run.as_deref(), logs, transcript, ledgers.as_deref())
         }
     }
 }
@@ -245,7 +250,8 @@ fn print_logs(h: &History, lines: &[steppe_runtime::store::LogLine], view: &Logs
     Ok(())
 }
 
-fn runs(h: &History, job: Option<&str>, limit: usize, steps: bool, run: Option<&str>, logs: Option<LogsView>, transcript: bool) -> Result<ExitCode> {
+#[allow(clippy::too_many_arguments)]
+fn runs(h: &History, job: Option<&str>, limit: usize, steps: bool, run: Option<&str>, logs: Option<LogsView>, transcript: bool, ledgers: Option<&Path>) -> Result<ExitCode> {
     let Some(store) = &h.store else {
         say!("no runs recorded for {}", h.label);
         return Ok(ExitCode::SUCCESS);
@@ -296,8 +302,22 @@ fn runs(h: &History, job: Option<&str>, limit: usize, steps: bool, run: Option<&
                     let kind = e.get("kind").and_then(|v| v.as_str()).unwrap_or_default();
                     let name = e.get("name").and_then(|v| v.as_str()).unwrap_or_default();
                     let content = e.get("content").and_then(|v| v.as_str()).unwrap_or_default();
+                    if kind == "ledger" {
+                        say!("    {kind:<8} {} ({} records; --ledgers DIR writes it)", shown(name), content.lines().count());
+                        continue;
+                    }
                     let short: String = content.chars().take(300).collect();
                     say!("    {kind:<8} {} {}", shown(name), shown(&short));
+                }
+            }
+            if let Some(dir) = ledgers {
+                for e in detail.get("transcript").and_then(|t| t.as_array()).into_iter().flatten().filter(|e| e.get("kind").and_then(|k| k.as_str()) == Some("ledger")) {
+                    let name = e.get("name").and_then(|v| v.as_str()).unwrap_or_default();
+                    let file = name.rsplit('/').next().filter(|f| !f.is_empty() && !f.starts_with('.')).unwrap_or("ledger.jsonl");
+                    std::fs::create_dir_all(dir).with_context(|| format!("making {}", dir.display()))?;
+                    let path = dir.join(file);
+                    std::fs::write(&path, e.get("content").and_then(|v| v.as_str()).unwrap_or_default()).with_context(|| format!("writing {}", path.display()))?;
+                    say!("    ledger   {} written to {}", shown(name), path.display());
                 }
             }
             for d in detail.get("denials").and_then(|d| d.as_array()).into_iter().flatten() {

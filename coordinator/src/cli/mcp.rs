@@ -112,6 +112,7 @@ fn servers(pipeline: &Path, vars: &VarArgs) -> Result<std::result::Result<Vec<Mc
 fn place(s: &McpServerWork) -> (&'static str, String) {
     match &s.endpoint {
         Some(e) => ("http", format!("{e}{}{}", s.bearer_env.as_ref().map(|v| format!(" (bearer ${v})")).unwrap_or_default(), if s.oauth { " (oauth)" } else { "" })),
+        None if !s.stepfiles.is_empty() => ("stepgate", s.stepfiles.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(" ")),
         None => ("stdio", s.command.join(" ")),
     }
 }
@@ -145,7 +146,7 @@ fn list(a: ListArgs) -> Result<ExitCode> {
     let dir = dir_of(&a.pipeline);
     say!("{:<20} {:<9} {:<50} STATE", "SERVER", "TRANSPORT", "WHERE");
     for decl in &declared {
-        let (transport, place, state) = match crate::engine::mcp_server_work(decl) {
+        let (transport, place, state) = match crate::engine::mcp_server_work(decl, &dir) {
             Err(e) => ("-", String::new(), format!("unusable: {e}")),
             Ok(w) => {
                 let (t, p) = place(&w);
@@ -172,7 +173,7 @@ fn tools(a: ToolsArgs) -> Result<ExitCode> {
     };
     let names: Vec<&str> = declared.iter().map(|s| s.name.as_str()).collect();
     let decl = declared.iter().find(|s| s.name == a.server).with_context(|| format!("no MCP server \"{}\" in {} (it declares: {})", a.server, a.pipeline.display(), if names.is_empty() { "none".into() } else { names.join(", ") }))?;
-    let work = crate::engine::mcp_server_work(decl).map_err(anyhow::Error::msg)?;
+    let work = crate::engine::mcp_server_work(decl, &dir_of(&a.pipeline)).map_err(anyhow::Error::msg)?;
     for (name, description) in probe(&work, &dir_of(&a.pipeline)).map_err(anyhow::Error::msg)? {
         say!("{}", shown(&name));
         for line in description.lines().filter(|l| !l.trim().is_empty()) {

@@ -130,8 +130,20 @@ fn compaction_budget(def: &AgentDef, model: &str) -> u64 {
     window * 4 / 5
 }
 
-/// A declared MCP server as a worker reaches it.
-pub(crate) fn mcp_server_work(decl: &McpServer) -> Result<McpServerWork, String> {
+/// A declared MCP server as a worker reaches it; a `stepgate:` server's
+/// stepfiles read from `dir` (the pipeline's directory) and checked here.
+pub(crate) fn mcp_server_work(decl: &McpServer, dir: &std::path::Path) -> Result<McpServerWork, String> {
+    let mut stepfiles = Vec::new();
+    for f in decl.stepgate.iter().flat_map(|g| g.stepfiles.iter()) {
+        let path = dir.join(f);
+        let text = std::fs::read_to_string(&path).map_err(|e| format!("MCP server \"{}\": stepfile {f}: {e}", decl.name))?;
+        steppe_gate::stepfile::load_str(&text, std::path::Path::new(f)).map_err(|e| format!("MCP server \"{}\": {e}", decl.name))?;
+        let name = std::path::Path::new(f).file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_else(|| f.clone());
+        if stepfiles.iter().any(|(n, _): &(String, String)| *n == name) {
+            return Err(format!("MCP server \"{}\": two stepfiles are named {name}", decl.name));
+        }
+        stepfiles.push((name, text));
+    }
     let kind = decl.auth.as_ref().and_then(|a| a.type_.as_deref()).unwrap_or("none");
     let bearer_env = match kind {
         "bearer" => decl.auth.as_ref().and_then(|a| a.api_key_env.clone()),
@@ -144,6 +156,8 @@ pub(crate) fn mcp_server_work(decl: &McpServer) -> Result<McpServerWork, String>
         endpoint: decl.endpoint.clone(),
         bearer_env,
         oauth: kind == "oauth",
+        stepfiles,
+        env: decl.stepgate.iter().flat_map(|g| g.env.iter().flatten().cloned()).collect(),
     })
 }
 
@@ -176,7 +190,7 @@ impl JobRun {
                 continue;
             }
             let decl = self.engine.pipeline.mcp_servers.iter().find(|m| &m.name == server).ok_or_else(|| StepError::errored(format!("agent \"{agent}\": MCP server \"{server}\" is not declared in mcp_servers:")))?;
-            out.push(mcp_server_work(decl).map_err(|e| StepError::errored(format!("agent \"{agent}\": {e}")))?);
+            out.push(mcp_server_work(decl, &self.engine.dir).map_err(|e| StepError::errored(format!("agent \"{agent}\": {e}")))?);
         }
         Ok(out)
     }

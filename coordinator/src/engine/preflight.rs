@@ -252,6 +252,10 @@ async fn probe_mcp_server(server: &steppe_runtime::agent_work::McpServerWork, gr
             Err(e) => Err(steppe_runtime::secrets::mask(&e.to_string()).into_owned()),
         };
     }
+    if !server.stepfiles.is_empty() {
+        // Served by this binary's `steppe gate`; its stepfiles loaded when the work was made.
+        return Ok(());
+    }
     let Some(program) = server.command.first() else { return Err(format!("MCP server \"{}\" has no command", server.name)) };
     // A relative path names a file in the step's directory, on the worker.
     let found = (program.contains('/') && !program.starts_with('/')) || steppe_language::machine::on_path(program).is_some();

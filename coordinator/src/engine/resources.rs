@@ -93,7 +93,7 @@ impl JobRun {
         let data = json!({"source": r.source.clone().unwrap_or(json!({})), "version": cursor});
         let a = match t.config.as_ref().and_then(|c| c.mcp.as_ref()) {
             Some(m) => {
-                let stage = mcp_stage(&self.engine.pipeline, m, "check", &data, data["source"].clone(), &Value::Null).map_err(|e| StepError::errored(format!("check {name}: {e}")))?;
+                let stage = mcp_stage(&self.engine.pipeline, &self.engine.dir, m, "check", &data, data["source"].clone(), &Value::Null).map_err(|e| StepError::errored(format!("check {name}: {e}")))?;
                 Assignment { cwd: Cwd::Host(self.engine.dir.clone()), stream: false, mcp: Some(stage), ..Assignment::command(&self.run_id, &format!("{name} (check)"), String::new()) }
             }
             None => {
@@ -256,7 +256,7 @@ impl JobRun {
         }
         if let Some(m) = t.config.as_ref().and_then(|c| c.mcp.as_ref()).filter(|m| m.in_.is_some()) {
             let data = json!({"source": r.source.clone().unwrap_or(json!({})), "version": version, "params": params});
-            let stage = mcp_stage(&self.engine.pipeline, m, "in", &data, data["source"].clone(), &version).map_err(|e| StepError::errored(format!("get {name}: {e}")))?;
+            let stage = mcp_stage(&self.engine.pipeline, &self.engine.dir, m, "in", &data, data["source"].clone(), &version).map_err(|e| StepError::errored(format!("get {name}: {e}")))?;
             let a = Assignment { cwd: Cwd::CaptureSelf, timeout: s.timeout.and_then(|t| t.to_std()), mcp: Some(stage), ..Assignment::command(&self.run_id, name, String::new()) };
             let res = self.dispatch(a).await;
             res.result?;
@@ -354,7 +354,7 @@ impl JobRun {
         let params = resolve_file_markers(params, &tmp.0).map_err(|e| StepError::errored(format!("put {name}: {e}")))?;
         drop(tmp);
         let data = json!({"source": r.source.clone().unwrap_or(json!({})), "params": params});
-        let stage = mcp_stage(&self.engine.pipeline, m, "out", &data, data["params"].clone(), &Value::Null).map_err(|e| StepError::errored(format!("put {name}: {e}")))?;
+        let stage = mcp_stage(&self.engine.pipeline, &self.engine.dir, m, "out", &data, data["params"].clone(), &Value::Null).map_err(|e| StepError::errored(format!("put {name}: {e}")))?;
         Ok(Assignment { timeout: s.timeout.and_then(|t| t.to_std()), mcp: Some(stage), ..Assignment::command(&self.run_id, label, String::new()) })
     }
 
@@ -412,7 +412,7 @@ fn resolve_file_markers(v: Value, view: &std::path::Path) -> Result<Value, Strin
 /// One stage of an MCP-backed type for a worker: its server, its tool and
 /// the arguments — `args:` with every string rendered over `data`, or else
 /// the stage's payload (the source; the put's params).
-fn mcp_stage(p: &steppe_language::model::Pipeline, m: &McpConfig, stage: &str, data: &Value, payload: Value, version: &Value) -> Result<Box<McpStage>, String> {
+fn mcp_stage(p: &steppe_language::model::Pipeline, dir: &std::path::Path, m: &McpConfig, stage: &str, data: &Value, payload: Value, version: &Value) -> Result<Box<McpStage>, String> {
     let cfg = match stage {
         "check" => m.check.as_ref(),
         "in" => m.in_.as_ref(),
@@ -426,7 +426,7 @@ fn mcp_stage(p: &steppe_language::model::Pipeline, m: &McpConfig, stage: &str, d
         None => payload,
     };
     let args = if args.is_object() { args } else { json!({}) };
-    Ok(Box::new(McpStage { server: super::mcp_server_work(decl)?, stage: stage.to_string(), tool, args, version: version.clone() }))
+    Ok(Box::new(McpStage { server: super::mcp_server_work(decl, dir)?, stage: stage.to_string(), tool, args, version: version.clone() }))
 }
 
 /// `v` with every string rendered as a template over `data`; other values as they are.

@@ -34,6 +34,8 @@ pub struct Options {
     pub record_cases: Option<PathBuf>,
     /// `--test`: no network, `http` and `approve` gates skipped.
     pub offline: bool,
+    /// Run ids 1, 2, … (a gate hosted for one pipeline step).
+    pub sequential_runs: bool,
 }
 
 impl Default for Options {
@@ -48,6 +50,7 @@ impl Default for Options {
             contact: None,
             record_cases: None,
             offline: false,
+            sequential_runs: false,
         }
     }
 }
@@ -114,8 +117,7 @@ fn sized(v: &Value) -> Value {
 impl Run {
     /// Starts a run of `loaded` with `inputs`: the run's first reply, and the
     /// run itself while it goes on.
-    pub async fn start(loaded: Arc<Loaded>, opts: Arc<Options>, inputs: Value) -> (Option<Run>, Reply) {
-        let id = new_id();
+    pub async fn start(id: String, loaded: Arc<Loaded>, opts: Arc<Options>, inputs: Value) -> (Option<Run>, Reply) {
         let ledger = match Ledger::open(opts.ledger_dir.as_deref(), &loaded.stepfile.id, &id) {
             Ok(l) => l,
             Err(e) => return (None, reply::failed(None, &GateError::new("PreflightFailed", format!("ledger: {e}")))),

@@ -23,11 +23,12 @@ pub struct Gate {
     stepfiles: Vec<Arc<Loaded>>,
     opts: Arc<Options>,
     runs: Mutex<HashMap<String, Arc<Mutex<Run>>>>,
+    started: std::sync::atomic::AtomicU64,
 }
 
 impl Gate {
     pub fn new(stepfiles: Vec<Loaded>, opts: Options) -> Arc<Gate> {
-        Arc::new(Gate { stepfiles: stepfiles.into_iter().map(Arc::new).collect(), opts: Arc::new(opts), runs: Mutex::new(HashMap::new()) })
+        Arc::new(Gate { stepfiles: stepfiles.into_iter().map(Arc::new).collect(), opts: Arc::new(opts), runs: Mutex::new(HashMap::new()), started: Default::default() })
     }
 
     fn tools(&self) -> Vec<Tool> {
@@ -82,7 +83,9 @@ impl Gate {
             id => match self.stepfiles.iter().find(|l| l.stepfile.id == id) {
                 None => reply::unknown_tool(id),
                 Some(l) => {
-                    let (run, r) = Run::start(l.clone(), self.opts.clone(), args).await;
+                    let n = self.started.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                    let id = if self.opts.sequential_runs { n.to_string() } else { crate::run::new_id() };
+                    let (run, r) = Run::start(id, l.clone(), self.opts.clone(), args).await;
                     if let Some(run) = run.filter(|r| r.state == State::Running) {
                         self.runs.lock().await.insert(run.id.clone(), Arc::new(Mutex::new(run)));
                     }

@@ -113,6 +113,10 @@ pub struct McpServerWork {
     /// HTTP `oauth`: signed in with `steppe mcp login` on the worker (its
     /// token read from the worker's credentials, refreshed when expired).
     pub oauth: bool,
+    /// `stepgate:`: the stepfiles (file name, text) `steppe gate` serves on the worker.
+    pub stepfiles: Vec<(String, String)>,
+    /// `stepgate:`: the worker's variables the gate may read.
+    pub env: Vec<String>,
 }
 
 impl AgentWork {

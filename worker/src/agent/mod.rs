@@ -97,6 +97,8 @@ struct Conversation<'a> {
     tools: Vec<Value>,
     messages: Vec<Value>,
     out: AgentOutcome,
+    /// The ledgers of the step's `stepgate:` servers, kept when they close.
+    gate_ledgers: crate::tools::stepgate::Ledgers,
 }
 
 const TRANSCRIPT_CAP: usize = 256 * 1024;
@@ -235,9 +237,13 @@ async fn converse_boxed(work: &AgentWork, root: &Path, run_id: &str, sink: Arc<d
         tools: Vec::new(),
         messages: Vec::new(),
         out: AgentOutcome::default(),
+        gate_ledgers: Default::default(),
     };
     let r = converse_inner(&mut conv, root).await;
-    let out = std::mem::take(&mut conv.out);
+    let mut out = std::mem::take(&mut conv.out);
+    // Each gated procedure's ledger goes with the step's record, whole (it verifies only so).
+    let ledgers = conv.gate_ledgers.lock().map(|mut l| std::mem::take(&mut *l)).unwrap_or_default();
+    out.transcript.extend(ledgers.into_iter().map(|(name, content)| steppe_runtime::agent_work::TranscriptEvent { kind: "ledger".into(), name, content }));
     (r, out)
 }
 
@@ -298,7 +304,9 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
     let mcp = if mcp_grants.is_empty() {
         crate::tools::mcp::McpSessions::default()
     } else {
-        crate::tools::mcp::McpSessions::open(&work.mcp_servers, &mcp_grants, &space.cwd).await.map_err(|e| StepError::errored(format!("{label}: {e}")))?
+        let mut sessions = crate::tools::mcp::McpSessions::open(&work.mcp_servers, &mcp_grants, &space.cwd).await.map_err(|e| StepError::errored(format!("{label}: {e}")))?;
+        sessions.keep_ledgers(conv.gate_ledgers.clone());
+        sessions
     };
     let defs: HashMap<String, ToolDef> = work.tools.iter().filter(|t| !matches!(t, ToolDef::Mcp { .. })).map(|t| (t.name().to_string(), t.clone())).collect();
     conv.tools = work.tools.iter().filter(|t| !matches!(t, ToolDef::Mcp { .. })).map(|t| schema_for(t, &work.verdicts)).collect();

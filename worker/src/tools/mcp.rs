@@ -17,6 +17,7 @@ use steppe_runtime::agent_work::{mcp_tool_name, McpServerWork, ToolDef};
 use steppe_runtime::assignment::McpStage;
 
 use crate::host_env::HOST_ENV;
+use crate::tools::stepgate::{GateDir, Ledgers};
 
 /// How long a server has to start and list its tools.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -62,6 +63,19 @@ impl McpTool {
 pub struct McpSessions {
     clients: HashMap<String, RunningService<RoleClient, ()>>,
     pub tools: Vec<McpTool>,
+    /// The directories of `stepgate:` servers, and where their ledgers go when the step ends.
+    gates: Vec<GateDir>,
+    ledgers: Option<Ledgers>,
+}
+
+impl Drop for McpSessions {
+    fn drop(&mut self) {
+        if let Some(keep) = &self.ledgers {
+            if let Ok(mut k) = keep.lock() {
+                k.extend(self.gates.iter().flat_map(GateDir::ledgers));
+            }
+        }
+    }
 }
 
 /// Why a grant cannot be served: said before the conversation starts.
@@ -94,6 +108,16 @@ impl McpSessions {
                 continue;
             }
             let spec = servers.iter().find(|s| &s.name == server).ok_or_else(|| McpError::Undeclared(server.clone()))?;
+            let gated;
+            let spec = if spec.stepfiles.is_empty() {
+                spec
+            } else {
+                let gate = GateDir::make(spec).map_err(|source| McpError::Spawn { server: server.clone(), command: "steppe gate".into(), source })?;
+                let command = gate.command(spec).map_err(|source| McpError::Spawn { server: server.clone(), command: "steppe gate".into(), source })?;
+                gated = McpServerWork { command, cwd: Some(gate.dir.display().to_string()), ..spec.clone() };
+                sessions.gates.push(gate);
+                &gated
+            };
             let client = tokio::time::timeout(CONNECT_TIMEOUT, connect(spec, step_dir))
                 .await
                 .map_err(|_| McpError::Timeout { server: server.clone(), secs: CONNECT_TIMEOUT.as_secs() })??;
@@ -166,9 +190,14 @@ impl McpSessions {
         }
     }
 
+    /// Hands the ledgers of its `stepgate:` servers to `keep` when the step's sessions end.
+    pub fn keep_ledgers(&mut self, keep: Ledgers) {
+        self.ledgers = Some(keep);
+    }
+
     /// Ends every session (a stdio server's process with it).
-    pub async fn close(self) {
-        for (_, client) in self.clients {
+    pub async fn close(mut self) {
+        for (_, client) in std::mem::take(&mut self.clients) {
             let _ = client.cancel().await;
         }
     }
@@ -292,8 +321,11 @@ async fn connect(spec: &McpServerWork, step_dir: &Path) -> Result<RunningService
         (None, Some((program, args))) => {
             let mut cmd = tokio::process::Command::new(program);
             cmd.args(args).env_clear().kill_on_drop(true);
-            for name in HOST_ENV {
+            for name in HOST_ENV.iter().copied().chain(spec.env.iter().map(String::as_str)) {
                 if let Some(v) = std::env::var_os(name) {
+                    if spec.env.iter().any(|e| e == name) {
+                        steppe_runtime::secrets::remember(&v.to_string_lossy());
+                    }
                     cmd.env(name, v);
                 }
             }

@@ -507,6 +507,7 @@ fn glob_to_regex(g: &str) -> Result<regex::Regex, regex::Error> {
 mod custom;
 pub mod mcp;
 pub mod mcp_oauth;
+pub mod stepgate;
 mod web_fetch;
 
 pub use custom::{custom, custom_params};

@@ -148,6 +148,20 @@ pub struct McpServer {
     pub cwd: Option<String>,
     /// How to authenticate to an `endpoint:` (omitted: none).
     pub auth: Option<McpAuth>,
+    /// A Stepgate server of gated stepfiles, served by `steppe gate` on the
+    /// worker that runs the granting step (exclusive with `endpoint` and `command`).
+    pub stepgate: Option<StepgateServer>,
+}
+
+/// Stepfiles served to an agent step by `steppe gate` on its worker.
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StepgateServer {
+    /// The stepfiles (YAML or JSON), relative to the pipeline's directory.
+    pub stepfiles: Vec<String>,
+    /// NAMEs of the worker's environment variables the gate may read: its
+    /// credentials (`<NAME>_API_KEY`) and settings. Nothing else is passed.
+    pub env: Option<Vec<String>>,
 }
 
 /// How steppe authenticates to an MCP endpoint.

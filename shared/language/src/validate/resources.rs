@@ -85,10 +85,30 @@ pub(crate) fn check(cx: &mut Cx) {
     }
     for (i, s) in p.mcp_servers.iter().enumerate() {
         let path = format!("mcp_servers[{i}]");
-        match (&s.endpoint, &s.command) {
-            (Some(_), Some(_)) => cx.err(&path, format!("mcp server \"{}\": endpoint and command are mutually exclusive — an MCP server is either remote (endpoint) or a local stdio program (command)", s.name)),
-            (None, None) => cx.err(&path, format!("mcp server \"{}\" needs an endpoint: (http) or a command: (stdio)", s.name)),
+        match (&s.endpoint, &s.command, &s.stepgate) {
+            (Some(_), Some(_), _) => cx.err(&path, format!("mcp server \"{}\": endpoint and command are mutually exclusive — an MCP server is either remote (endpoint) or a local stdio program (command)", s.name)),
+            (Some(_), None, Some(_)) | (None, Some(_), Some(_)) => cx.err(&path, format!("mcp server \"{}\": stepgate: is served by steppe itself, so it takes no endpoint or command", s.name)),
+            (None, None, None) => cx.err(&path, format!("mcp server \"{}\" needs an endpoint: (http), a command: (stdio) or stepgate: (gated stepfiles)", s.name)),
             _ => {}
+        }
+        if let Some(g) = &s.stepgate {
+            let gp = format!("{path}.stepgate");
+            if g.stepfiles.is_empty() {
+                cx.err(&format!("{gp}.stepfiles"), format!("mcp server \"{}\": stepgate: serves at least one stepfile", s.name));
+            }
+            for (j, f) in g.stepfiles.iter().enumerate() {
+                if let Err(e) = crate::confine::check_relative(f, "the pipeline's directory").and_then(|climb| if climb > 0 { Err(crate::confine::PathError::Escapes { root: "the pipeline's directory" }) } else { Ok(0) }) {
+                    cx.err(&format!("{gp}.stepfiles[{j}]"), format!("mcp server \"{}\": stepfile \"{f}\" {e}", s.name));
+                }
+            }
+            for (j, n) in g.env.iter().flatten().enumerate() {
+                if !is_env_name(n) {
+                    cx.err(&format!("{gp}.env[{j}]"), format!("mcp server \"{}\": env lists the NAMEs of variables, not \"{n}\"", s.name));
+                }
+            }
+            if s.args.is_some() || s.cwd.is_some() || s.auth.is_some() {
+                cx.err(&path, format!("mcp server \"{}\": args, cwd and auth do not apply to a stepgate: server", s.name));
+            }
         }
         if let Some(e) = &s.endpoint {
             match url_parts(e) {

@@ -195,11 +195,29 @@ pub fn work_from_wire(w: v1::AgentWork) -> Result<AgentWork, WireError> {
 }
 
 pub fn mcp_server_to_wire(m: &McpServerWork) -> v1::McpServer {
-    v1::McpServer { name: m.name.clone(), command: m.command.clone(), cwd: m.cwd.clone(), endpoint: m.endpoint.clone(), bearer_env: m.bearer_env.clone(), oauth: m.oauth }
+    v1::McpServer {
+        name: m.name.clone(),
+        command: m.command.clone(),
+        cwd: m.cwd.clone(),
+        endpoint: m.endpoint.clone(),
+        bearer_env: m.bearer_env.clone(),
+        oauth: m.oauth,
+        stepfiles: m.stepfiles.iter().map(|(name, text)| v1::Stepfile { name: name.clone(), text: text.clone() }).collect(),
+        env: m.env.clone(),
+    }
 }
 
 pub fn mcp_server_from_wire(m: v1::McpServer) -> McpServerWork {
-    McpServerWork { name: m.name, command: m.command, cwd: m.cwd, endpoint: m.endpoint, bearer_env: m.bearer_env, oauth: m.oauth }
+    McpServerWork {
+        name: m.name,
+        command: m.command,
+        cwd: m.cwd,
+        endpoint: m.endpoint,
+        bearer_env: m.bearer_env,
+        oauth: m.oauth,
+        stepfiles: m.stepfiles.into_iter().map(|f| (f.name, f.text)).collect(),
+        env: m.env,
+    }
 }
 
 pub fn container_to_wire(c: &ContainerSettings) -> v1::ContainerSettings {
@@ -468,6 +486,7 @@ pub(crate) mod tests {
                 McpServerWork { name: "files".into(), command: vec!["python3".into(), "server.py".into()], cwd: Some("tools".into()), ..Default::default() },
                 McpServerWork { name: "docs".into(), endpoint: Some("http://127.0.0.1:9/mcp".into()), bearer_env: Some("DOCS_TOKEN".into()), ..Default::default() },
                 McpServerWork { name: "tracker".into(), endpoint: Some("http://127.0.0.1:9/mcp".into()), oauth: true, ..Default::default() },
+                McpServerWork { name: "audit".into(), stepfiles: vec![("shelf.yaml".into(), "stepgate: \"1\"\n".into())], env: vec!["INV_API_KEY".into()], ..Default::default() },
             ],
             compact_budget: 102_400,
             delegate_percent: 25,

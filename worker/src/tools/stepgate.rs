@@ -1,0 +1,67 @@
+//! A `stepgate:` MCP server: the granted stepfiles served by this binary's
+//! `steppe gate` over stdio, from a directory of its own outside the step's
+//! (so the agent can neither edit its procedure nor its ledger); the ledgers
+//! handed to the step's record when the step ends.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use steppe_runtime::agent_work::McpServerWork;
+
+/// Ledgers a step's gates kept: (server/file, the JSON lines).
+pub type Ledgers = Arc<Mutex<Vec<(String, String)>>>;
+
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
+/// A gate's own directory: its stepfiles and, under `ledger/`, its ledgers.
+pub struct GateDir {
+    pub server: String,
+    pub dir: PathBuf,
+}
+
+impl GateDir {
+    /// Writes `spec`'s stepfiles into a fresh directory.
+    pub fn make(spec: &McpServerWork) -> std::io::Result<GateDir> {
+        let dir = std::env::temp_dir().join(format!("steppe-gate-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("ledger"))?;
+        for (name, text) in &spec.stepfiles {
+            let file = Path::new(name).file_name().map(|n| n.to_os_string()).unwrap_or_default();
+            std::fs::write(dir.join(file), text)?;
+        }
+        Ok(GateDir { server: spec.name.clone(), dir })
+    }
+
+    /// The command that serves it: this binary's `steppe gate`, run ids
+    /// numbered from 1 so a step's transcript reads alike run to run.
+    pub fn command(&self, spec: &McpServerWork) -> std::io::Result<Vec<String>> {
+        let exe = std::env::current_exe()?;
+        let mut cmd = vec![exe.display().to_string(), "gate".to_string()];
+        for (name, _) in &spec.stepfiles {
+            let file = Path::new(name).file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+            cmd.push(self.dir.join(file).display().to_string());
+        }
+        cmd.extend(["--ledger-dir".to_string(), self.dir.join("ledger").display().to_string(), "--sequential-runs".to_string()]);
+        Ok(cmd)
+    }
+
+    /// Its ledgers, each `(server/file, lines)`.
+    pub fn ledgers(&self) -> Vec<(String, String)> {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(self.dir.join("ledger")).into_iter().flatten().flatten().map(|e| e.path()).collect();
+        files.sort();
+        files
+            .into_iter()
+            .filter_map(|f| {
+                let text = std::fs::read_to_string(&f).ok()?;
+                Some((format!("{}/{}", self.server, f.file_name()?.to_string_lossy()), text))
+            })
+            .collect()
+    }
+}
+
+impl Drop for GateDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
