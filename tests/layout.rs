@@ -17,6 +17,8 @@ const CRATES: &[(&str, &str)] = &[
     ("steppe_proto", "proto/src"),
     ("steppe_worker", "worker/src"),
     ("steppe_coordinator", "coordinator/src"),
+    ("steppe_gate", "shared/gate/src"),
+    ("steppe_cloud", "shared/cloud/src"),
 ];
 
 const MAX_LINES: usize = 700;

@@ -144,7 +144,7 @@ impl GateArgs {
             Ok(p) => p,
             Err(e) => return failed(e),
         };
-        let loaded = match steppe_gate::stepfile::load_file(&path) {
+        let loaded = match steppe_gate::load::load_file(&path) {
             Ok(l) => l,
             Err(e) => {
                 warn!("{e}");
@@ -176,7 +176,7 @@ impl GateArgs {
             let mut loaded = Vec::new();
             let mut invalid = false;
             for f in &self.files {
-                match steppe_gate::stepfile::load_file(f) {
+                match steppe_gate::load::load_file(f) {
                     Ok(l) => loaded.push(l),
                     Err(e) => {
                         invalid = true;

@@ -137,7 +137,7 @@ pub(crate) fn mcp_server_work(decl: &McpServer, dir: &std::path::Path) -> Result
     for f in decl.stepgate.iter().flat_map(|g| g.stepfiles.iter()) {
         let path = dir.join(f);
         let text = std::fs::read_to_string(&path).map_err(|e| format!("MCP server \"{}\": stepfile {f}: {e}", decl.name))?;
-        steppe_gate::stepfile::load_str(&text, std::path::Path::new(f)).map_err(|e| format!("MCP server \"{}\": {e}", decl.name))?;
+        steppe_gate::load::load_str(&text, std::path::Path::new(f)).map_err(|e| format!("MCP server \"{}\": {e}", decl.name))?;
         let name = std::path::Path::new(f).file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_else(|| f.clone());
         if stepfiles.iter().any(|(n, _): &(String, String)| *n == name) {
             return Err(format!("MCP server \"{}\": two stepfiles are named {name}", decl.name));

@@ -4,6 +4,7 @@
 
 mod held;
 pub mod pubsub;
+pub mod queue_options;
 pub mod queues;
 pub mod s3;
 pub mod sqs;

@@ -19,8 +19,7 @@ use steppe_runtime::queue::{BoxFuture, Queue, QueueError};
 use steppe_runtime::wire::{assignment_from_wire, assignment_to_wire};
 
 use crate::held::{Held, Received};
-use crate::queues::QueueOptions;
-use crate::sqs::queue_name;
+use crate::queue_options::{queue_name, QueueOptions};
 
 const ENCODING: &str = "steppe.v1.Assignment";
 const ENC_ATTRIBUTE: &str = "enc";

@@ -7,22 +7,8 @@ use std::time::Duration;
 
 use steppe_runtime::queue::{pool_key, Pools, Queue, QueueError, RedisQueue};
 
-/// What a queue backend may do beyond taking and giving assignments.
-#[derive(Debug, Clone)]
-pub struct QueueOptions {
-    /// Make a pool's queue (and its dead-letter queue) when it is missing.
-    pub create: bool,
-    /// Deliveries after which an assignment goes to the dead-letter queue.
-    pub max_receives: u32,
-    /// The service's endpoint, over the environment's (`AWS_ENDPOINT_URL`).
-    pub endpoint: Option<String>,
-}
-
-impl Default for QueueOptions {
-    fn default() -> Self {
-        QueueOptions { create: true, max_receives: 5, endpoint: None }
-    }
-}
+pub use crate::queue_options::QueueOptions;
+use crate::queue_options::QueueOptions as Options;
 
 /// Whether `url` names a queue this build can open.
 pub fn is_queue_url(url: &str) -> bool {
@@ -42,7 +28,7 @@ pub fn base_key(url: &str, redis_key: &str) -> String {
 }
 
 /// Opens the queue `key` (a pool's, see [`pool_key`]) at `url` as `consumer`.
-pub async fn connect(url: &str, key: &str, consumer: &str, lease: Duration, options: &QueueOptions) -> Result<Arc<dyn Queue>, QueueError> {
+pub async fn connect(url: &str, key: &str, consumer: &str, lease: Duration, options: &Options) -> Result<Arc<dyn Queue>, QueueError> {
     if url.starts_with("sqs://") {
         Ok(Arc::new(crate::sqs::SqsQueue::connect(key, lease, options).await?))
     } else if url.starts_with("pubsub://") {
@@ -59,7 +45,7 @@ pub async fn connect(url: &str, key: &str, consumer: &str, lease: Duration, opti
 }
 
 /// A queue per pool at `url`, the default pool's being `base`.
-pub async fn pools(url: &str, base: &str, consumer: &str, lease: Duration, options: QueueOptions) -> Result<Pools, QueueError> {
+pub async fn pools(url: &str, base: &str, consumer: &str, lease: Duration, options: Options) -> Result<Pools, QueueError> {
     let default = connect(url, base, consumer, lease, &options).await?;
     let (url, base, consumer) = (url.to_string(), base.to_string(), consumer.to_string());
     Ok(Pools::with(

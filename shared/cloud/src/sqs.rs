@@ -13,7 +13,7 @@ use steppe_runtime::queue::{BoxFuture, Queue, QueueError};
 use steppe_runtime::wire::{assignment_from_wire, assignment_to_wire};
 
 use crate::held::{Held, Received};
-use crate::queues::QueueOptions;
+use crate::queue_options::{queue_name, QueueOptions};
 
 /// What a message's `enc` attribute names: the encoding of its body (base64).
 const ENCODING: &str = "steppe.v1.Assignment";
@@ -35,14 +35,6 @@ pub struct SqsQueue {
     lease: Duration,
     /// Receipt handles of what this consumer took, and the rest it keeps.
     held: Held<String>,
-}
-
-/// A queue name SQS accepts for a pool key (`steppe:gpu` → `steppe-gpu`):
-/// letters, digits, `-` and `_`, at most 75 (the dead-letter queue adds `-dead`).
-pub fn queue_name(key: &str) -> String {
-    let mut n: String = key.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '-' }).collect();
-    n.truncate(75);
-    n
 }
 
 /// The AWS configuration of the environment (region, credentials,

@@ -4,7 +4,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use crate::queues::QueueOptions;
+use crate::queue_options::QueueOptions;
 
 pub struct Moto {
     child: Child,

@@ -82,7 +82,7 @@ fn response_of(call: &Value) -> Value {
     if call["is_error"] == json!(true) {
         if let Some(s) = call["result"].as_str() {
             if let Some(body) = s.strip_prefix("HTTP ").and_then(|r| r.get(5..).filter(|_| r.as_bytes().get(3..5) == Some(b": ".as_slice()))) {
-                return crate::tools::parsed(body);
+                return crate::reply::parsed(body);
             }
         }
     }

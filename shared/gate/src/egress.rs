@@ -151,9 +151,9 @@ impl Egress {
                         return Ok(a);
                     }
                     if last {
-                        return Err(failed(Some(a.status), crate::tools::head(&String::from_utf8_lossy(&a.body))));
+                        return Err(failed(Some(a.status), crate::reply::head(&String::from_utf8_lossy(&a.body))));
                     }
-                    (asked, status, last_body) = (asked_wait(&a.headers), Some(a.status), crate::tools::head(&String::from_utf8_lossy(&a.body)));
+                    (asked, status, last_body) = (asked_wait(&a.headers), Some(a.status), crate::reply::head(&String::from_utf8_lossy(&a.body)));
                 }
             }
             let pause = match asked {

@@ -14,3 +14,8 @@ impl GateError {
         GateError { name, message: message.into() }
     }
 }
+
+/// `PreflightFailed` for `item` (`inputs`, `setting X`, `credential X`, `tool X`, `approval`).
+pub fn preflight(item: impl std::fmt::Display, why: impl std::fmt::Display) -> GateError {
+    GateError::new("PreflightFailed", format!("preflight failed for {item}: {why}"))
+}

@@ -22,7 +22,7 @@ Every request goes only to the hosts the tools declare; credentials come from <N
 /// `stepgate_validate`: the draft's problems, or what it is.
 pub fn validate(text: &str) -> Reply {
     let todos: Vec<&str> = text.lines().filter(|l| l.contains("TODO(")).map(str::trim).collect();
-    match crate::stepfile::load_str(text, Path::new("stepfile")) {
+    match crate::load::load_str(text, Path::new("stepfile")) {
         Err(e) => {
             let mut lines: Vec<String> = e.issues.iter().map(|i| format!("- {i}")).collect();
             lines.extend(todos.iter().map(|t| format!("- still to do: {t}")));

@@ -25,6 +25,16 @@ pub struct StepView<'a> {
     pub completed: &'a [String],
 }
 
+/// JSON if the text is JSON, else the text.
+pub fn parsed(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|_| json!(text))
+}
+
+/// The first 500 characters of a body, as errors quote it.
+pub fn head(text: &str) -> String {
+    text.chars().take(500).collect()
+}
+
 /// Compact JSON, a string as itself.
 pub fn compact(v: &Value) -> String {
     match v {

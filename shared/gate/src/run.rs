@@ -169,9 +169,9 @@ impl Run {
     async fn preflight(&mut self) -> Result<(), GateError> {
         let doc = &self.loaded.stepfile;
         let settings = crate::settings::resolve(doc)?;
-        let problems = schema::problems(&doc.inputs, doc.defs.as_ref(), &self.inputs).map_err(|e| crate::tools::preflight("inputs", format!("the inputs schema does not compile: {e}")))?;
+        let problems = schema::problems(&doc.inputs, doc.defs.as_ref(), &self.inputs).map_err(|e| crate::error::preflight("inputs", format!("the inputs schema does not compile: {e}")))?;
         if !problems.is_empty() {
-            return Err(crate::tools::preflight("inputs", problems.join("; ")));
+            return Err(crate::error::preflight("inputs", problems.join("; ")));
         }
         let allow = if self.opts.offline { Vec::new() } else { crate::tools::declared_hosts(doc, &settings) };
         let egress = Egress::new(allow, self.opts.request_timeout, self.opts.response_bytes, self.opts.contact.as_deref())?;
@@ -402,7 +402,7 @@ impl Run {
                 let accepted = out.status.is_some_and(|s| call.accept.iter().flatten().any(|a| *a == i64::from(s)));
                 if out.is_error && !accepted {
                     let status = out.status.map_or("none".to_string(), |s| s.to_string());
-                    return Err(GateError::new("ToolCallFailed", format!("call {} ({}) failed with status {status}: {}", call.id, call.operation, crate::tools::head(&out.content))));
+                    return Err(GateError::new("ToolCallFailed", format!("call {} ({}) failed with status {status}: {}", call.id, call.operation, crate::reply::head(&out.content))));
                 }
                 got.push(if accepted { out.body } else { out.result });
             }
@@ -435,7 +435,7 @@ impl Run {
                 Verdict::Elsewhere => match &g.http {
                     Some(h) => self.verify(step, &g.id, &h.tool, output).await?,
                     // Approval needs the client's form elicitation, which this server does not ask for yet.
-                    None => return Err(crate::tools::preflight("approval", format!("gate {} asks a person to approve, and this server does not ask clients for approvals yet", g.id))),
+                    None => return Err(crate::error::preflight("approval", format!("gate {} asks a person to approve, and this server does not ask clients for approvals yet", g.id))),
                 },
             };
             let attempt = self.attempt;

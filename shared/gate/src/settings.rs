@@ -17,11 +17,11 @@ pub fn resolve(doc: &crate::stepfile::Stepfile) -> Result<BTreeMap<String, Strin
     let mut out = BTreeMap::new();
     for (name, s) in doc.settings.iter().flatten() {
         let var = var(name);
-        let value = std::env::var(&var).ok().filter(|v| !v.is_empty()).ok_or_else(|| crate::tools::preflight(format!("setting {name}"), format!("{var} is not set")))?;
+        let value = std::env::var(&var).ok().filter(|v| !v.is_empty()).ok_or_else(|| crate::error::preflight(format!("setting {name}"), format!("{var} is not set")))?;
         let pattern = s.pattern.as_deref().unwrap_or(ONE_LABEL);
-        let re = regex::Regex::new(pattern).map_err(|e| crate::tools::preflight(format!("setting {name}"), format!("its pattern does not compile: {e}")))?;
+        let re = regex::Regex::new(pattern).map_err(|e| crate::error::preflight(format!("setting {name}"), format!("its pattern does not compile: {e}")))?;
         if !re.is_match(&value) {
-            return Err(crate::tools::preflight(format!("setting {name}"), format!("{var} must match {pattern}")));
+            return Err(crate::error::preflight(format!("setting {name}"), format!("{var} must match {pattern}")));
         }
         out.insert(name.clone(), value);
     }

@@ -11,10 +11,11 @@ use rmcp::service::RunningService;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{RoleClient, ServiceExt};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::egress::{credential_value, Answer, Credential, Egress, Placement, Retry};
-use crate::error::GateError;
+use crate::error::{preflight, GateError};
+use crate::reply::{head, parsed};
 use crate::jcs::digest_json;
 use crate::openapi::Operation;
 use crate::schema::Schema;
@@ -66,10 +67,7 @@ pub struct Tools {
     mcp: BTreeMap<String, Arc<McpClient>>,
 }
 
-/// `PreflightFailed` for `item` (`inputs`, `setting X`, `credential X`, `tool X`, `approval`).
-pub fn preflight(item: impl std::fmt::Display, why: impl std::fmt::Display) -> GateError {
-    GateError::new("PreflightFailed", format!("preflight failed for {item}: {why}"))
-}
+
 
 /// Every host the stepfile's tools name, settings filled: the allow-list.
 pub fn declared_hosts(doc: &Stepfile, settings: &BTreeMap<String, String>) -> Vec<String> {
@@ -210,11 +208,6 @@ impl Tools {
     }
 }
 
-/// JSON if the text is JSON, else the text.
-pub fn parsed(text: &str) -> Value {
-    serde_json::from_str(text).unwrap_or_else(|_| json!(text))
-}
-
 fn shape_http(label: &str, a: Answer) -> Result<Outcome, GateError> {
     let text = String::from_utf8_lossy(&a.body).to_string();
     if a.status == 401 || a.status == 403 {
@@ -223,11 +216,6 @@ fn shape_http(label: &str, a: Answer) -> Result<Outcome, GateError> {
     let ok = (200..300).contains(&a.status);
     let content = if ok { text.clone() } else { format!("HTTP {}: {text}", a.status) };
     Ok(Outcome { result: parsed(&content), body: parsed(&text), content, is_error: !ok, status: Some(a.status), host: a.host })
-}
-
-/// The first 500 characters of a body, as errors quote it.
-pub fn head(text: &str) -> String {
-    text.chars().take(500).collect()
 }
 
 async fn openapi_document(o: &Value, egress: &Egress) -> Result<Value, String> {
