@@ -340,3 +340,51 @@ fn stepgate_servers_are_checked_where_they_are_declared() {
     assert_ne!(out.status.code(), Some(0), "{}", text(&out));
     assert!(text(&out).contains("MCP server \"procedures\": StepfileInvalid: a.yaml"), "{}", text(&out));
 }
+
+/// The authoring tools through the Python `mcp` client: an outline with a
+/// TODO(gate) per obligation, a draft that reaches a private host or an
+/// ungranted credential refused, a public-only draft run, inspect_api
+/// refusing a private URL, the catalog listed and shown, an unknown tool.
+#[test]
+fn authoring_tools_outline_try_inspect_and_show_examples() {
+    let work = scratch("gate-authoring");
+    std::fs::create_dir_all(work.join("cat/ops/hello")).expect("mkdir");
+    std::fs::write(work.join("cat/ops/hello/hello.stepfile.yaml"), "stepgate: \"1\"\nid: hello\ninputs: {type: object}\nsteps:\n  - id: greet\n    instructions: Say hello.\n    produces: {type: object}\n    gates: [{id: any, schema: {type: object}}]\n").expect("write");
+    std::fs::write(work.join("cat/ops/hello/README.md"), "# Hello\n").expect("write");
+    let draft = |tools: &str| format!("stepgate: \"1\"\nid: draft\ninputs: {{type: object}}\n{tools}steps:\n  - id: s\n    instructions: Do it.\n    produces: {{type: object}}\n    gates: [{{id: any, schema: {{type: object}}}}]\n");
+    let private = draft("credentials:\n  k: {kind: bearer, hosts: [\"api.example.com\"], description: d}\ntools:\n  api:\n    openapi: {server: \"http://127.0.0.1:9\", document: {openapi: 3.1.0, paths: {/x: {get: {operationId: getX}}}}}\n    exposes: [getX]\n");
+    let calls = json!([
+        {"tool": "stepgate_outline", "arguments": {"procedure": "# Refunds\n\n1. Find the order. It MUST exist.\n2. Refund it; never more than was paid.\n"}},
+        {"tool": "stepgate_try", "arguments": {"stepfile": private, "inputs": {}}},
+        {"tool": "stepgate_try", "arguments": {"stepfile": draft(""), "inputs": {}}},
+        {"tool": "stepgate_inspect_api", "arguments": {"kind": "openapi", "url": "https://127.0.0.1:9/openapi.json"}},
+        {"tool": "stepgate_examples", "arguments": {}},
+        {"tool": "stepgate_examples", "arguments": {"name": "hello"}},
+        {"tool": "nope", "arguments": {}},
+    ]);
+    std::fs::write(work.join("calls.json"), calls.to_string()).expect("write");
+    let out = child_of_this_test(&venv_python())
+        .arg(repo("tests/support/mcp_calls.py"))
+        .arg("calls.json")
+        .args(["--", env!("CARGO_BIN_EXE_steppe"), "gate", "--catalog", "cat", "--ledger-dir", "ledgers"])
+        .current_dir(&work)
+        .output()
+        .expect("the client");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let replies: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect();
+    assert_eq!(replies[0]["server"], "stepgate");
+    let tools = replies[1]["tools"].to_string();
+    for t in ["stepgate_call", "stepgate_submit", "stepgate_guide", "stepgate_examples", "stepgate_validate", "stepgate_inspect_api", "stepgate_outline", "stepgate_try"] {
+        assert!(tools.contains(t), "{t} in {tools}");
+    }
+    let outline = replies[2]["text"].as_str().unwrap_or_default();
+    assert!(outline.contains("id: refunds") && outline.contains("TODO(gate): It MUST exist") && outline.contains("TODO(gate): Refund it; never more than was paid") && outline.contains("  - id: find-the-order\n"), "{outline}");
+    assert_eq!(replies[3]["structured"]["error"], "DraftRefused", "{}", replies[3]);
+    let refused = replies[3]["text"].as_str().unwrap_or_default();
+    assert!(refused.contains("http://127.0.0.1:9 is not https") && refused.contains("credential k is not granted to drafts"), "{refused}");
+    assert_eq!(replies[4]["structured"]["state"], "running", "a public-only draft runs: {}", replies[4]);
+    assert!(replies[5]["text"].as_str().unwrap_or_default().starts_with("UrlNotPublic: "), "{}", replies[5]);
+    assert_eq!(replies[6]["text"], "ops/hello");
+    assert!(replies[7]["text"].as_str().unwrap_or_default().contains("id: hello") && replies[7]["text"].as_str().unwrap_or_default().contains("# Hello"), "{}", replies[7]);
+    assert_eq!(replies[8]["structured"]["error"], "UnknownTool");
+}

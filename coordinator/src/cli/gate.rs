@@ -94,6 +94,13 @@ pub struct GateArgs {
     /// An email address for the User-Agent of every request.
     #[arg(long, value_name = "EMAIL")]
     contact: Option<String>,
+    /// Let stepgate_try drafts use credential NAME, sent only to these
+    /// hosts (repeatable): `--draft-credential github=api.github.com`.
+    #[arg(long, value_name = "NAME=HOST[,HOST]")]
+    draft_credential: Vec<String>,
+    /// Let stepgate_try drafts use setting NAME (repeatable).
+    #[arg(long, value_name = "NAME")]
+    draft_setting: Vec<String>,
     /// Number runs 1, 2, … instead of random UUIDs (a gate hosted for one
     /// pipeline step, whose transcript then reads alike run to run).
     #[arg(long, hide = true)]
@@ -101,6 +108,16 @@ pub struct GateArgs {
 }
 
 impl GateArgs {
+    fn draft_credentials(&self) -> Result<Vec<(String, Vec<String>)>> {
+        self.draft_credential
+            .iter()
+            .map(|g| match g.split_once('=') {
+                Some((name, hosts)) if !name.is_empty() && !hosts.is_empty() => Ok((name.to_string(), hosts.split(',').map(|h| h.trim().to_lowercase()).collect())),
+                _ => anyhow::bail!("--draft-credential takes NAME=HOST[,HOST], not {g:?}"),
+            })
+            .collect()
+    }
+
     fn serve(&self, loaded: Vec<steppe_gate::stepfile::Loaded>) -> Result<ExitCode> {
         let opts = steppe_gate::run::Options {
             calls_per_step: self.calls_per_step,
@@ -113,6 +130,8 @@ impl GateArgs {
             record_cases: self.record_cases.clone(),
             offline: false,
             sequential_runs: self.sequential_runs,
+            draft: steppe_gate::authoring::Grants { credentials: self.draft_credentials()?, settings: self.draft_setting.clone() },
+            catalog: self.catalog.clone(),
         };
         steppe_cloud::install_crypto();
         if let Some(dir) = &self.record_cases {

@@ -4,6 +4,7 @@
 //! `stepgate_call` and `stepgate_submit`, every request held to the hosts
 //! the stepfile declares, and every event in a hash-chained ledger.
 
+pub mod authoring;
 pub mod cases;
 pub mod casetest;
 pub mod check;
@@ -12,6 +13,7 @@ pub mod error;
 pub mod expr;
 pub mod guide;
 pub mod http;
+pub mod inspect;
 pub mod jcs;
 pub mod ledger;
 pub mod load;

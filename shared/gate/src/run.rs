@@ -36,6 +36,10 @@ pub struct Options {
     pub offline: bool,
     /// Run ids 1, 2, … (a gate hosted for one pipeline step).
     pub sequential_runs: bool,
+    /// What `stepgate_try` drafts may use (`--draft-credential`, `--draft-setting`).
+    pub draft: crate::authoring::Grants,
+    /// Where `stepgate_examples` and `--test NAME` find catalog entries.
+    pub catalog: PathBuf,
 }
 
 impl Default for Options {
@@ -51,6 +55,8 @@ impl Default for Options {
             record_cases: None,
             offline: false,
             sequential_runs: false,
+            draft: Default::default(),
+            catalog: PathBuf::from("stepfiles"),
         }
     }
 }

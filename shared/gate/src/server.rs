@@ -12,6 +12,7 @@ use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
 use serde_json::{json, Value};
 use tokio::sync::Mutex;
 
+use crate::error::GateError;
 use crate::reply::{self, Reply};
 use crate::run::{not_active, Options, Run, State};
 use crate::stepfile::Loaded;
@@ -53,8 +54,16 @@ impl Gate {
             "description": "Submits the current step's output for a Stepgate run. Returns the next step, the gate failures to fix, or the finished run's outputs.",
             "inputSchema": {"type": "object", "properties": {"run": run, "output": {"type": "object", "description": "The step's output, matching the schema the step gave."}}, "required": ["run", "output"]}}));
         tools.push(json!({"name": "stepgate_guide", "title": "How to write a stepfile", "description": "Explains the stepfile format, the authoring workflow and the other authoring tools.", "inputSchema": {"type": "object", "properties": {}}}));
-        tools.push(json!({"name": "stepgate_validate", "title": "Check a stepfile", "description": "Loads a stepfile (YAML or JSON text) as the server would: its problems with their paths, or its id, identity and steps.",
+        tools.push(json!({"name": "stepgate_examples", "title": "Catalog stepfiles", "description": "Lists the catalog's stepfiles, or shows one (its YAML and README) to start from.",
+            "inputSchema": {"type": "object", "properties": {"name": {"type": "string", "description": "A catalog entry's id; omitted: the list."}}}}));
+        tools.push(json!({"name": "stepgate_validate", "title": "Check a stepfile", "description": "Loads a stepfile (YAML or JSON text) as the server would: its remaining TODO( markers, its problems with their paths, or its id, identity and steps.",
             "inputSchema": {"type": "object", "properties": {"stepfile": {"type": "string", "description": "The stepfile's text."}}, "required": ["stepfile"]}}));
+        tools.push(json!({"name": "stepgate_inspect_api", "title": "Read a public API", "description": "Reads a public https API without credentials: an OpenAPI document's servers, security schemes, operationIds (filtered by search) and the schemas of the operations named; or an MCP server's tools with their schema_sha256 pins.",
+            "inputSchema": {"type": "object", "properties": {"kind": {"type": "string", "enum": ["openapi", "mcp"]}, "url": {"type": "string"}, "search": {"type": "string"}, "operations": {"type": "array", "items": {"type": "string"}}}, "required": ["kind", "url"]}}));
+        tools.push(json!({"name": "stepgate_outline", "title": "Outline a procedure", "description": "Turns a written procedure (markdown) into a stepfile skeleton: its steps, and a TODO(gate) for every sentence that says what must or must never happen.",
+            "inputSchema": {"type": "object", "properties": {"procedure": {"type": "string", "description": "The procedure as markdown."}}, "required": ["procedure"]}}));
+        tools.push(json!({"name": "stepgate_try", "title": "Try a draft stepfile", "description": "Runs a draft stepfile as its own tool would, when it reaches only public hosts and the credentials and settings this server grants drafts.",
+            "inputSchema": {"type": "object", "properties": {"stepfile": {"type": "string", "description": "The draft's text."}, "inputs": {"type": "object"}}, "required": ["stepfile", "inputs"]}}));
         tools.into_iter().filter_map(|t| serde_json::from_value(t).ok()).collect()
     }
 
@@ -80,19 +89,43 @@ impl Gate {
             }
             "stepgate_guide" => reply::plain(crate::guide::GUIDE.to_string(), false),
             "stepgate_validate" => crate::guide::validate(args.get("stepfile").and_then(Value::as_str).unwrap_or_default()),
+            "stepgate_outline" => reply::plain(crate::authoring::outline(args.get("procedure").and_then(Value::as_str).unwrap_or_default()), false),
+            "stepgate_examples" => match crate::authoring::examples(&self.opts.catalog, args.get("name").and_then(Value::as_str)) {
+                Ok(text) => reply::plain(text, false),
+                Err(e) => reply::plain(e.to_string(), true),
+            },
+            "stepgate_inspect_api" => match crate::inspect::inspect(&args, self.opts.request_timeout, self.opts.response_bytes).await {
+                Ok(text) => reply::plain(text, false),
+                Err(e) => reply::plain(e.to_string(), true),
+            },
+            "stepgate_try" => {
+                let text = args.get("stepfile").and_then(Value::as_str).unwrap_or_default();
+                let loaded = match crate::load::load_str(text, std::path::Path::new("draft")) {
+                    Ok(l) => l,
+                    Err(e) => return reply::failed(None, &GateError::new("StepfileInvalid", e.issues.join("; "))),
+                };
+                let problems = crate::authoring::draft_problems(&loaded.stepfile, &self.opts.draft);
+                if !problems.is_empty() {
+                    return reply::failed(None, &crate::authoring::refused(&problems));
+                }
+                self.start(Arc::new(loaded), args.get("inputs").cloned().unwrap_or_else(|| json!({}))).await
+            }
             id => match self.stepfiles.iter().find(|l| l.stepfile.id == id) {
                 None => reply::unknown_tool(id),
-                Some(l) => {
-                    let n = self.started.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-                    let id = if self.opts.sequential_runs { n.to_string() } else { crate::run::new_id() };
-                    let (run, r) = Run::start(id, l.clone(), self.opts.clone(), args).await;
-                    if let Some(run) = run.filter(|r| r.state == State::Running) {
-                        self.runs.lock().await.insert(run.id.clone(), Arc::new(Mutex::new(run)));
-                    }
-                    r
-                }
+                Some(l) => self.start(l.clone(), args).await,
             },
         }
+    }
+
+    /// Starts a run of `loaded` with `inputs`; it is kept while it goes on.
+    async fn start(&self, loaded: Arc<Loaded>, inputs: Value) -> Reply {
+        let n = self.started.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        let id = if self.opts.sequential_runs { n.to_string() } else { crate::run::new_id() };
+        let (run, r) = Run::start(id, loaded, self.opts.clone(), inputs).await;
+        if let Some(run) = run.filter(|r| r.state == State::Running) {
+            self.runs.lock().await.insert(run.id.clone(), Arc::new(Mutex::new(run)));
+        }
+        r
     }
 
     /// Abandons runs idle longer than `--run-idle-ms` (after any call in flight).

@@ -57,7 +57,7 @@ pub struct Outcome {
     pub host: String,
 }
 
-type McpClient = RunningService<RoleClient, ()>;
+pub(crate) type McpClient = RunningService<RoleClient, ()>;
 
 /// The operations of a run, and its connections.
 pub struct Tools {
@@ -241,7 +241,8 @@ async fn openapi_document(o: &Value, egress: &Egress) -> Result<Value, String> {
     steppe_language::de::decode::<Value>(&node, "").0.ok_or_else(|| format!("{url} is not a JSON or YAML document"))
 }
 
-async fn connect(label: &str, url: &str, credential: Option<&Credential>, egress: &Egress) -> Result<McpClient, String> {
+/// A client session with the remote MCP server at `url` (redirects refused).
+pub(crate) async fn connect(label: &str, url: &str, credential: Option<&Credential>, egress: &Egress) -> Result<McpClient, String> {
     let u = egress.check(url, &format!("mcp {label}")).map_err(|e| e.to_string())?;
     let host = crate::egress::host_of(&u).unwrap_or_default();
     let mut config = StreamableHttpClientTransportConfig::with_uri(url.to_string());
