@@ -388,3 +388,40 @@ fn authoring_tools_outline_try_inspect_and_show_examples() {
     assert!(replies[7]["text"].as_str().unwrap_or_default().contains("id: hello") && replies[7]["text"].as_str().unwrap_or_default().contains("# Hello"), "{}", replies[7]);
     assert_eq!(replies[8]["structured"]["error"], "UnknownTool");
 }
+
+/// An `approve` gate asks the client's person by MCP form elicitation: a
+/// decline with a reason is a failure to fix, an accept passes; a client
+/// that cannot show a form fails preflight with item `approval`.
+#[test]
+fn approve_gates_ask_the_person_behind_the_client() {
+    let work = scratch("gate-approve");
+    std::fs::write(
+        work.join("announce.yaml"),
+        "stepgate: \"1\"\nid: announce\ninputs: {type: object}\nsteps:\n  - id: draft\n    instructions: Draft the announcement.\n    produces: {type: object, required: [text], properties: {text: {type: string}}}\n    gates:\n      - {id: signed-off, approve: {message: May this announcement go out?}}\n    retries: 1\n",
+    )
+    .expect("write");
+    let calls = json!([
+        {"tool": "announce", "arguments": {}},
+        {"tool": "stepgate_submit", "arguments": {"run": "1", "output": {"text": "We ship on Friday!!!"}}},
+        {"tool": "stepgate_submit", "arguments": {"run": "1", "output": {"text": "We ship on Friday."}}},
+    ]);
+    std::fs::write(work.join("calls.json"), calls.to_string()).expect("write");
+    let client = |elicit: Option<&str>| {
+        let mut c = child_of_this_test(&venv_python());
+        c.arg(repo("tests/support/mcp_calls.py")).arg("calls.json");
+        if let Some(e) = elicit {
+            c.args(["--elicit", e]);
+        }
+        let out = c.args(["--", env!("CARGO_BIN_EXE_steppe"), "gate", "announce.yaml", "--ledger-dir", "ledgers", "--sequential-runs"]).current_dir(&work).output().expect("the client");
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str::<serde_json::Value>(l).expect("JSON")).filter(|v| v.get("text").is_some() || v.get("elicited").is_some()).collect::<Vec<_>>()
+    };
+    let r = client(Some("decline:too loud,accept"));
+    assert_eq!(r[0]["structured"]["state"], "running", "{r:?}");
+    assert!(r[1]["elicited"].as_str().unwrap_or_default().starts_with("May this announcement go out?\n\n{"), "the message and the output: {r:?}");
+    assert_eq!(r[2]["structured"]["failures"][0]["diagnosis"], "a person declined to approve this output: too loud", "{r:?}");
+    assert_eq!(r[4]["structured"]["state"], "finished", "{r:?}");
+    let r = client(None);
+    assert_eq!(r[0]["structured"]["error"], "PreflightFailed", "{r:?}");
+    assert!(r[0]["text"].as_str().unwrap_or_default().contains("preflight failed for approval"), "{r:?}");
+}

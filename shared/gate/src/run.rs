@@ -89,6 +89,8 @@ pub struct Run {
     pub last_used: Instant,
     /// What `--record-cases` keeps of each attempt.
     pub attempts: Vec<Attempt>,
+    /// Who answers `approve` gates: the client that started the run.
+    approver: Option<Arc<dyn Approver>>,
 }
 
 /// A fresh run id (a random UUID).
@@ -104,6 +106,22 @@ pub fn new_id() -> String {
     b[8] = (b[8] & 0x3f) | 0x80;
     let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
     format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+}
+
+/// What a person said to an `approve` gate.
+pub enum Approval {
+    Accepted,
+    Declined(Option<String>),
+    Dismissed,
+    /// The question could not be asked (the client went, or did not answer in time).
+    Unavailable(String),
+}
+
+/// Asks the person behind the client (MCP form elicitation).
+pub trait Approver: Send + Sync {
+    /// Whether the client can show a form at all.
+    fn form(&self) -> bool;
+    fn ask(&self, message: String) -> std::pin::Pin<Box<dyn std::future::Future<Output = Approval> + Send + '_>>;
 }
 
 /// Now, RFC 3339 UTC with milliseconds.
@@ -123,7 +141,7 @@ fn sized(v: &Value) -> Value {
 impl Run {
     /// Starts a run of `loaded` with `inputs`: the run's first reply, and the
     /// run itself while it goes on.
-    pub async fn start(id: String, loaded: Arc<Loaded>, opts: Arc<Options>, inputs: Value) -> (Option<Run>, Reply) {
+    pub async fn start(id: String, loaded: Arc<Loaded>, opts: Arc<Options>, inputs: Value, approver: Option<Arc<dyn Approver>>) -> (Option<Run>, Reply) {
         let ledger = match Ledger::open(opts.ledger_dir.as_deref(), &loaded.stepfile.id, &id) {
             Ok(l) => l,
             Err(e) => return (None, reply::failed(None, &GateError::new("PreflightFailed", format!("ledger: {e}")))),
@@ -145,6 +163,7 @@ impl Run {
             error: None,
             last_used: Instant::now(),
             attempts: Vec::new(),
+            approver,
         };
         let identity = run.loaded.identity.clone();
         run.record("run_started", json!({"identity": identity, "inputs": digest_json(&run.inputs)}));
@@ -175,6 +194,10 @@ impl Run {
     async fn preflight(&mut self) -> Result<(), GateError> {
         let doc = &self.loaded.stepfile;
         let settings = crate::settings::resolve(doc)?;
+        let approvals = doc.steps.iter().flat_map(|s| s.gates.iter().flatten()).any(|g| g.approve.is_some());
+        if approvals && !self.approver.as_ref().is_some_and(|a| a.form()) {
+            return Err(crate::error::preflight("approval", "the stepfile has approve gates and this client cannot show a form (MCP form elicitation)"));
+        }
         let problems = schema::problems(&doc.inputs, doc.defs.as_ref(), &self.inputs).map_err(|e| crate::error::preflight("inputs", format!("the inputs schema does not compile: {e}")))?;
         if !problems.is_empty() {
             return Err(crate::error::preflight("inputs", problems.join("; ")));
@@ -438,10 +461,10 @@ impl Run {
             let verdict = match check::verdict(g, self.defs(), &ctx)? {
                 Verdict::Pass => None,
                 Verdict::Fail(d) => Some(d),
-                Verdict::Elsewhere => match &g.http {
-                    Some(h) => self.verify(step, &g.id, &h.tool, output).await?,
-                    // Approval needs the client's form elicitation, which this server does not ask for yet.
-                    None => return Err(crate::error::preflight("approval", format!("gate {} asks a person to approve, and this server does not ask clients for approvals yet", g.id))),
+                Verdict::Elsewhere => match (&g.http, &g.approve) {
+                    (Some(h), _) => self.verify(step, &g.id, &h.tool, output).await?,
+                    (None, Some(a)) => self.approve(&a.message, output).await?,
+                    (None, None) => None,
                 },
             };
             let attempt = self.attempt;
@@ -451,6 +474,21 @@ impl Run {
             }
         }
         Ok(failures)
+    }
+
+    /// An `approve` gate: the person's answer to the message and the output
+    /// (cut to `--tool-result-chars`), waited for up to `--run-idle-ms`.
+    async fn approve(&mut self, message: &str, output: &Value) -> Result<Option<String>, GateError> {
+        let approver = self.approver.clone().ok_or_else(|| crate::error::preflight("approval", "no client to ask"))?;
+        let shown = reply::cut(&serde_json::to_string_pretty(output).unwrap_or_default(), self.opts.tool_result_chars);
+        let asked = approver.ask(format!("{message}\n\n{shown}"));
+        let answer = tokio::time::timeout(self.opts.run_idle, asked).await.unwrap_or(Approval::Unavailable("nobody answered in time".into()));
+        match answer {
+            Approval::Accepted => Ok(None),
+            Approval::Declined(reason) => Ok(Some(format!("a person declined to approve this output{}", reason.filter(|r| !r.trim().is_empty()).map(|r| format!(": {r}")).unwrap_or_default()))),
+            Approval::Dismissed => Ok(Some("a person dismissed the approval without deciding".into())),
+            Approval::Unavailable(why) => Err(GateError::new("ToolCallFailed", format!("approval could not be asked: {why}"))),
+        }
     }
 
     /// An `http` gate: the verifier's verdict, or the error that ends the run.

@@ -14,7 +14,7 @@ use tokio::sync::Mutex;
 
 use crate::error::GateError;
 use crate::reply::{self, Reply};
-use crate::run::{not_active, Options, Run, State};
+use crate::run::{not_active, Approval, Approver, Options, Run, State};
 use crate::stepfile::Loaded;
 
 const INSTRUCTIONS: &str = "Each stepfile tool starts a run of a fixed procedure and returns its first step. Do each step as instructed: call the step's operations only through stepgate_call, then send the step's output to stepgate_submit. Stepgate checks the output with the step's gates; if it is rejected, fix every listed problem and submit again. Values must come from the operations' results, because gates compare them. Continue until the run finishes. To write a new stepfile, call stepgate_guide first: it explains the format and the other authoring tools.";
@@ -68,7 +68,7 @@ impl Gate {
     }
 
     /// Answers one tool call.
-    pub async fn call(&self, name: &str, args: Value) -> Reply {
+    pub async fn call(&self, name: &str, args: Value, approver: Option<Arc<dyn Approver>>) -> Reply {
         match name {
             "stepgate_call" | "stepgate_submit" => {
                 let id = args.get("run").and_then(Value::as_str).unwrap_or("undefined").to_string();
@@ -108,20 +108,20 @@ impl Gate {
                 if !problems.is_empty() {
                     return reply::failed(None, &crate::authoring::refused(&problems));
                 }
-                self.start(Arc::new(loaded), args.get("inputs").cloned().unwrap_or_else(|| json!({}))).await
+                self.start(Arc::new(loaded), args.get("inputs").cloned().unwrap_or_else(|| json!({})), approver).await
             }
             id => match self.stepfiles.iter().find(|l| l.stepfile.id == id) {
                 None => reply::unknown_tool(id),
-                Some(l) => self.start(l.clone(), args).await,
+                Some(l) => self.start(l.clone(), args, approver).await,
             },
         }
     }
 
     /// Starts a run of `loaded` with `inputs`; it is kept while it goes on.
-    async fn start(&self, loaded: Arc<Loaded>, inputs: Value) -> Reply {
+    async fn start(&self, loaded: Arc<Loaded>, inputs: Value, approver: Option<Arc<dyn Approver>>) -> Reply {
         let n = self.started.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
         let id = if self.opts.sequential_runs { n.to_string() } else { crate::run::new_id() };
-        let (run, r) = Run::start(id, loaded, self.opts.clone(), inputs).await;
+        let (run, r) = Run::start(id, loaded, self.opts.clone(), inputs, approver).await;
         if let Some(run) = run.filter(|r| r.state == State::Running) {
             self.runs.lock().await.insert(run.id.clone(), Arc::new(Mutex::new(run)));
         }
@@ -184,9 +184,37 @@ impl ServerHandler for Handler {
         Ok(ListToolsResult::with_all_items(self.0.tools()))
     }
 
-    async fn call_tool(&self, request: CallToolRequestParams, _: RequestContext<RoleServer>) -> Result<CallToolResponse, ErrorData> {
+    async fn call_tool(&self, request: CallToolRequestParams, cx: RequestContext<RoleServer>) -> Result<CallToolResponse, ErrorData> {
         let args = request.arguments.map(Value::Object).unwrap_or_else(|| json!({}));
-        Ok(result(self.0.call(request.name.as_ref(), args).await).into())
+        let approver: Arc<dyn Approver> = Arc::new(PeerApprover(cx.peer.clone()));
+        Ok(result(self.0.call(request.name.as_ref(), args, Some(approver)).await).into())
+    }
+}
+
+/// Approvals asked of the client's person by MCP form elicitation.
+struct PeerApprover(rmcp::Peer<RoleServer>);
+
+impl Approver for PeerApprover {
+    fn form(&self) -> bool {
+        self.0.supported_elicitation_modes().contains(&rmcp::service::ElicitationMode::Form)
+    }
+
+    fn ask(&self, message: String) -> std::pin::Pin<Box<dyn std::future::Future<Output = Approval> + Send + '_>> {
+        Box::pin(async move {
+            let schema = match rmcp::model::ElicitationSchema::builder().optional_string("reason").build() {
+                Ok(s) => s,
+                Err(e) => return Approval::Unavailable(e.to_string()),
+            };
+            let params = rmcp::model::ElicitRequestParams::FormElicitationParams { meta: None, message, requested_schema: schema };
+            match self.0.create_elicitation(params).await {
+                Err(e) => Approval::Unavailable(e.to_string()),
+                Ok(r) => match r.action {
+                    rmcp::model::ElicitationAction::Accept => Approval::Accepted,
+                    rmcp::model::ElicitationAction::Decline => Approval::Declined(r.content.as_ref().and_then(|c| c.get("reason")).and_then(Value::as_str).map(str::to_string)),
+                    _ => Approval::Dismissed,
+                },
+            }
+        })
     }
 }
 
