@@ -25,6 +25,9 @@ pub struct Credential {
     pub name: String,
     pub kind: String,
     pub hosts: Vec<String>,
+    /// oauth2: where a refresh-token grant is made, and the scopes asked.
+    pub token_url: Option<String>,
+    pub scopes: Vec<String>,
 }
 
 /// The environment variable holding a credential's value (`<NAME>_API_KEY`).
@@ -32,7 +35,16 @@ pub fn credential_var(name: &str) -> String {
     format!("{}_API_KEY", name.to_uppercase().replace('-', "_"))
 }
 
-/// A credential's value, read afresh each time it is attached.
+/// Whether a credential can be had: its `<NAME>_API_KEY`, or an oauth2
+/// credential's refresh-grant variables.
+pub fn credential_available(c: &Credential) -> Result<(), GateError> {
+    if c.kind == "oauth2" && c.token_url.is_some() && std::env::var(credential_var(&c.name)).map_or(true, |v| v.is_empty()) {
+        return if crate::oauth::refreshable(&c.name) { Ok(()) } else { Err(GateError::new("CredentialUnavailable", format!("credential {} unavailable: set {} (an access token) or {} and {}", c.name, credential_var(&c.name), crate::oauth::var(&c.name, "REFRESH_TOKEN"), crate::oauth::var(&c.name, "CLIENT_ID")))) };
+    }
+    credential_value(c).map(|_| ())
+}
+
+/// A credential's `<NAME>_API_KEY`, read afresh each time it is attached.
 pub fn credential_value(c: &Credential) -> Result<String, GateError> {
     let var = credential_var(&c.name);
     let v = std::env::var(&var).ok().filter(|v| !v.is_empty()).ok_or_else(|| GateError::new("CredentialUnavailable", format!("credential {} unavailable: {var} is not set", c.name)))?;
@@ -77,6 +89,7 @@ pub struct Egress {
     pub user_agent: String,
     /// The first wait between attempts (doubling); 500 ms.
     pub backoff: Duration,
+    tokens: crate::oauth::Tokens,
 }
 
 const MAX_ATTEMPTS: u32 = 4;
@@ -95,7 +108,7 @@ impl Egress {
             Some(c) => format!("stepgate/{version} {c}"),
             None => format!("stepgate/{version} (+https://github.com/steppe-dev/steppe)"),
         };
-        Ok(Egress { client, allow: allow.into_iter().map(|h| h.to_lowercase()).collect(), response_bytes, user_agent, backoff: Duration::from_millis(500) })
+        Ok(Egress { client, allow: allow.into_iter().map(|h| h.to_lowercase()).collect(), response_bytes, user_agent, backoff: Duration::from_millis(500), tokens: Default::default() })
     }
 
     /// Lets this copy reach `host` too (an OpenAPI document's own URL, fetched without credentials).
@@ -168,11 +181,22 @@ impl Egress {
         Err(failed(None, "no attempt left".into()))
     }
 
+    /// A credential's value now: `<NAME>_API_KEY`, else (oauth2) an access
+    /// token from the refresh grant, renewed when `renew`.
+    pub async fn secret(&self, c: &Credential, renew: bool) -> Result<String, GateError> {
+        match (&c.token_url, credential_value(c)) {
+            (_, Ok(v)) => Ok(v),
+            (Some(url), Err(_)) if c.kind == "oauth2" => self.tokens.access(&self.client, &c.name, url, &c.scopes, renew).await,
+            (_, Err(e)) => Err(e),
+        }
+    }
+
     async fn follow(&self, req: &Request, credential: Option<(&Credential, &Placement)>, operation: &str) -> Result<Answer, Hop> {
         let mut method = req.method.clone();
         let mut body = req.body.clone();
         let mut url = req.url.clone();
-        for _ in 0..=MAX_HOPS {
+        let mut renew = false;
+        for _ in 0..=MAX_HOPS + 1 {
             let mut u = self.check(&url, operation).map_err(Hop::Refused)?;
             let host = host_of(&u).unwrap_or_default();
             let mut headers = HeaderMap::new();
@@ -183,7 +207,7 @@ impl Egress {
                 }
             }
             if let Some((c, place)) = credential.filter(|(c, _)| c.hosts.iter().any(|h| h.eq_ignore_ascii_case(&host))) {
-                let value = credential_value(c).map_err(Hop::Refused)?;
+                let value = self.secret(c, renew).await.map_err(Hop::Refused)?;
                 match place {
                     Placement::Bearer => _ = headers.insert(reqwest::header::AUTHORIZATION, HeaderValue::from_str(&format!("Bearer {value}")).map_err(|_| Hop::Refused(unsendable(c)))?),
                     Placement::Basic => {
@@ -207,6 +231,12 @@ impl Egress {
             }
             let mut resp = rb.send().await.map_err(|e| Hop::Network(describe(&e)))?;
             let status = resp.status().as_u16();
+            // An access token the API no longer takes: one fresh one, and the request again.
+            let refreshed = credential.is_some_and(|(c, _)| c.kind == "oauth2" && c.token_url.is_some() && credential_value(c).is_err());
+            if status == 401 && refreshed && !renew {
+                renew = true;
+                continue;
+            }
             if matches!(status, 301 | 302 | 303 | 307 | 308) {
                 let Some(next) = resp.headers().get(reqwest::header::LOCATION).and_then(|l| l.to_str().ok()).and_then(|l| u.join(l).ok()) else {
                     return Err(Hop::Network(format!("HTTP {status} without a usable Location")));
@@ -275,6 +305,9 @@ pub fn credentials(doc: &crate::stepfile::Stepfile, settings: &BTreeMap<String, 
     doc.credentials
         .iter()
         .flatten()
-        .map(|(name, c)| (name.clone(), Credential { name: name.clone(), kind: c.kind.clone(), hosts: c.hosts.iter().map(|h| crate::settings::fill(h, settings).to_lowercase()).collect() }))
+        .map(|(name, c)| {
+            let hosts = c.hosts.iter().map(|h| crate::settings::fill(h, settings).to_lowercase()).collect();
+            (name.clone(), Credential { name: name.clone(), kind: c.kind.clone(), hosts, token_url: c.token_url.clone(), scopes: c.scopes.clone().unwrap_or_default() })
+        })
         .collect()
 }

@@ -17,6 +17,7 @@ pub mod inspect;
 pub mod jcs;
 pub mod ledger;
 pub mod load;
+pub mod oauth;
 pub mod openapi;
 pub mod references;
 pub mod reply;

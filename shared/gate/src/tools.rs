@@ -13,7 +13,7 @@ use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::Value;
 
-use crate::egress::{credential_value, Answer, Credential, Egress, Placement, Retry};
+use crate::egress::{credential_available, Answer, Credential, Egress, Placement, Retry};
 use crate::error::{preflight, GateError};
 use crate::reply::{head, parsed};
 use crate::jcs::digest_json;
@@ -91,7 +91,7 @@ impl Tools {
         for (key, t) in doc.tools.iter().flatten() {
             let credential = t.credential.as_ref().and_then(|c| creds.get(c)).cloned();
             if let Some(c) = &credential {
-                credential_value(c).map_err(|e| preflight(format!("credential {}", c.name), e.message))?;
+                credential_available(c).map_err(|e| preflight(format!("credential {}", c.name), e.message))?;
             }
             if let Some(v) = &t.verifier {
                 let url = fill(v.get("url").and_then(Value::as_str).unwrap_or_default(), settings);
@@ -247,7 +247,7 @@ pub(crate) async fn connect(label: &str, url: &str, credential: Option<&Credenti
     let host = crate::egress::host_of(&u).unwrap_or_default();
     let mut config = StreamableHttpClientTransportConfig::with_uri(url.to_string());
     if let Some(c) = credential.filter(|c| c.hosts.iter().any(|h| h.eq_ignore_ascii_case(&host))) {
-        config = config.auth_header(credential_value(c).map_err(|e| e.message)?);
+        config = config.auth_header(egress.secret(c, false).await.map_err(|e| e.message)?);
     }
     let client = mcp_reqwest::Client::builder()
         .redirect(mcp_reqwest::redirect::Policy::none())
