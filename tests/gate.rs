@@ -184,6 +184,21 @@ fn http_refuses_foreign_hosts_and_origins_other_paths_and_bad_bodies() {
     assert_eq!(code, 200, "a loopback client initializes: {body}");
     assert!(body.to_ascii_lowercase().contains("mcp-session-id:"), "a session is issued: {body}");
     assert!(body.contains("\"name\":\"stepgate\""), "{body}");
+    // A run belongs to its session: closing the session abandons it.
+    let session = body.lines().find_map(|l| l.to_ascii_lowercase().starts_with("mcp-session-id:").then(|| l[15..].trim().to_string())).expect("a session id");
+    let sid = ("Mcp-Session-Id", session.clone());
+    let version = ("Mcp-Protocol-Version", "2025-06-18".to_string());
+    let (code, body) = raw(port, "POST", "/mcp", &[host.clone(), json.clone(), accept.clone(), sid.clone(), version.clone()], br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    assert!(code == 202 || code == 200, "{body}");
+    let call = br#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"hello","arguments":{}}}"#;
+    let (code, body) = raw(port, "POST", "/mcp", &[host.clone(), json.clone(), accept.clone(), sid.clone(), version.clone()], call);
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("step 1 of 1: greet"), "{body}");
+    let (code, body) = raw(port, "DELETE", "/mcp", &[host.clone(), sid.clone(), version.clone()], b"");
+    assert_eq!(code, 200, "{body}");
+    wait_for("the closed session's run abandoned in its ledger", Duration::from_secs(10), || {
+        std::fs::read_dir(work.join("ledgers")).into_iter().flatten().flatten().any(|e| std::fs::read_to_string(e.path()).is_ok_and(|t| t.contains("\"type\":\"run_abandoned\"")))
+    });
     stop([&mut child]);
 }
 

@@ -82,8 +82,8 @@ async fn guard(State(sessions): State<Arc<LocalSessionManager>>, req: Request, n
 pub async fn serve_http(gate: Arc<Gate>, port: u16, ready: impl FnOnce(std::net::SocketAddr)) -> Result<(), String> {
     let sessions = Arc::new(LocalSessionManager::default());
     let config = StreamableHttpServerConfig::default().with_legacy_session_mode(true).with_json_response(true).with_max_request_body_bytes(MAX_BODY);
-    let handler = crate::server::handler(gate.clone());
-    let service = StreamableHttpService::new(move || Ok(handler.clone()), sessions.clone(), config);
+    let for_sessions = gate.clone();
+    let service = StreamableHttpService::new(move || Ok(crate::server::handler(for_sessions.clone())), sessions.clone(), config);
     let app = axum::Router::new()
         .route_service("/mcp", service)
         .fallback(|| async { refuse(StatusCode::NOT_FOUND, "only /mcp is served here") })

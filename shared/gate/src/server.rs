@@ -23,13 +23,15 @@ const INSTRUCTIONS: &str = "Each stepfile tool starts a run of a fixed procedure
 pub struct Gate {
     stepfiles: Vec<Arc<Loaded>>,
     opts: Arc<Options>,
-    runs: Mutex<HashMap<String, Arc<Mutex<Run>>>>,
+    /// Each run with the session that started it (only it may drive it).
+    runs: Mutex<HashMap<String, (u64, Arc<Mutex<Run>>)>>,
+    sessions: std::sync::atomic::AtomicU64,
     started: std::sync::atomic::AtomicU64,
 }
 
 impl Gate {
     pub fn new(stepfiles: Vec<Loaded>, opts: Options) -> Arc<Gate> {
-        Arc::new(Gate { stepfiles: stepfiles.into_iter().map(Arc::new).collect(), opts: Arc::new(opts), runs: Mutex::new(HashMap::new()), started: Default::default() })
+        Arc::new(Gate { stepfiles: stepfiles.into_iter().map(Arc::new).collect(), opts: Arc::new(opts), runs: Mutex::new(HashMap::new()), sessions: Default::default(), started: Default::default() })
     }
 
     fn tools(&self) -> Vec<Tool> {
@@ -68,11 +70,11 @@ impl Gate {
     }
 
     /// Answers one tool call.
-    pub async fn call(&self, name: &str, args: Value, approver: Option<Arc<dyn Approver>>) -> Reply {
+    pub async fn call(&self, session: u64, name: &str, args: Value, approver: Option<Arc<dyn Approver>>) -> Reply {
         match name {
             "stepgate_call" | "stepgate_submit" => {
                 let id = args.get("run").and_then(Value::as_str).unwrap_or("undefined").to_string();
-                let Some(run) = self.runs.lock().await.get(&id).cloned() else {
+                let Some(run) = self.runs.lock().await.get(&id).filter(|(owner, _)| *owner == session).map(|(_, r)| r.clone()) else {
                     return reply::failed(Some(&id), &not_active(&id));
                 };
                 let mut run = run.lock().await;
@@ -108,29 +110,29 @@ impl Gate {
                 if !problems.is_empty() {
                     return reply::failed(None, &crate::authoring::refused(&problems));
                 }
-                self.start(Arc::new(loaded), args.get("inputs").cloned().unwrap_or_else(|| json!({})), approver).await
+                self.start(session, Arc::new(loaded), args.get("inputs").cloned().unwrap_or_else(|| json!({})), approver).await
             }
             id => match self.stepfiles.iter().find(|l| l.stepfile.id == id) {
                 None => reply::unknown_tool(id),
-                Some(l) => self.start(l.clone(), args, approver).await,
+                Some(l) => self.start(session, l.clone(), args, approver).await,
             },
         }
     }
 
     /// Starts a run of `loaded` with `inputs`; it is kept while it goes on.
-    async fn start(&self, loaded: Arc<Loaded>, inputs: Value, approver: Option<Arc<dyn Approver>>) -> Reply {
+    async fn start(&self, session: u64, loaded: Arc<Loaded>, inputs: Value, approver: Option<Arc<dyn Approver>>) -> Reply {
         let n = self.started.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
         let id = if self.opts.sequential_runs { n.to_string() } else { crate::run::new_id() };
         let (run, r) = Run::start(id, loaded, self.opts.clone(), inputs, approver).await;
         if let Some(run) = run.filter(|r| r.state == State::Running) {
-            self.runs.lock().await.insert(run.id.clone(), Arc::new(Mutex::new(run)));
+            self.runs.lock().await.insert(run.id.clone(), (session, Arc::new(Mutex::new(run))));
         }
         r
     }
 
     /// Abandons runs idle longer than `--run-idle-ms` (after any call in flight).
     pub async fn sweep(&self) {
-        let idle: Vec<(String, Arc<Mutex<Run>>)> = self.runs.lock().await.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let idle: Vec<(String, Arc<Mutex<Run>>)> = self.runs.lock().await.iter().map(|(k, (_, v))| (k.clone(), v.clone())).collect();
         for (id, run) in idle {
             let Ok(mut r) = run.try_lock() else { continue };
             if r.last_used.elapsed() >= self.opts.run_idle {
@@ -140,12 +142,20 @@ impl Gate {
         }
     }
 
-    /// Abandons every run (the session that owned them closed).
-    pub async fn abandon_all(&self) {
-        let all: Vec<Arc<Mutex<Run>>> = self.runs.lock().await.drain().map(|(_, v)| v).collect();
-        for run in all {
+    /// Abandons the runs of `session` (it closed), or every run.
+    pub async fn abandon(&self, session: Option<u64>) {
+        let mut runs = self.runs.lock().await;
+        let ids: Vec<String> = runs.iter().filter(|(_, (owner, _))| session.is_none_or(|s| s == *owner)).map(|(k, _)| k.clone()).collect();
+        let gone: Vec<Arc<Mutex<Run>>> = ids.iter().filter_map(|id| runs.remove(id)).map(|(_, r)| r).collect();
+        drop(runs);
+        for run in gone {
             run.lock().await.abandon().await;
         }
+    }
+
+    /// A new session's number.
+    pub(crate) fn session(&self) -> u64 {
+        self.sessions.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     }
 
     pub(crate) fn sweeper(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
@@ -166,11 +176,29 @@ fn result(r: Reply) -> CallToolResult {
     out
 }
 
+/// One MCP session's handler: the runs it starts are its own, abandoned
+/// when it closes (the handler dropped with the session).
 #[derive(Clone)]
-pub(crate) struct Handler(Arc<Gate>);
+pub(crate) struct Handler(Arc<Gate>, Arc<Session>);
 
+pub(crate) struct Session {
+    id: u64,
+    gate: Arc<Gate>,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let (gate, id) = (self.gate.clone(), self.id);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move { gate.abandon(Some(id)).await });
+        }
+    }
+}
+
+/// The handler of a new session.
 pub(crate) fn handler(gate: Arc<Gate>) -> Handler {
-    Handler(gate)
+    let id = gate.session();
+    Handler(gate.clone(), Arc::new(Session { id, gate }))
 }
 
 impl ServerHandler for Handler {
@@ -187,7 +215,7 @@ impl ServerHandler for Handler {
     async fn call_tool(&self, request: CallToolRequestParams, cx: RequestContext<RoleServer>) -> Result<CallToolResponse, ErrorData> {
         let args = request.arguments.map(Value::Object).unwrap_or_else(|| json!({}));
         let approver: Arc<dyn Approver> = Arc::new(PeerApprover(cx.peer.clone()));
-        Ok(result(self.0.call(request.name.as_ref(), args, Some(approver)).await).into())
+        Ok(result(self.0.call(self.1.id, request.name.as_ref(), args, Some(approver)).await).into())
     }
 }
 
@@ -222,9 +250,9 @@ impl Approver for PeerApprover {
 /// the session's runs are abandoned then.
 pub async fn serve_stdio(gate: Arc<Gate>) -> Result<(), String> {
     let sweeper = gate.sweeper();
-    let service = Handler(gate.clone()).serve((tokio::io::stdin(), tokio::io::stdout())).await.map_err(|e| format!("starting the MCP session: {e}"))?;
+    let service = handler(gate.clone()).serve((tokio::io::stdin(), tokio::io::stdout())).await.map_err(|e| format!("starting the MCP session: {e}"))?;
     let _ = service.waiting().await;
     sweeper.abort();
-    gate.abandon_all().await;
+    gate.abandon(None).await;
     Ok(())
 }
