@@ -322,7 +322,7 @@ fn agent_follows_a_gated_procedure(coordinator: Option<&str>) {
     assert_eq!(out.status.code(), Some(0), "{shown}");
     assert!(shown.contains("The output was rejected. Fix every problem below"), "the gate's rejection reached the model: {shown}");
     assert!(shown.contains("procedures/release-note-1.jsonl (8 records; --ledgers DIR writes it)"), "{shown}");
-    let ledger = work.join("ledgers/release-note-1.jsonl");
+    let ledger = work.join("ledgers/writer/release-note-1.jsonl");
     let types: Vec<String> = std::fs::read_to_string(&ledger).expect("the ledger").lines().map(|l| serde_json::from_str::<serde_json::Value>(l).expect("json")["type"].as_str().unwrap_or_default().to_string()).collect();
     assert_eq!(types, ["run_started", "step_started", "submit", "gate", "submit", "gate", "step_passed", "run_finished"], "{shown}");
     let verify = steppe(&["gate", "--verify", ledger.to_str().expect("path")], &work);

@@ -101,6 +101,10 @@ pub struct GateArgs {
     /// Let stepgate_try drafts use setting NAME (repeatable).
     #[arg(long, value_name = "NAME")]
     draft_setting: Vec<String>,
+    /// Serve no authoring tools (a gate hosted for a pipeline's agent, which
+    /// must not reach public URLs or run drafts through it).
+    #[arg(long, hide = true)]
+    no_authoring: bool,
     /// Number runs 1, 2, … instead of random UUIDs (a gate hosted for one
     /// pipeline step, whose transcript then reads alike run to run).
     #[arg(long, hide = true)]
@@ -132,6 +136,7 @@ impl GateArgs {
             sequential_runs: self.sequential_runs,
             draft: steppe_gate::authoring::Grants { credentials: self.draft_credentials()?, settings: self.draft_setting.clone() },
             catalog: self.catalog.clone(),
+            authoring: !self.no_authoring,
         };
         steppe_cloud::install_crypto();
         if let Some(dir) = &self.record_cases {
@@ -202,6 +207,12 @@ impl GateArgs {
                         warn!("{e}");
                     }
                 }
+            }
+            let mut ids: Vec<&str> = loaded.iter().map(|l: &steppe_gate::stepfile::Loaded| l.stepfile.id.as_str()).collect();
+            ids.sort_unstable();
+            if let (false, Some(w)) = (self.list, ids.windows(2).find(|w| w[0] == w[1])) {
+                warn!("StepfileInvalid: two stepfiles have the id {}: each is served as a tool of that name, so ids are unique", w[0]);
+                invalid = true;
             }
             if invalid {
                 return Ok(ExitCode::from(2));

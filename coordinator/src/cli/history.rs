@@ -62,8 +62,8 @@ pub struct RunsArgs {
     #[arg(long)]
     transcript: bool,
     /// Write the ledgers of the gated procedures (`stepgate:` servers) the
-    /// run's agent steps followed into DIR, one `<stepfile>-<run>.jsonl`
-    /// each, for `steppe gate --verify DIR/*.jsonl`.
+    /// run's agent steps followed into DIR, as `STEP/<stepfile>-<run>.jsonl`,
+    /// for `steppe gate --verify DIR/*/*.jsonl`.
     #[arg(long, value_name = "DIR")]
     ledgers: Option<PathBuf>,
     /// Show the run's events (steps started and ended, notes) in order.
@@ -314,7 +314,10 @@ fn runs(h: &History, job: Option<&str>, limit: usize, steps: bool, run: Option<&
                 for e in detail.get("transcript").and_then(|t| t.as_array()).into_iter().flatten().filter(|e| e.get("kind").and_then(|k| k.as_str()) == Some("ledger")) {
                     let name = e.get("name").and_then(|v| v.as_str()).unwrap_or_default();
                     let file = name.rsplit('/').next().filter(|f| !f.is_empty() && !f.starts_with('.')).unwrap_or("ledger.jsonl");
-                    std::fs::create_dir_all(dir).with_context(|| format!("making {}", dir.display()))?;
+                    // One directory per step: two steps' gates both number their runs from 1.
+                    let step_dir: String = s.name.chars().map(|c| if c.is_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect();
+                    let dir = dir.join(step_dir.trim_start_matches('.'));
+                    std::fs::create_dir_all(&dir).with_context(|| format!("making {}", dir.display()))?;
                     let path = dir.join(file);
                     std::fs::write(&path, e.get("content").and_then(|v| v.as_str()).unwrap_or_default()).with_context(|| format!("writing {}", path.display()))?;
                     say!("    ledger   {} written to {}", shown(name), path.display());

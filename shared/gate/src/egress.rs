@@ -89,6 +89,8 @@ pub struct Egress {
     pub user_agent: String,
     /// The first wait between attempts (doubling); 500 ms.
     pub backoff: Duration,
+    /// Each request's deadline (`--request-timeout-ms`).
+    pub timeout: Duration,
     tokens: crate::oauth::Tokens,
 }
 
@@ -108,7 +110,7 @@ impl Egress {
             Some(c) => format!("stepgate/{version} {c}"),
             None => format!("stepgate/{version} (+https://github.com/steppe-dev/steppe)"),
         };
-        Ok(Egress { client, allow: allow.into_iter().map(|h| h.to_lowercase()).collect(), response_bytes, user_agent, backoff: Duration::from_millis(500), tokens: Default::default() })
+        Ok(Egress { client, allow: allow.into_iter().map(|h| h.to_lowercase()).collect(), response_bytes, user_agent, backoff: Duration::from_millis(500), timeout, tokens: Default::default() })
     }
 
     /// Lets this copy reach `host` too (an OpenAPI document's own URL, fetched without credentials).
@@ -118,11 +120,6 @@ impl Egress {
 
     pub fn allows(&self, host: &str) -> bool {
         self.allow.iter().any(|a| a == host)
-    }
-
-    /// A client for a remote MCP server: redirects refused, as every hop would need checking.
-    pub fn client(&self) -> reqwest::Client {
-        self.client.clone()
     }
 
     /// Checks that `url` is on the allow-list, or says `EgressDenied`

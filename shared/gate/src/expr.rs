@@ -81,8 +81,16 @@ fn text(v: &Value) -> String {
         Value::String(s) => s.clone(),
         Value::Null => "null".into(),
         Value::Number(n) => number(n.as_f64().unwrap_or(0.0)).to_string(),
-        Value::Array(a) => a.iter().map(text).collect::<Vec<_>>().join(","),
+        Value::Array(a) => a.iter().map(joined).collect::<Vec<_>>().join(","),
         other => other.to_string(),
+    }
+}
+
+/// A value as JavaScript's `Array.prototype.join` writes an element: null as nothing.
+fn joined(v: &Value) -> String {
+    match v {
+        Value::Null => String::new(),
+        other => text(other),
     }
 }
 
@@ -268,7 +276,7 @@ fn apply(op: &str, raw: &Value, data: &Value) -> Result<Value, ExprError> {
             Value::Array(a) => Value::Bool(a.iter().any(|x| strict_eq(x, &arg(0)))),
             _ => Value::Bool(false),
         },
-        "cat" => Value::String(v.iter().map(text).collect()),
+        "cat" => Value::String(v.iter().map(joined).collect()),
         "substr" => {
             let s: Vec<char> = text(&arg(0)).chars().collect();
             let n = s.len() as i64;
@@ -351,9 +359,8 @@ fn apply(op: &str, raw: &Value, data: &Value) -> Result<Value, ExprError> {
         "flatten" => Value::Array(arr(0).into_iter().flat_map(|x| if let Value::Array(a) = x { a } else { vec![x] }).collect()),
         "host" => host(&text(&arg(0))).map_or(Value::Null, Value::String),
         "match_all" => {
-            let re = regex::Regex::new(&text(&arg(1))).map_err(|e| ExprError(format!("match_all: the pattern does not compile: {e}")))?;
-            let s = text(&arg(0));
-            Value::Array(re.captures_iter(&s).map(|c| json!(c.get(1).or_else(|| c.get(0)).map_or("", |m| m.as_str()))).collect())
+            let re = crate::pattern::compile(&text(&arg(1))).map_err(|e| ExprError(format!("match_all: the pattern does not compile: {e}")))?;
+            Value::Array(re.all(&text(&arg(0))).into_iter().map(Value::String).collect())
         }
         "assign" => {
             let mut out = Map::new();
@@ -587,7 +594,8 @@ mod tests {
         assert_eq!(ev(json!({"or": [0, "", "x"]}), json!({})), json!("x"));
         assert_eq!(ev(json!({"all": [[], true]}), json!({})), json!(false));
         assert_eq!(ev(json!({"<": [1, 2, 3]}), json!({})), json!(true));
-        assert_eq!(ev(json!({"cat": ["a", 1, null]}), json!({})), json!("a1null"));
+        assert_eq!(ev(json!({"cat": ["a", 1, null]}), json!({})), json!("a1"), "json-logic's cat joins, and a join writes null as nothing");
+        assert_eq!(ev(json!({"cat": ["SKU: ", {"var": "sku"}, " ", [1, null, 2]]}), json!({"sku": null})), json!("SKU:  1,,2"));
         assert_eq!(ev(json!({"in": ["K", "OK-1"]}), json!({})), json!(true));
         assert_eq!(ev(json!({"/": [7, 2]}), json!({})), json!(3.5));
         assert_eq!(ev(json!({"substr": ["steppe", -3]}), json!({})), json!("ppe"));

@@ -20,6 +20,7 @@ pub mod load;
 pub mod oauth;
 pub mod openapi;
 pub mod references;
+pub mod pattern;
 pub mod reply;
 pub mod run;
 pub mod schema;

@@ -102,6 +102,47 @@ fn rules(doc: &Stepfile) -> Vec<(String, String)> {
                 bad(format!("tools.{name}.credential"), format!("credential {c:?} is not declared under credentials"));
             }
         }
+        for (part, v, keys, needed) in [
+            ("openapi", &t.openapi, &["server", "document", "url", "sha256"][..], &["server"][..]),
+            ("mcp", &t.mcp, &["url"][..], &["url"][..]),
+            ("verifier", &t.verifier, &["url"][..], &["url"][..]),
+        ] {
+            let Some(v) = v else { continue };
+            let Some(m) = v.as_object() else {
+                bad(format!("tools.{name}.{part}"), format!("{part} is a mapping of {}", keys.join(", ")));
+                continue;
+            };
+            for k in m.keys().filter(|k| !keys.contains(&k.as_str())) {
+                bad(format!("tools.{name}.{part}.{k}"), format!("{k:?} is not a key of {part} (it takes {})", keys.join(", ")));
+            }
+            for k in needed.iter().filter(|k| !m.contains_key(**k)) {
+                bad(format!("tools.{name}.{part}"), format!("{part} needs {k}"));
+            }
+            if part == "openapi" && m.contains_key("document") == (m.contains_key("url") || m.contains_key("sha256")) {
+                bad(format!("tools.{name}.openapi"), "openapi takes its document inline (document) or fetched and pinned (url and sha256), one of the two".into());
+            }
+            if part == "openapi" && m.contains_key("url") != m.contains_key("sha256") {
+                bad(format!("tools.{name}.openapi"), "a fetched document (url) is pinned by its sha256".into());
+            }
+        }
+        for (i, e) in t.exposes.iter().flatten().enumerate().filter_map(|(i, e)| e.as_object().map(|m| (i, m))) {
+            for k in e.keys().filter(|k| !["name", "schema_sha256", "select", "effect"].contains(&k.as_str())) {
+                bad(format!("tools.{name}.exposes[{i}].{k}"), format!("{k:?} is not a key of an exposed operation (name, schema_sha256, select, effect)"));
+            }
+            if e.get("effect").is_some_and(|x| x != "read") {
+                bad(format!("tools.{name}.exposes[{i}].effect"), "effect is read (a non-GET that changes nothing) or absent".into());
+            }
+            if let Some(sel) = e.get("select") {
+                if let Err(m) = crate::expr::check(sel) {
+                    bad(format!("tools.{name}.exposes[{i}].select"), m);
+                }
+            }
+        }
+        for (i, n) in t.exposes.iter().flatten().enumerate().filter_map(|(i, e)| exposed_name(e).map(|n| (i, n))) {
+            if n.is_empty() || n.len() > 64 || !n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+                bad(format!("tools.{name}.exposes[{i}]"), format!("{n:?}: an exposed name is letters, digits, _ and -, at most 64"));
+            }
+        }
         for (i, e) in t.exposes.iter().flatten().enumerate() {
             match exposed_name(e) {
                 Some("submit") => bad(format!("tools.{name}.exposes[{i}]"), "submit is reserved".into()),
@@ -233,6 +274,15 @@ steps:
         assert_eq!(load_str(&reflowed, Path::new("b.yaml")).expect("loads").identity, a.identity, "key order is not identity");
         let json: Value = steppe_language::de::decode::<Value>(&steppe_language::yaml::parse(GOOD, Default::default()).unwrap().0.unwrap(), "").0.unwrap();
         assert_eq!(load_str(&json.to_string(), Path::new("c.json")).expect("json loads").identity, a.identity, "the JSON form is the same stepfile");
+    }
+
+    #[test]
+    fn tool_parts_are_closed() {
+        let bad = GOOD.replace("credential: inv\n    exposes: [listItems, {name: searchItems, effect: read}]", "credential: inv\n    exposes: [listItems, {name: searchItems, efect: read}, {name: x, effect: write}]").replace("openapi: {server:", "openapi: {documnet: {}, server:");
+        let e = load_str(&bad, Path::new("s.yaml")).unwrap_err();
+        for want in ["tools.inventory.openapi.documnet: \"documnet\" is not a key of openapi", "tools.inventory.exposes[1].efect: \"efect\" is not a key of an exposed operation", "tools.inventory.exposes[2].effect: effect is read"] {
+            assert!(e.issues.iter().any(|i| i.contains(want)), "{want} in {e}");
+        }
     }
 
     #[test]

@@ -139,7 +139,7 @@ pub fn rules(doc: &Stepfile) -> Vec<(String, String)> {
             out.push((format!("settings.{name}"), format!("setting {name} is declared but no host or port uses it")));
         }
         if let Some(p) = &s.pattern {
-            if let Err(e) = regex::Regex::new(p) {
+            if let Err(e) = crate::pattern::compile(p) {
                 out.push((format!("settings.{name}.pattern"), format!("the pattern does not compile: {e}")));
             }
         }
@@ -166,7 +166,7 @@ fn step_rules(doc: &Stepfile, i: usize, step: &Step, out: &mut Vec<(String, Stri
             out.push((path.clone(), "results reads a client's calls, so it belongs only in an agent step's gates, let and derive".into()));
         }
         for re in regexes {
-            if let Err(e) = regex::Regex::new(&re) {
+            if let Err(e) = crate::pattern::compile(&re) {
                 out.push((path.clone(), format!("the pattern {re:?} does not compile: {e}")));
             }
         }

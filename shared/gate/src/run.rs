@@ -40,6 +40,9 @@ pub struct Options {
     pub draft: crate::authoring::Grants,
     /// Where `stepgate_examples` and `--test NAME` find catalog entries.
     pub catalog: PathBuf,
+    /// Whether the authoring tools are served (not to a pipeline's agent:
+    /// they reach public URLs and run drafts).
+    pub authoring: bool,
 }
 
 impl Default for Options {
@@ -57,6 +60,7 @@ impl Default for Options {
             sequential_runs: false,
             draft: Default::default(),
             catalog: PathBuf::from("stepfiles"),
+            authoring: true,
         }
     }
 }

@@ -55,6 +55,9 @@ impl Gate {
         tools.push(json!({"name": "stepgate_submit", "title": "Submit a step's output",
             "description": "Submits the current step's output for a Stepgate run. Returns the next step, the gate failures to fix, or the finished run's outputs.",
             "inputSchema": {"type": "object", "properties": {"run": run, "output": {"type": "object", "description": "The step's output, matching the schema the step gave."}}, "required": ["run", "output"]}}));
+        if !self.opts.authoring {
+            return tools.into_iter().filter_map(|t| serde_json::from_value(t).ok()).collect();
+        }
         tools.push(json!({"name": "stepgate_guide", "title": "How to write a stepfile", "description": "Explains the stepfile format, the authoring workflow and the other authoring tools.", "inputSchema": {"type": "object", "properties": {}}}));
         tools.push(json!({"name": "stepgate_examples", "title": "Catalog stepfiles", "description": "Lists the catalog's stepfiles, or shows one (its YAML and README) to start from.",
             "inputSchema": {"type": "object", "properties": {"name": {"type": "string", "description": "A catalog entry's id; omitted: the list."}}}}));
@@ -89,6 +92,7 @@ impl Gate {
                 }
                 r
             }
+            "stepgate_guide" | "stepgate_validate" | "stepgate_outline" | "stepgate_examples" | "stepgate_inspect_api" | "stepgate_try" if !self.opts.authoring => reply::unknown_tool(name),
             "stepgate_guide" => reply::plain(crate::guide::GUIDE.to_string(), false),
             "stepgate_validate" => crate::guide::validate(args.get("stepfile").and_then(Value::as_str).unwrap_or_default()),
             "stepgate_outline" => reply::plain(crate::authoring::outline(args.get("procedure").and_then(Value::as_str).unwrap_or_default()), false),

@@ -19,7 +19,7 @@ pub fn resolve(doc: &crate::stepfile::Stepfile) -> Result<BTreeMap<String, Strin
         let var = var(name);
         let value = std::env::var(&var).ok().filter(|v| !v.is_empty()).ok_or_else(|| crate::error::preflight(format!("setting {name}"), format!("{var} is not set")))?;
         let pattern = s.pattern.as_deref().unwrap_or(ONE_LABEL);
-        let re = regex::Regex::new(pattern).map_err(|e| crate::error::preflight(format!("setting {name}"), format!("its pattern does not compile: {e}")))?;
+        let re = crate::pattern::compile(pattern).map_err(|e| crate::error::preflight(format!("setting {name}"), format!("its pattern does not compile: {e}")))?;
         if !re.is_match(&value) {
             return Err(crate::error::preflight(format!("setting {name}"), format!("{var} must match {pattern}")));
         }

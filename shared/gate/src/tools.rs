@@ -175,7 +175,10 @@ impl Tools {
                 let host = host.clone();
                 let mut params = CallToolRequestParams::new(name.clone());
                 params.arguments = args.as_object().cloned();
-                let r = client.call_tool(params).await.map_err(|e| GateError::new("ToolCallFailed", format!("mcp {tool}.{name} failed with status none: {e}")))?;
+                let r = tokio::time::timeout(self.egress.timeout, client.call_tool(params))
+                    .await
+                    .map_err(|_| GateError::new("ToolCallFailed", format!("mcp {tool}.{name} failed with status none: no answer within {} ms (--request-timeout-ms)", self.egress.timeout.as_millis())))?
+                    .map_err(|e| GateError::new("ToolCallFailed", format!("mcp {tool}.{name} failed with status none: {e}")))?;
                 let answer = serde_json::to_value(&r).unwrap_or(Value::Null);
                 let content = match answer.get("structuredContent") {
                     Some(s) if !s.is_null() => s.to_string(),

@@ -34,7 +34,8 @@ impl GateDir {
     }
 
     /// The command that serves it: this binary's `steppe gate`, run ids
-    /// numbered from 1 so a step's transcript reads alike run to run.
+    /// numbered from 1 so a step's transcript reads alike run to run, and
+    /// no authoring tools (an agent must not fetch URLs or run drafts by them).
     pub fn command(&self, spec: &McpServerWork) -> std::io::Result<Vec<String>> {
         let exe = std::env::current_exe()?;
         let mut cmd = vec![exe.display().to_string(), "gate".to_string()];
@@ -42,7 +43,7 @@ impl GateDir {
             let file = Path::new(name).file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
             cmd.push(self.dir.join(file).display().to_string());
         }
-        cmd.extend(["--ledger-dir".to_string(), self.dir.join("ledger").display().to_string(), "--sequential-runs".to_string()]);
+        cmd.extend(["--ledger-dir".to_string(), self.dir.join("ledger").display().to_string(), "--sequential-runs".to_string(), "--no-authoring".to_string()]);
         Ok(cmd)
     }
 
