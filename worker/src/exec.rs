@@ -336,7 +336,7 @@ async fn run_command(a: &Assignment, dir: &Path, sink: &Arc<dyn LineSink>, cance
         return run_in_image(a, image, &command, dir, sink, cancel).await;
     }
     let mut cancel = cancel.clone();
-    let mut cmd = Command::new("sh");
+    let mut cmd = Command::new(crate::host_env::shell());
     cmd.arg("-c").arg(&command).current_dir(dir).env_clear();
     for name in HOST_ENV.iter().copied().chain(a.env.iter().map(String::as_str)) {
         if let Some(v) = std::env::var_os(name) {

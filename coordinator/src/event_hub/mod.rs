@@ -84,6 +84,10 @@ pub struct HubState {
     batch: Vec<(String, LogLine)>,
     /// Events not yet in the store, in order.
     events: Vec<(String, RunEvent)>,
+    /// Step records and spans not yet in the store: written with the
+    /// events and lines in one batch on each tick, at a flush, or when many.
+    steps: Vec<steppe_runtime::store::StepRecord>,
+    spans: Vec<(String, Vec<steppe_runtime::trace::SpanRecord>)>,
     /// Live lines kept so far of each running step (run id, step).
     live_kept: std::collections::HashMap<(String, String), usize>,
     watchers: Watchers,
@@ -105,7 +109,7 @@ impl HubState {
         if self.store.is_some() {
             self.events.push((run_id.to_string(), RunEvent::now(kind, step, message)));
             if self.events.len() >= 500 {
-                self.flush_events();
+                self.flush_all();
             }
         }
     }
@@ -126,42 +130,22 @@ impl HubState {
         }
     }
 
-    fn flush_events(&mut self) {
-        let Some(s) = &self.store else {
-            self.events.clear();
+    /// Writes everything gathered in one batch (one transaction where the store can).
+    fn flush_all(&mut self) {
+        let batch = steppe_runtime::store::Batch { events: std::mem::take(&mut self.events), logs: std::mem::take(&mut self.batch), steps: std::mem::take(&mut self.steps), spans: std::mem::take(&mut self.spans) };
+        let Some(s) = &self.store else { return };
+        if batch.is_empty() {
             return;
-        };
-        let mut i = 0;
-        while i < self.events.len() {
-            let run_id = self.events[i].0.clone();
-            let j = self.events[i..].iter().position(|(r, _)| *r != run_id).map_or(self.events.len(), |n| i + n);
-            let batch: Vec<RunEvent> = self.events[i..j].iter().map(|(_, e)| e.clone()).collect();
-            if let Err(e) = s.record_events(&run_id, &batch) {
-                store_failed(&e);
-            } else {
-                store_ok();
-            }
-            i = j;
         }
-        self.events.clear();
+        match s.record_batch(&batch) {
+            Err(e) => store_failed(&e),
+            Ok(()) => store_ok(),
+        }
     }
 
-    fn flush_logs(&mut self) {
-        let Some(s) = &self.store else {
-            self.batch.clear();
-            return;
-        };
-        let mut by_run: std::collections::BTreeMap<String, Vec<LogLine>> = Default::default();
-        for (r, l) in self.batch.drain(..) {
-            by_run.entry(r).or_default().push(l);
-        }
-        for (r, lines) in by_run {
-            if let Err(e) = s.append_logs(&r, &lines) {
-                store_failed(&e);
-            } else {
-                store_ok();
-            }
-        }
+    /// Whether enough waits to be written before the next tick.
+    fn full(&self) -> bool {
+        self.batch.len() >= 500 || self.steps.len() + self.spans.len() >= 256
     }
 }
 
@@ -174,7 +158,7 @@ impl Actor for HubActor {
         if store.is_some() || subscribers.iter().any(|s| s.wants_ticks()) {
             let _ = me.send_interval(Duration::from_millis(500), || Event::Tick);
         }
-        Ok(HubState { store, batch: Vec::new(), events: Vec::new(), live_kept: Default::default(), watchers: Watchers::default(), subscribers, pending_lines })
+        Ok(HubState { store, batch: Vec::new(), events: Vec::new(), steps: Vec::new(), spans: Vec::new(), live_kept: Default::default(), watchers: Watchers::default(), subscribers, pending_lines })
     }
 
     async fn handle(&self, _me: ActorRef<Event>, ev: Event, st: &mut HubState) -> Result<(), ActorProcessingErr> {
@@ -204,7 +188,7 @@ impl Actor for HubActor {
                 });
             }
             Event::Tick => {
-                st.flush_events();
+                st.flush_all();
                 st.each(|s| {
                     if s.wants_ticks() {
                         s.tick()
@@ -220,26 +204,24 @@ impl Actor for HubActor {
             Event::Output { run_id, lines } => {
                 if st.store.is_some() {
                     st.batch.extend(lines.into_iter().map(|l| (run_id.clone(), l)));
-                    if st.batch.len() >= 500 {
-                        st.flush_logs();
+                    if st.full() {
+                        st.flush_all();
                     }
                 }
             }
             Event::Spans { run_id, spans } => {
-                if let Some(s) = &st.store {
-                    if let Err(e) = s.add_spans(&run_id, &spans) {
-                        store_failed(&e);
+                if st.store.is_some() {
+                    st.spans.push((run_id, spans));
+                    if st.full() {
+                        st.flush_all();
                     }
                 }
             }
             Event::Step(rec) => {
-                st.flush_events();
-                st.flush_logs();
-                if let Some(s) = &st.store {
-                    if let Err(e) = s.record_step(&rec) {
-                        store_failed(&e);
-                    } else {
-                        store_ok();
+                if st.store.is_some() {
+                    st.steps.push(rec);
+                    if st.full() {
+                        st.flush_all();
                     }
                 }
             }
@@ -247,8 +229,7 @@ impl Actor for HubActor {
             Event::Unwatch(run_id) => st.watchers.unwatch(&run_id),
             Event::Flush(reply) => {
                 st.each(|s| s.flush());
-                st.flush_events();
-                st.flush_logs();
+                st.flush_all();
                 let _ = reply.send(());
             }
         }

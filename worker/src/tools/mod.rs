@@ -288,7 +288,7 @@ impl Space {
                 Err(e) => error(e),
             };
         }
-        let mut c = tokio::process::Command::new("sh");
+        let mut c = tokio::process::Command::new(crate::host_env::shell());
         c.arg("-c").arg(cmd).current_dir(&self.cwd).env_clear().stdin(std::process::Stdio::null());
         c.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).process_group(0).kill_on_drop(true);
         for name in HOST_ENV.iter().copied().chain(self.env.iter().map(String::as_str)) {

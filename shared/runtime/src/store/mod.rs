@@ -144,6 +144,33 @@ impl RunRecord {
     }
 }
 
+/// What the event hub writes to the store at once, in order within each kind.
+#[derive(Debug, Default)]
+pub struct Batch {
+    pub events: Vec<(String, RunEvent)>,
+    pub logs: Vec<(String, LogLine)>,
+    pub steps: Vec<StepRecord>,
+    pub spans: Vec<(String, Vec<crate::trace::SpanRecord>)>,
+}
+
+impl Batch {
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty() && self.logs.is_empty() && self.steps.is_empty() && self.spans.is_empty()
+    }
+}
+
+/// Consecutive items of one run together, in order.
+pub fn group<T: Clone>(items: &[(String, T)]) -> Vec<(String, Vec<T>)> {
+    let mut out: Vec<(String, Vec<T>)> = Vec::new();
+    for (run, item) in items {
+        match out.last_mut() {
+            Some((r, v)) if r == run => v.push(item.clone()),
+            _ => out.push((run.clone(), vec![item.clone()])),
+        }
+    }
+    out
+}
+
 /// What the coordinator records and the `runs` views read. History is kept
 /// per [`Scope`] (team and pipeline): runs, approvals, versions and `passed:`
 /// records of one scope are never seen from another. Records found by run id
@@ -173,6 +200,24 @@ pub trait Store: Send + Sync {
     /// A run's events from the `after`-th on (0: all of them), in order:
     /// what a follower has not seen yet.
     fn events_after(&self, run_id: &str, after: usize) -> Result<Vec<RunEvent>, StoreError>;
+    /// Writes what the event hub gathered, at once: a backend that can
+    /// makes it one transaction (a few per second instead of several per step).
+    fn record_batch(&self, b: &Batch) -> Result<(), StoreError> {
+        let mut result = Ok(());
+        for (run_id, events) in group(&b.events) {
+            result = result.and(self.record_events(&run_id, &events));
+        }
+        for (run_id, lines) in group(&b.logs) {
+            result = result.and(self.append_logs(&run_id, &lines));
+        }
+        for s in &b.steps {
+            result = result.and(self.record_step(s));
+        }
+        for (run_id, spans) in &b.spans {
+            result = result.and(self.add_spans(run_id, spans));
+        }
+        result
+    }
     /// Appends one run event, stamped now.
     fn record_event(&self, run_id: &str, kind: &str, step: &str, message: &str) -> Result<(), StoreError> {
         self.record_events(run_id, &[RunEvent::now(kind, step, message)])

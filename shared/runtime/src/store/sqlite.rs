@@ -196,6 +196,12 @@ fn run_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRecord> {
     })
 }
 
+fn insert_step(c: &rusqlite::Connection, s: &StepRecord) -> rusqlite::Result<()> {
+    c.prepare_cached("INSERT OR REPLACE INTO steps (run_id, seq, name, outcome, message, duration_ms, exit_code, tokens, detail) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)")?
+        .execute(params![s.run_id, s.seq, s.name, s.outcome, s.message, s.duration_ms, s.exit_code, s.tokens, s.detail])
+        .map(|_| ())
+}
+
 impl Store for SqliteStore {
     fn start_run(&self, rec: &RunRecord) -> Result<(), StoreError> {
         self.with(|c| {
@@ -221,12 +227,33 @@ impl Store for SqliteStore {
     }
 
     fn record_step(&self, s: &StepRecord) -> Result<(), StoreError> {
+        self.with(|c| insert_step(c, s))
+    }
+
+    fn record_batch(&self, b: &super::Batch) -> Result<(), StoreError> {
         self.with(|c| {
-            c.execute(
-                "INSERT OR REPLACE INTO steps (run_id, seq, name, outcome, message, duration_ms, exit_code, tokens, detail) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-                params![s.run_id, s.seq, s.name, s.outcome, s.message, s.duration_ms, s.exit_code, s.tokens, s.detail],
-            )
-            .map(|_| ())
+            let tx = c.transaction()?;
+            {
+                let mut st = tx.prepare_cached("INSERT INTO events (run_id, at_ms, kind, step, message) VALUES (?1, ?2, ?3, ?4, ?5)")?;
+                for (run_id, e) in &b.events {
+                    st.execute(params![run_id, e.at_ms, e.kind, e.step, e.message])?;
+                }
+                let mut st = tx.prepare_cached("INSERT INTO logs (run_id, step, stderr, line, omitted) VALUES (?1, ?2, ?3, ?4, ?5)")?;
+                for (run_id, l) in &b.logs {
+                    let omitted = l.omitted.as_ref().and_then(|o| serde_json::to_string(o).ok());
+                    st.execute(params![run_id, l.step, l.stderr, l.line, omitted])?;
+                }
+                for s in &b.steps {
+                    insert_step(&tx, s)?;
+                }
+                let mut st = tx.prepare_cached("INSERT INTO spans (run_id, span) VALUES (?1, ?2)")?;
+                for (run_id, spans) in &b.spans {
+                    for s in spans {
+                        st.execute(params![run_id, serde_json::to_string(s).unwrap_or_default()])?;
+                    }
+                }
+            }
+            tx.commit()
         })
     }
 
