@@ -32,7 +32,19 @@ pub struct Credential {
 
 /// The environment variable holding a credential's value (`<NAME>_API_KEY`).
 pub fn credential_var(name: &str) -> String {
-    format!("{}_API_KEY", name.to_uppercase().replace('-', "_"))
+    crate::oauth::var(name, "API_KEY")
+}
+
+/// Whether an authority (`host[:port]`, `[v6]:port`; the port may be a
+/// stepfile's `{setting}`) names this machine.
+pub fn loopback(authority: &str) -> bool {
+    let port = |p: &str| p.chars().all(|c| c.is_ascii_digit()) || p.starts_with('{') && p.ends_with('}');
+    let host = if let Some(rest) = authority.strip_prefix('[') {
+        rest.split(']').next().unwrap_or_default()
+    } else {
+        authority.rsplit_once(':').map_or(authority, |(h, p)| if port(p) { h } else { authority })
+    };
+    matches!(host.to_ascii_lowercase().as_str(), "localhost" | "127.0.0.1" | "::1")
 }
 
 /// Whether a credential can be had: its `<NAME>_API_KEY`, or an oauth2

@@ -15,22 +15,13 @@ use rmcp::transport::streamable_http_server::session::SessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::{json, Value};
 
+use crate::egress::loopback;
 use crate::server::Gate;
 
 const MAX_BODY: usize = 4 * 1024 * 1024;
 
 fn refuse(status: StatusCode, error: &str) -> Response {
     (status, axum::Json(json!({"error": error}))).into_response()
-}
-
-/// Whether an authority (`host[:port]`) or an origin's host is loopback.
-fn loopback(authority: &str) -> bool {
-    let host = if let Some(rest) = authority.strip_prefix('[') {
-        rest.split(']').next().unwrap_or_default()
-    } else {
-        authority.rsplit_once(':').map_or(authority, |(h, p)| if p.chars().all(|c| c.is_ascii_digit()) { h } else { authority })
-    };
-    matches!(host.to_ascii_lowercase().as_str(), "localhost" | "127.0.0.1" | "::1")
 }
 
 fn origin_host(origin: &str) -> &str {

@@ -9,6 +9,7 @@ use std::collections::BTreeSet;
 
 use serde_json::Value;
 
+use crate::egress::loopback;
 use crate::stepfile::{Step, Stepfile};
 
 /// Every `var` path an expression reads (literal ones), and whether it uses `results`.
@@ -64,11 +65,6 @@ fn split_url(url: &str) -> Option<(&str, &str, &str)> {
     let (scheme, rest) = url.split_once("://")?;
     let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     Some((scheme, &rest[..end], &rest[end..]))
-}
-
-fn loopback(authority: &str) -> bool {
-    let host = if let Some(r) = authority.strip_prefix('[') { format!("[{}]", r.split(']').next().unwrap_or_default()) } else { authority.split(':').next().unwrap_or_default().to_string() };
-    matches!(host.to_ascii_lowercase().as_str(), "localhost" | "127.0.0.1" | "[::1]")
 }
 
 /// Every broken rule, as (key path, message).
