@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::error::GateError;
 use crate::stepfile::Stepfile;
@@ -182,13 +182,9 @@ pub struct Grants {
 pub fn draft_problems(doc: &Stepfile, grants: &Grants) -> Vec<String> {
     let mut out = Vec::new();
     for (name, t) in doc.tools.iter().flatten() {
-        for key in ["server", "url"] {
-            for part in [&t.openapi, &t.mcp, &t.verifier].into_iter().flatten() {
-                if let Some(u) = part.get(key).and_then(Value::as_str) {
-                    if let Err(e) = public(u) {
-                        out.push(format!("tool {name}: {e}"));
-                    }
-                }
+        for (_, u) in t.urls() {
+            if let Err(e) = public(u) {
+                out.push(format!("tool {name}: {e}"));
             }
         }
     }

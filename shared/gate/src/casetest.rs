@@ -37,8 +37,7 @@ pub fn default_cases(stepfile: &Path, id: &str) -> PathBuf {
 /// Reads and checks a cases file against `loaded`.
 pub fn load(path: &Path, loaded: &Loaded) -> Result<Vec<Value>, GateError> {
     let text = std::fs::read_to_string(path).map_err(|e| GateError::new("CasesInvalid", format!("{}: cannot read it: {e}", path.display())))?;
-    let node = steppe_language::yaml::parse(&text, Default::default()).map_err(|e| invalid(vec![format!("does not parse as YAML or JSON: {}", e.message)]))?.0;
-    let doc = node.and_then(|n| steppe_language::de::decode::<Value>(&n, "").0).unwrap_or(Value::Null);
+    let doc = crate::load::document(&text).map_err(|e| invalid(vec![format!("does not parse as YAML or JSON: {e}")]))?;
     let problems = crate::schema::problems(&cases_schema(), None, &doc).map_err(|e| invalid(vec![e]))?;
     if !problems.is_empty() {
         return Err(invalid(vec![problems.join("; ")]));

@@ -441,7 +441,8 @@ pub fn check(rule: &Value) -> Result<(), String> {
 /// Most a diagnosis says.
 const DIAGNOSIS_CHARS: usize = 2000;
 
-fn compact(v: &Value) -> String {
+/// Compact JSON, a string as itself.
+pub fn compact(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
         other => other.to_string(),

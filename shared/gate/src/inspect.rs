@@ -27,11 +27,9 @@ pub async fn inspect(args: &Value, timeout: Duration, response_bytes: usize) -> 
             if !(200..300).contains(&a.status) {
                 return Err(GateError::new("ApiDocumentInvalid", format!("{url} answered HTTP {}", a.status)));
             }
-            let text = String::from_utf8_lossy(&a.body).to_string();
-            let doc = steppe_language::yaml::parse(&text, Default::default())
+            let doc = crate::load::document(&String::from_utf8_lossy(&a.body))
                 .ok()
-                .and_then(|(n, _)| n)
-                .and_then(|n| steppe_language::de::decode::<Value>(&n, "").0)
+                .filter(|d| !d.is_null())
                 .ok_or_else(|| GateError::new("ApiDocumentInvalid", format!("{url} is not a JSON or YAML document")))?;
             Ok(describe_openapi(&doc, &digest(&a.body), args))
         }

@@ -39,6 +39,16 @@ pub fn load_str(text: &str, file: &Path) -> Result<Loaded, Invalid> {
     Ok(Loaded { identity: digest_json(&json), stepfile: doc })
 }
 
+/// A YAML (1.2) or JSON document as a value (null when empty), or the
+/// parser's complaint: an OpenAPI document, a cases file.
+pub fn document(text: &str) -> Result<Value, String> {
+    let node = steppe_language::yaml::parse(text, Default::default()).map_err(|e| e.message)?.0;
+    match node {
+        None => Ok(Value::Null),
+        Some(n) => steppe_language::de::decode::<Value>(&n, "").0.ok_or_else(|| "it is not a JSON or YAML document".into()),
+    }
+}
+
 pub fn load_file(path: &Path) -> Result<Loaded, Invalid> {
     let text = std::fs::read_to_string(path).map_err(|e| Invalid { issues: vec![format!("{}: cannot read it: {e}", path.display())] })?;
     load_str(&text, path)

@@ -47,19 +47,6 @@ fn walk(rule: &Value, vars: &mut Vec<String>, results: &mut bool, regexes: &mut 
     }
 }
 
-/// The `{{path}}` placeholders of instructions.
-fn placeholders(text: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut rest = text;
-    while let Some(i) = rest.find("{{") {
-        let after = &rest[i + 2..];
-        let Some(j) = after.find("}}") else { break };
-        out.push(after[..j].trim().to_string());
-        rest = &after[j + 2..];
-    }
-    out
-}
-
 /// The scheme, authority and rest of a URL as written (placeholders kept).
 fn split_url(url: &str) -> Option<(&str, &str, &str)> {
     let (scheme, rest) = url.split_once("://")?;
@@ -111,19 +98,11 @@ pub fn rules(doc: &Stepfile) -> Vec<(String, String)> {
         }
     }
     for (name, t) in doc.tools.iter().flatten() {
-        let urls: Vec<(String, &str)> = [
-            t.openapi.as_ref().and_then(|o| o.get("server")).and_then(Value::as_str).map(|u| (format!("tools.{name}.openapi.server"), u)),
-            t.openapi.as_ref().and_then(|o| o.get("url")).and_then(Value::as_str).map(|u| (format!("tools.{name}.openapi.url"), u)),
-            t.mcp.as_ref().and_then(|o| o.get("url")).and_then(Value::as_str).map(|u| (format!("tools.{name}.mcp.url"), u)),
-            t.verifier.as_ref().and_then(|o| o.get("url")).and_then(Value::as_str).map(|u| (format!("tools.{name}.verifier.url"), u)),
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
-        for (i, (path, url)) in urls.into_iter().enumerate() {
+        for (key, url) in t.urls() {
+            let path = format!("tools.{name}.{key}");
             let authority = url_rule(path.clone(), url, &mut out, &mut used);
-            // The server (the first URL) is where the credential goes.
-            if let (0, Some(a), Some(c)) = (i, authority, t.credential.as_ref().and_then(|c| creds.get(c))) {
+            // The endpoint is where the credential goes (a document's url is fetched without it).
+            if let (true, Some(a), Some(c)) = (key != "openapi.url", authority, t.credential.as_ref().and_then(|c| creds.get(c))) {
                 if !c.hosts.iter().any(|h| h.eq_ignore_ascii_case(&a)) {
                     out.push((path, format!("host {a} is not among the hosts of credential {}: {}", t.credential.as_deref().unwrap_or_default(), c.hosts.join(", "))));
                 }
@@ -190,7 +169,7 @@ fn step_rules(doc: &Stepfile, i: usize, step: &Step, out: &mut Vec<(String, Stri
         }
     };
     if let Some(text) = &step.instructions {
-        for ph in placeholders(text) {
+        for (_, ph) in crate::stepfile::placeholders(text) {
             let mut seg = ph.split('.');
             match (seg.next(), seg.next()) {
                 (Some("inputs"), _) => {}

@@ -4,6 +4,7 @@
 use serde_json::{json, Map, Value};
 
 use crate::error::GateError;
+use crate::expr::compact;
 
 /// A tool reply: its text, its structured content and whether it is an error.
 #[derive(Debug, Clone, PartialEq)]
@@ -33,14 +34,6 @@ pub fn parsed(text: &str) -> Value {
 /// The first 500 characters of a body, as errors quote it.
 pub fn head(text: &str) -> String {
     text.chars().take(500).collect()
-}
-
-/// Compact JSON, a string as itself.
-pub fn compact(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    }
 }
 
 /// Length as JavaScript counts it (UTF-16 code units): how lengths are

@@ -579,23 +579,17 @@ fn gate_failed(step: &Step, failures: &[(String, String)]) -> GateError {
 /// values as indented JSON; one that resolves to nothing is an error.
 fn fill_placeholders(step: &str, text: &str, ctx: &Value) -> Result<String, GateError> {
     let mut out = String::new();
-    let mut rest = text;
-    while let Some(i) = rest.find("{{") {
-        out.push_str(&rest[..i]);
-        let after = &rest[i + 2..];
-        let Some(j) = after.find("}}") else {
-            out.push_str(&rest[i..]);
-            return Ok(out);
-        };
-        let path = after[..j].trim();
+    let mut from = 0;
+    for (span, path) in crate::stepfile::placeholders(text) {
+        out.push_str(&text[from..span.start]);
         let v = expr::get_path(ctx, path).filter(|v| !v.is_null()).ok_or_else(|| GateError::new("PlaceholderUnresolved", format!("step {step}: placeholder {{{{{path}}}}} did not resolve")))?;
         match v {
             Value::String(s) => out.push_str(&s),
             other => out.push_str(&serde_json::to_string_pretty(&other).unwrap_or_default()),
         }
-        rest = &after[j + 2..];
+        from = span.end;
     }
-    out.push_str(rest);
+    out.push_str(&text[from..]);
     Ok(out)
 }
 

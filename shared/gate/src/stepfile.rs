@@ -46,6 +46,38 @@ pub struct Tool {
     pub exposes: Option<Vec<Value>>,
 }
 
+impl Tool {
+    /// The URLs the tool names, each with its key (`openapi.server`,
+    /// `openapi.url`, `mcp.url`, `verifier.url`), where requests go first.
+    pub fn urls(&self) -> Vec<(&'static str, &str)> {
+        fn at<'a>(part: &'a Option<Value>, key: &str) -> Option<&'a str> {
+            part.as_ref().and_then(|p| p.get(key)).and_then(Value::as_str)
+        }
+        [("openapi.server", at(&self.openapi, "server")), ("openapi.url", at(&self.openapi, "url")), ("mcp.url", at(&self.mcp, "url")), ("verifier.url", at(&self.verifier, "url"))]
+            .into_iter()
+            .filter_map(|(k, u)| u.map(|u| (k, u)))
+            .collect()
+    }
+
+    /// Where its requests go: the OpenAPI server, the MCP or verifier URL.
+    pub fn endpoint(&self) -> Option<&str> {
+        self.urls().into_iter().find(|(k, _)| *k != "openapi.url").map(|(_, u)| u)
+    }
+}
+
+/// The `{{path}}` placeholders of instructions: each one's span in `text`
+/// and its path.
+pub fn placeholders(text: &str) -> Vec<(std::ops::Range<usize>, &str)> {
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(i) = text[from..].find("{{").map(|i| from + i) {
+        let Some(j) = text[i + 2..].find("}}").map(|j| i + 2 + j) else { break };
+        out.push((i..j + 2, text[i + 2..j].trim()));
+        from = j + 2;
+    }
+    out
+}
+
 #[derive(Debug, Clone, Deserialize)]
 pub struct Step {
     pub id: String,

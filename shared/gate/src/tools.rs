@@ -73,8 +73,7 @@ pub struct Tools {
 pub fn declared_hosts(doc: &Stepfile, settings: &BTreeMap<String, String>) -> Vec<String> {
     let mut hosts = Vec::new();
     for t in doc.tools.iter().flat_map(|t| t.values()) {
-        let url = t.openapi.as_ref().and_then(|o| o.get("server")).or_else(|| t.mcp.as_ref().and_then(|m| m.get("url"))).or_else(|| t.verifier.as_ref().and_then(|v| v.get("url")));
-        if let Some(h) = url.and_then(Value::as_str).and_then(|u| reqwest::Url::parse(&fill(u, settings)).ok()).and_then(|u| crate::egress::host_of(&u)) {
+        if let Some(h) = t.endpoint().and_then(|u| reqwest::Url::parse(&fill(u, settings)).ok()).and_then(|u| crate::egress::host_of(&u)) {
             hosts.push(h);
         }
     }
@@ -239,9 +238,10 @@ async fn openapi_document(o: &Value, egress: &Egress) -> Result<Value, String> {
     if got != pin {
         return Err(format!("{url} is {got}, not the pinned {pin}"));
     }
-    let text = String::from_utf8_lossy(&a.body);
-    let node = steppe_language::yaml::parse(&text, Default::default()).map_err(|e| format!("{url}: {}", e.message))?.0.ok_or("the document is empty")?;
-    steppe_language::de::decode::<Value>(&node, "").0.ok_or_else(|| format!("{url} is not a JSON or YAML document"))
+    match crate::load::document(&String::from_utf8_lossy(&a.body)).map_err(|e| format!("{url}: {e}"))? {
+        Value::Null => Err("the document is empty".into()),
+        doc => Ok(doc),
+    }
 }
 
 /// A client session with the remote MCP server at `url` (redirects refused).

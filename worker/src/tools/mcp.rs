@@ -113,7 +113,7 @@ impl McpSessions {
                 spec
             } else {
                 let gate = GateDir::make(spec).map_err(|source| McpError::Spawn { server: server.clone(), command: "steppe gate".into(), source })?;
-                let command = gate.command(spec).map_err(|source| McpError::Spawn { server: server.clone(), command: "steppe gate".into(), source })?;
+                let command = gate.command().map_err(|source| McpError::Spawn { server: server.clone(), command: "steppe gate".into(), source })?;
                 gated = McpServerWork { command, cwd: Some(gate.dir.display().to_string()), ..spec.clone() };
                 sessions.gates.push(gate);
                 &gated

@@ -18,6 +18,8 @@ static NEXT: AtomicU64 = AtomicU64::new(0);
 pub struct GateDir {
     pub server: String,
     pub dir: PathBuf,
+    /// The stepfiles written into it.
+    files: Vec<PathBuf>,
 }
 
 impl GateDir {
@@ -26,23 +28,22 @@ impl GateDir {
         let dir = std::env::temp_dir().join(format!("steppe-gate-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("ledger"))?;
+        let mut files = Vec::new();
         for (name, text) in &spec.stepfiles {
-            let file = Path::new(name).file_name().map(|n| n.to_os_string()).unwrap_or_default();
-            std::fs::write(dir.join(file), text)?;
+            let file = dir.join(Path::new(name).file_name().unwrap_or_default());
+            std::fs::write(&file, text)?;
+            files.push(file);
         }
-        Ok(GateDir { server: spec.name.clone(), dir })
+        Ok(GateDir { server: spec.name.clone(), dir, files })
     }
 
     /// The command that serves it: this binary's `steppe gate`, run ids
     /// numbered from 1 so a step's transcript reads alike run to run, and
     /// no authoring tools (an agent must not fetch URLs or run drafts by them).
-    pub fn command(&self, spec: &McpServerWork) -> std::io::Result<Vec<String>> {
+    pub fn command(&self) -> std::io::Result<Vec<String>> {
         let exe = std::env::current_exe()?;
         let mut cmd = vec![exe.display().to_string(), "gate".to_string()];
-        for (name, _) in &spec.stepfiles {
-            let file = Path::new(name).file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
-            cmd.push(self.dir.join(file).display().to_string());
-        }
+        cmd.extend(self.files.iter().map(|f| f.display().to_string()));
         cmd.extend(["--ledger-dir".to_string(), self.dir.join("ledger").display().to_string(), "--sequential-runs".to_string(), "--no-authoring".to_string()]);
         Ok(cmd)
     }
