@@ -232,7 +232,16 @@ impl Actor for DispatcherActor {
                     st.metrics.finished(&r);
                 }
                 if let Some(q) = st.queue_of(&r.assignment_id).await {
-                    let _ = q.ack(&r.assignment_id).await;
+                    // Off the actor's path: a remote queue's ack is a round
+                    // trip, and nothing here waits on it (an entry acked late
+                    // that comes back is no longer wanted, and is dropped).
+                    // An in-process queue holds nothing once taken.
+                    if q.lease().is_some() {
+                        let id = r.assignment_id.clone();
+                        tokio::spawn(async move {
+                            let _ = q.ack(&id).await;
+                        });
+                    }
                 }
                 // A result nobody waits for (a cancelled race loser, a duplicate) is dropped.
                 if let Some(p) = st.forget(&r.assignment_id) {

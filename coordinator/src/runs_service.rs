@@ -52,7 +52,8 @@ impl RunService {
             }
         };
         let at = std::net::SocketAddr::new(self.model_host, 0);
-        let serve = |script| crate::scripted::serve(script, at);
+        let keep = req.dump_requests;
+        let serve = |script| crate::scripted::serve(script, at, keep);
         let model = match serve(scenario.model.clone()).await {
             Ok(m) => m,
             Err(e) => {

@@ -155,6 +155,8 @@ struct ServerState {
     script: Option<Script>,
     next_turn: usize,
     served: usize,
+    /// Every request, kept only when they will be written out (`--dump-requests`).
+    keep_requests: bool,
     requests: Vec<Value>,
     failures: Vec<String>,
 }
@@ -261,7 +263,9 @@ async fn completions(State(st): State<Arc<Mutex<ServerState>>>, raw: String) -> 
     }
     let (reply, n) = {
         let Ok(mut s) = st.lock() else { return StatusCode::INTERNAL_SERVER_ERROR.into_response() };
-        s.requests.push(json!({"model": model, "messages": req.get("messages"), "tools": req.get("tools"), "tool_choice": req.get("tool_choice"), "raw": raw}));
+        if s.keep_requests {
+            s.requests.push(json!({"model": model, "messages": req.get("messages"), "tools": req.get("tools"), "tool_choice": req.get("tool_choice"), "raw": raw}));
+        }
         s.served += 1;
         let n = s.served;
         let reply = match &s.script {
@@ -294,9 +298,10 @@ async fn completions(State(st): State<Arc<Mutex<ServerState>>>, raw: String) -> 
     answer(reply, &model, n).await
 }
 
-/// Starts a scripted model on `addr` (port 0 for any free port).
-pub async fn serve(script: Option<Script>, addr: std::net::SocketAddr) -> anyhow::Result<ScriptedModel> {
-    let state = Arc::new(Mutex::new(ServerState { script, next_turn: 0, served: 0, requests: Vec::new(), failures: Vec::new() }));
+/// Starts a scripted model on `addr` (port 0 for any free port);
+/// `keep_requests`: every request is kept for [`ScriptedModel::requests`].
+pub async fn serve(script: Option<Script>, addr: std::net::SocketAddr, keep_requests: bool) -> anyhow::Result<ScriptedModel> {
+    let state = Arc::new(Mutex::new(ServerState { script, next_turn: 0, served: 0, keep_requests, requests: Vec::new(), failures: Vec::new() }));
     let app = Router::new()
         .route("/v1/chat/completions", post(completions))
         .route("/chat/completions", post(completions))

@@ -4,7 +4,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,6 +11,7 @@ use steppe_runtime::artifacts::ArtifactStore;
 use steppe_runtime::assignment::{Assignment, AssignmentResult, Cwd, Judge};
 use steppe_runtime::budget::Ledger;
 use steppe_runtime::outcome::StepError;
+use futures::FutureExt;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 use tokio::sync::watch;
@@ -24,15 +24,6 @@ use crate::sink::{LineSink, Stream};
 const CAPTURE_CAP: usize = 16 << 20;
 
 
-static SEQ: AtomicU64 = AtomicU64::new(0);
-
-fn fresh_dir(root: &Path) -> std::io::Result<PathBuf> {
-    let n = SEQ.fetch_add(1, Ordering::Relaxed);
-    let d = root.join(format!("step-{}-{n}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d)?;
-    Ok(d)
-}
 
 /// As [`execute`], in a task of its own: a panic running the step (a bug)
 /// errors that step, and the loop that asked goes on taking work.
@@ -147,7 +138,7 @@ async fn execute_untraced(
     }
     let dir = match &a.cwd {
         Cwd::Host(p) => p.clone(),
-        _ => match fresh_dir(work_root) {
+        _ => match crate::step_dir::take(work_root) {
             Ok(d) => d,
             Err(e) => return fail(StepError::errored(format!("{}: cannot create a step directory: {e}", a.step))),
         },
@@ -164,7 +155,7 @@ async fn execute_untraced(
     if owned {
         // Most step directories are small: removing them inline is cheaper
         // than a round trip to the blocking pool.
-        let _ = std::fs::remove_dir(&dir).or_else(|_| std::fs::remove_dir_all(&dir));
+        crate::step_dir::give_back(dir);
     }
     if let Some(r) = recorder {
         if !r.stores() {
@@ -350,16 +341,38 @@ async fn run_command(a: &Assignment, dir: &Path, sink: &Arc<dyn LineSink>, cance
     };
     // Killed whole however this ends, this future dropped included.
     let group = crate::process_group::Group::of(&child);
-    let out_task = child.stdout.take().map(|s| tokio::spawn(read_stream(BufReader::new(s), a.run_id.clone(), a.step.clone(), Stream::Stdout, sink.clone(), a.stream)));
-    let err_task = child.stderr.take().map(|s| tokio::spawn(read_stream(BufReader::new(s), a.run_id.clone(), a.step.clone(), Stream::Stderr, sink.clone(), a.stream)));
-    let mut stop: Option<StepError> = None;
-    let status = tokio::select! {
-        s = child.wait() => s.ok(),
-        e = stopped(a, &mut cancel) => {
-            stop = Some(e);
-            None
+    // Both streams are read in this task, beside the wait (no task of their
+    // own per step); a reader that panics (a bug) is caught and told.
+    let reader = |s: Option<Box<dyn tokio::io::AsyncRead + Unpin + Send>>, stream: Stream| {
+        let (run_id, step, sink, echo) = (a.run_id.clone(), a.step.clone(), sink.clone(), a.stream);
+        async move {
+            match s {
+                Some(s) => std::panic::AssertUnwindSafe(read_stream(BufReader::new(s), run_id, step, stream, sink, echo)).catch_unwind().await.map_err(|p| steppe_language::load::panic_text(p.as_ref())),
+                None => Ok(String::new()),
+            }
         }
     };
+    let out_pipe = child.stdout.take().map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Unpin + Send>);
+    let err_pipe = child.stderr.take().map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Unpin + Send>);
+    let mut out_read = std::pin::pin!(reader(out_pipe, Stream::Stdout));
+    let mut err_read = std::pin::pin!(reader(err_pipe, Stream::Stderr));
+    let (mut stdout, mut stderr): (Option<Result<String, String>>, Option<Result<String, String>>) = (None, None);
+    let mut stop: Option<StepError> = None;
+    let status;
+    {
+        let mut stopping = std::pin::pin!(stopped(a, &mut cancel));
+        status = loop {
+            tokio::select! {
+                s = child.wait() => break s.ok(),
+                e = &mut stopping => {
+                    stop = Some(e);
+                    break None;
+                }
+                o = &mut out_read, if stdout.is_none() => stdout = Some(o),
+                e = &mut err_read, if stderr.is_none() => stderr = Some(e),
+            }
+        };
+    }
     if stop.is_some() {
         if let Some(g) = &group {
             g.kill();
@@ -369,20 +382,18 @@ async fn run_command(a: &Assignment, dir: &Path, sink: &Arc<dyn LineSink>, cance
     // What the command left running in the background goes with it (and
     // lets go of the output pipes it held).
     drop(group);
-    // A reader that failed (a bug) leaves the output incomplete: the step
-    // cannot be judged on it, so it errors rather than passing on half.
-    let collect = |t: Option<tokio::task::JoinHandle<String>>| async move {
-        match t {
-            Some(t) => match tokio::time::timeout(Duration::from_secs(2), t).await {
-                Ok(Ok(text)) => Ok(text),
-                Ok(Err(e)) if e.is_panic() => Err(steppe_language::load::panic_text(e.into_panic().as_ref())),
-                Ok(Err(e)) => Err(e.to_string()),
-                Err(_) => Ok(String::new()),
-            },
-            None => Ok(String::new()),
+    // The rest of its output, for at most 2 s (a process that left the
+    // group may hold a pipe open); what arrived by then is kept.
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        if stdout.is_none() {
+            stdout = Some((&mut out_read).await);
         }
-    };
-    let (stdout, stderr) = (collect(out_task).await, collect(err_task).await);
+        if stderr.is_none() {
+            stderr = Some((&mut err_read).await);
+        }
+    })
+    .await;
+    let (stdout, stderr) = (stdout.unwrap_or_else(|| Ok(String::new())), stderr.unwrap_or_else(|| Ok(String::new())));
     let exit_code = status.and_then(|s| s.code().or_else(|| s.signal_code()));
     let unread = stdout.as_ref().err().or(stderr.as_ref().err()).cloned();
     let mut res = AssignmentResult { exit_code, stdout: stdout.unwrap_or_default(), stderr: stderr.unwrap_or_default(), ..AssignmentResult::of(a, Ok(())) };

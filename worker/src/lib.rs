@@ -20,6 +20,7 @@ pub mod provider;
 pub mod remote;
 pub mod sandbox;
 pub mod sink;
+pub mod step_dir;
 pub mod stop;
 pub mod telemetry;
 pub mod tools;

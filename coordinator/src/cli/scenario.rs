@@ -70,9 +70,10 @@ pub struct Serving {
 impl Prepared {
     pub async fn serve(&self) -> Result<Serving> {
         let at: std::net::SocketAddr = "127.0.0.1:0".parse()?;
-        let model = scripted::serve(self.scenario.model.clone(), at).await?;
+        let keep = self.dump.is_some();
+        let model = scripted::serve(self.scenario.model.clone(), at, keep).await?;
         let fallback = match self.scenario.fallback.clone() {
-            Some(f) => Some(scripted::serve(Some(f), at).await?),
+            Some(f) => Some(scripted::serve(Some(f), at, keep).await?),
             None => None,
         };
         Ok(Serving { model, fallback, dump: self.dump.clone() })

@@ -37,7 +37,7 @@ fn scripted_model(script: &Path, listen: std::net::SocketAddr) -> Result<ExitCod
     let sc = scripted::load(script)?;
     let rt = runtime()?;
     rt.block_on(async {
-        let m = scripted::serve(sc.model, listen).await?;
+        let m = scripted::serve(sc.model, listen, false).await?;
         say!("scripted model serving {} on {}", script.display(), m.base_url);
         tokio::signal::ctrl_c().await.ok();
         for p in m.failures() {

@@ -66,12 +66,28 @@ impl JobRun {
         // (on the step before the block): one that succeeded before is skipped.
         let cell_parent = if kind == StepKind::Task && s.output_names().is_empty() && !self.engine.force { self.cell_parent(s) } else { None };
         // A cell is the step without its axes and with its own values: a
-        // value added or removed rehashes no other cell.
-        let mut cell_content = self.content(s, None);
-        if let Value::Object(m) = &mut cell_content {
-            m.remove("across");
-        }
-        let (cell_parent, cell_content) = (cell_parent.as_deref(), &cell_content);
+        // value added or removed rehashes no other cell. The step is written
+        // once; each cell's hash adds its values.
+        let cell_hashes: Vec<Option<String>> = match cell_parent.as_deref() {
+            Some(parent) => {
+                let mut content = self.content(s, None);
+                if let Value::Object(m) = &mut content {
+                    m.remove("across");
+                }
+                let content = steppe_runtime::store::canonical(&content);
+                cells.iter().map(|c| Some(cell_hash(&content, c, parent))).collect()
+            }
+            None => vec![None; cells.len()],
+        };
+        // Which cells succeeded before: asked of the store at once.
+        let succeeded = match self.engine.out.store() {
+            Some(st) if cell_parent.is_some() => {
+                let hashes: Vec<String> = cell_hashes.iter().flatten().cloned().collect();
+                st.chains_succeeded(&self.engine.scope, &self.job.name, &hashes).unwrap_or_default()
+            }
+            _ => Default::default(),
+        };
+        let succeeded = &succeeded;
         let limit = s.max_in_flight.filter(|m| *m > 1).map(|m| m as usize).unwrap_or(1);
         let gate = Arc::new(tokio::sync::Semaphore::new(limit));
         // budget: checked before each cell against the across's counter in
@@ -108,7 +124,7 @@ impl JobRun {
         // Cells are admitted in order: one waits for room, those after it queue (tokio's Mutex is FIFO).
         let admission = Arc::new(tokio::sync::Mutex::new(()));
         let stopped = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let futs = cells.iter().map(|c| {
+        let futs = cells.iter().zip(cell_hashes).map(|(c, cell_hash)| {
             let gate = gate.clone();
             let stopped = stopped.clone();
             let held = held.clone();
@@ -136,9 +152,8 @@ impl JobRun {
                         let _ = tokio::time::timeout(std::time::Duration::from_millis(250), freed).await;
                     }
                 }
-                let cell_hash = cell_parent.map(|p| steppe_runtime::merkle::node_hash("task", &json!({"content": cell_content, "cell": c}), p));
                 if let Some(h) = &cell_hash {
-                    if self.engine.out.store().is_some_and(|st| st.chain_succeeded(&self.engine.scope, &self.job.name, h).unwrap_or(false)) {
+                    if succeeded.contains(h) {
                         let name = s.name().unwrap_or("step");
                         self.engine.out.run_note(&self.run_id, &format!("skip: {} (unchanged)", cell_label(name, c)));
                         return Some((c.clone(), Done::ok(Vec::new())));
@@ -255,6 +270,18 @@ impl JobRun {
     }
 }
 
+/// A cell's chain hash: its step's content (canonical, without its axes)
+/// and its values, as `{"cell": …, "content": …}`, under `parent`.
+fn cell_hash(content: &str, cell: &Cell, parent: &str) -> String {
+    let mut text = String::with_capacity(content.len() + 32 * cell.len() + 24);
+    text.push_str("{\"cell\":");
+    steppe_runtime::store::write_canonical(&json!(cell), &mut text);
+    text.push_str(",\"content\":");
+    text.push_str(content);
+    text.push('}');
+    steppe_runtime::merkle::node_hash_of_canonical("task", &text, parent)
+}
+
 /// A matrix cell's variables, in axis order.
 pub(super) type Cell = Vec<(String, String)>;
 
@@ -272,4 +299,21 @@ pub(super) fn render_cell(text: &str, cell: &Cell) -> Result<String, String> {
     }
     let vars: serde_json::Map<String, Value> = cell.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect();
     template::render(text, &json!({ "vars": vars }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A cell's hash is the step cache's node hash of `{content, cell}`,
+    /// byte for byte what it was when each cell rebuilt the whole value:
+    /// cells that succeeded before are still known after an upgrade.
+    #[test]
+    fn a_cells_hash_is_the_node_hash_of_its_content_and_values() {
+        let content = json!({"task": "cell", "run": "echo {{ .vars.i }}", "env": {"B": "2", "A": "1"}});
+        let cell: Cell = vec![("os".into(), "linux".into()), ("i".into(), "3\"".into())];
+        let whole = steppe_runtime::merkle::node_hash("task", &json!({"content": content, "cell": cell}), "parent-hash");
+        assert_eq!(cell_hash(&steppe_runtime::store::canonical(&content), &cell, "parent-hash"), whole);
+        assert_ne!(cell_hash(&steppe_runtime::store::canonical(&content), &vec![("os".into(), "mac".into())], "parent-hash"), whole);
+    }
 }

@@ -320,12 +320,9 @@ impl JobRun {
         self.engine.out.run_note(&self.run_id, &format!("skip: {} ({why})", node.step));
     }
 
+    /// With the hub's next batch (flushed at each checkpoint and at the run's end).
     pub(super) fn record_chain(&self, leaf: &str) {
-        if let Some(s) = self.engine.out.store() {
-            if let Err(e) = s.record_chain(&self.engine.scope, &self.job.name, leaf) {
-                self.engine.out.run_note(&self.run_id, &format!("steppe: recording the chain for the step cache: {e}"));
-            }
-        }
+        self.engine.out.record_chain(&self.engine.scope, &self.job.name, leaf);
     }
 }
 

@@ -68,6 +68,8 @@ pub enum Event {
     /// A step's output record, for the store.
     Output { run_id: String, lines: Vec<LogLine> },
     Step(StepRecord),
+    /// A run succeeded through this chain (scope, job, leaf hash), for the store.
+    Chain(steppe_runtime::store::Scope, String, String),
     /// Spans of a run (the coordinator's, or a worker's from its result), for the store.
     Spans { run_id: String, spans: Vec<steppe_runtime::trace::SpanRecord> },
     /// Reply once everything before it is shown and in the store.
@@ -88,6 +90,7 @@ pub struct HubState {
     /// events and lines in one batch on each tick, at a flush, or when many.
     steps: Vec<steppe_runtime::store::StepRecord>,
     spans: Vec<(String, Vec<steppe_runtime::trace::SpanRecord>)>,
+    chains: Vec<(steppe_runtime::store::Scope, String, String)>,
     /// Live lines kept so far of each running step (run id, step).
     live_kept: std::collections::HashMap<(String, String), usize>,
     watchers: Watchers,
@@ -132,7 +135,7 @@ impl HubState {
 
     /// Writes everything gathered in one batch (one transaction where the store can).
     fn flush_all(&mut self) {
-        let batch = steppe_runtime::store::Batch { events: std::mem::take(&mut self.events), logs: std::mem::take(&mut self.batch), steps: std::mem::take(&mut self.steps), spans: std::mem::take(&mut self.spans) };
+        let batch = steppe_runtime::store::Batch { events: std::mem::take(&mut self.events), logs: std::mem::take(&mut self.batch), steps: std::mem::take(&mut self.steps), spans: std::mem::take(&mut self.spans), chains: std::mem::take(&mut self.chains) };
         let Some(s) = &self.store else { return };
         if batch.is_empty() {
             return;
@@ -145,7 +148,7 @@ impl HubState {
 
     /// Whether enough waits to be written before the next tick.
     fn full(&self) -> bool {
-        self.batch.len() >= 500 || self.steps.len() + self.spans.len() >= 256
+        self.batch.len() >= 500 || self.steps.len() + self.spans.len() + self.chains.len() >= 256
     }
 }
 
@@ -158,7 +161,7 @@ impl Actor for HubActor {
         if store.is_some() || subscribers.iter().any(|s| s.wants_ticks()) {
             let _ = me.send_interval(Duration::from_millis(500), || Event::Tick);
         }
-        Ok(HubState { store, batch: Vec::new(), events: Vec::new(), steps: Vec::new(), spans: Vec::new(), live_kept: Default::default(), watchers: Watchers::default(), subscribers, pending_lines })
+        Ok(HubState { store, batch: Vec::new(), events: Vec::new(), steps: Vec::new(), spans: Vec::new(), chains: Vec::new(), live_kept: Default::default(), watchers: Watchers::default(), subscribers, pending_lines })
     }
 
     async fn handle(&self, _me: ActorRef<Event>, ev: Event, st: &mut HubState) -> Result<(), ActorProcessingErr> {
@@ -220,6 +223,14 @@ impl Actor for HubActor {
             Event::Step(rec) => {
                 if st.store.is_some() {
                     st.steps.push(rec);
+                    if st.full() {
+                        st.flush_all();
+                    }
+                }
+            }
+            Event::Chain(scope, job, hash) => {
+                if st.store.is_some() {
+                    st.chains.push((scope, job, hash));
                     if st.full() {
                         st.flush_all();
                     }
@@ -373,6 +384,15 @@ impl EventHub {
         rec.message = masked(rec.message);
         rec.detail = rec.detail.map(masked);
         let _ = self.actor.cast(Event::Step(rec));
+    }
+
+    /// Records that a run of `job` succeeded through the chain whose leaf is
+    /// `hash` (the step cache), with the next batch: a checkpoint or the
+    /// run's end flushes it.
+    pub fn record_chain(&self, scope: &steppe_runtime::store::Scope, job: &str, hash: &str) {
+        if self.store.is_some() {
+            let _ = self.actor.cast(Event::Chain(scope.clone(), job.to_string(), hash.to_string()));
+        }
     }
 
     /// Waits until every event sent so far is printed and stored.

@@ -1,6 +1,6 @@
 //! Two queues taken from as one: a worker that can run containers serves
 //! its pool's queue and the pool's container queue. The rarer queue is
-//! looked at first, briefly, then the other is waited on; what was taken
+//! looked at first, without waiting, then the other is waited on; what was taken
 //! is acknowledged, renewed or put back on the queue it came from.
 
 use std::collections::HashMap;
@@ -28,17 +28,24 @@ pub const CONTAINERS: &str = ".containers";
 /// one again: a step on the rarer queue waits at most this long for an idle taker.
 const TURN: Duration = Duration::from_millis(250);
 
+/// How often the rarer queue is looked at while the busier one keeps
+/// answering: a look on a remote queue is a round trip, paid by every step
+/// taken when it is made on every pop.
+const RARE_LOOK: Duration = Duration::from_millis(20);
+
 pub struct Merged {
     /// Looked at first, without waiting.
     rare: Arc<dyn Queue>,
     busy: Arc<dyn Queue>,
     /// Which queue each taken assignment came from (true: the rare one).
     taken: Mutex<HashMap<String, bool>>,
+    /// When the rarer queue was last looked at and found empty.
+    rare_empty_at: Mutex<Option<std::time::Instant>>,
 }
 
 impl Merged {
     pub fn new(rare: Arc<dyn Queue>, busy: Arc<dyn Queue>) -> Merged {
-        Merged { rare, busy, taken: Mutex::new(HashMap::new()) }
+        Merged { rare, busy, taken: Mutex::new(HashMap::new()), rare_empty_at: Mutex::new(None) }
     }
 
     fn came_from_rare(&self, id: &str, forget: bool) -> Option<bool> {
@@ -77,11 +84,20 @@ impl Queue for Merged {
 
     fn pop_within(&self, wait: Duration) -> BoxFuture<'_, Result<Option<Assignment>, QueueError>> {
         Box::pin(async move {
-            if let Some(a) = self.rare.pop_within(Duration::from_millis(1)).await? {
-                self.note(&a, true);
-                return Ok(Some(a));
+            // A look, not a wait (a wait here is paid by every step taken),
+            // and not more often than RARE_LOOK while it finds nothing.
+            let since = *self.rare_empty_at.lock().unwrap_or_else(|p| p.into_inner());
+            let until_look = since.map_or(Duration::ZERO, |t| RARE_LOOK.saturating_sub(t.elapsed()));
+            let look = until_look.is_zero();
+            if look {
+                if let Some(a) = self.rare.pop_within(Duration::ZERO).await? {
+                    self.note(&a, true);
+                    return Ok(Some(a));
+                }
+                *self.rare_empty_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
             }
-            let a = self.busy.pop_within(wait.min(TURN)).await?;
+            // Waiting on the busier one: at most until the rarer is due a look.
+            let a = self.busy.pop_within(wait.min(if look { TURN } else { until_look })).await?;
             if let Some(a) = &a {
                 self.note(a, false);
             }

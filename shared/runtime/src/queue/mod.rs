@@ -41,7 +41,8 @@ pub trait Queue: Send + Sync {
     /// Like `pop`, but gives up after `wait` with None. Unlike a `pop`
     /// dropped half-way (which on Redis may leave a delivered entry with no
     /// taker until its lease runs out), this always runs to completion, so a
-    /// consumer that wants to stop polls it and stops between calls.
+    /// consumer that wants to stop polls it and stops between calls. A zero
+    /// `wait` looks without waiting.
     fn pop_within(&self, wait: std::time::Duration) -> BoxFuture<'_, Result<Option<Assignment>, QueueError>>;
     /// The assignment is done with: it will not come back.
     fn ack(&self, id: &str) -> BoxFuture<'_, Result<(), QueueError>>;
@@ -54,6 +55,8 @@ pub trait Queue: Send + Sync {
         Box::pin(async { Ok(()) })
     }
     /// How long a taken entry stays with its taker without an extension.
+    /// None: the queue keeps nothing once an entry is taken, so its `ack`
+    /// does nothing and callers may skip it.
     fn lease(&self) -> Option<Duration> {
         None
     }

@@ -39,6 +39,12 @@ pub struct RedisQueue {
     /// new one beside it, so every consumer learns the queue was lost,
     /// whoever noticed first.
     generation: Mutex<Option<String>>,
+    /// Connections for blocking reads, kept between pops (a read that did
+    /// not finish takes its connection with it).
+    readers: Mutex<Vec<redis::aio::MultiplexedConnection>>,
+    /// When this consumer last looked for entries whose taker's lease ran
+    /// out: every quarter lease, not on every pop.
+    claimed_at: Mutex<Option<std::time::Instant>>,
 }
 
 /// A new generation mark for a stream.
@@ -78,6 +84,8 @@ impl RedisQueue {
             entries: Mutex::new(HashMap::new()),
             taken: Default::default(),
             generation: Mutex::new(seen),
+            readers: Mutex::new(Vec::new()),
+            claimed_at: Mutex::new(None),
         })
     }
 
@@ -135,36 +143,68 @@ impl RedisQueue {
     /// One claim-or-read: an entry whose taker's lease ran out, else a new
     /// one, waiting up to `wait`.
     async fn pop_once(&self, wait: std::time::Duration) -> Result<Option<Assignment>, QueueError> {
-        let mut c = self.reader(wait).await?;
-        // An entry a consumer took and held past the lease comes back first.
-        let claimed: redis::Value = redis::cmd("XAUTOCLAIM")
-            .arg(&self.key)
-            .arg(&self.group)
-            .arg(&self.consumer)
-            .arg(self.lease.as_millis() as u64)
-            .arg("0-0")
-            .arg("COUNT")
-            .arg(1)
-            .query_async(&mut c)
-            .await
-            .map_err(|e| self.err(e))?;
-        if let redis::Value::Array(parts) = &claimed {
-            if let Some(entry) = parts.get(1).map(parse_entries).and_then(|v| v.into_iter().next()) {
-                return self.take(entry).await.map(Some);
+        let (mut c, kept) = self.reader(wait).await?;
+        let mut r = self.pop_on(&mut c, wait).await;
+        if kept && matches!(r, Err(QueueError::Backend { .. })) {
+            // A kept connection may have gone stale (Redis restarted): once more on a new one.
+            (c, _) = self.reader_new(wait).await?;
+            r = self.pop_on(&mut c, wait).await;
+        }
+        if r.is_ok() {
+            // Answered in full: the connection is free for the next read.
+            let mut readers = self.readers.lock().unwrap_or_else(|p| p.into_inner());
+            if readers.len() < READERS_KEPT {
+                readers.push(c);
             }
         }
-        let read: redis::Value = redis::cmd("XREADGROUP")
-            .arg("GROUP")
-            .arg(&self.group)
-            .arg(&self.consumer)
-            .arg("COUNT")
-            .arg(1)
-            .arg("BLOCK")
-            .arg(wait.as_millis().max(1) as u64)
+        r
+    }
+
+    /// Whether it is time to look for entries whose taker's lease ran out
+    /// (such an entry waited a lease already; a quarter more is little).
+    fn claim_due(&self) -> bool {
+        let mut at = self.claimed_at.lock().unwrap_or_else(|p| p.into_inner());
+        let due = at.is_none_or(|t| t.elapsed() >= self.lease / 4);
+        if due {
+            *at = Some(std::time::Instant::now());
+        }
+        due
+    }
+
+    async fn pop_on(&self, c: &mut redis::aio::MultiplexedConnection, wait: std::time::Duration) -> Result<Option<Assignment>, QueueError> {
+        let c = &mut *c;
+        if self.claim_due() {
+            // An entry a consumer took and held past the lease comes back first.
+            let claimed: redis::Value = redis::cmd("XAUTOCLAIM")
+                .arg(&self.key)
+                .arg(&self.group)
+                .arg(&self.consumer)
+                .arg(self.lease.as_millis() as u64)
+                .arg("0-0")
+                .arg("COUNT")
+                .arg(1)
+                .query_async(c)
+                .await
+                .map_err(|e| self.err(e))?;
+            if let redis::Value::Array(parts) = &claimed {
+                if let Some(entry) = parts.get(1).map(parse_entries).and_then(|v| v.into_iter().next()) {
+                    // More may have run out: look again on the next pop.
+                    *self.claimed_at.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                    return self.take(entry).await.map(Some);
+                }
+            }
+        }
+        let mut read = redis::cmd("XREADGROUP");
+        read.arg("GROUP").arg(&self.group).arg(&self.consumer).arg("COUNT").arg(1);
+        if !wait.is_zero() {
+            // No BLOCK is a look (BLOCK 0 would wait for ever).
+            read.arg("BLOCK").arg(wait.as_millis().max(1) as u64);
+        }
+        let read: redis::Value = read
             .arg("STREAMS")
             .arg(&self.key)
             .arg(">")
-            .query_async(&mut c)
+            .query_async(c)
             .await
             .map_err(|e| self.err(e))?;
         if let redis::Value::Array(streams) = &read {
@@ -217,11 +257,27 @@ impl RedisQueue {
     }
 
     /// A connection for one read that blocks up to `wait`.
-    async fn reader(&self, wait: Duration) -> Result<redis::aio::MultiplexedConnection, QueueError> {
+    /// A kept one when there is one (true), else a new one.
+    async fn reader(&self, wait: Duration) -> Result<(redis::aio::MultiplexedConnection, bool), QueueError> {
+        let kept = self.readers.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        match kept {
+            Some(mut c) => {
+                c.set_response_timeout(wait + REDIS_RESPONSE_TIMEOUT);
+                Ok((c, true))
+            }
+            None => self.reader_new(wait).await,
+        }
+    }
+
+    async fn reader_new(&self, wait: Duration) -> Result<(redis::aio::MultiplexedConnection, bool), QueueError> {
         let config = redis::AsyncConnectionConfig::new().set_connection_timeout(REDIS_CONNECT_TIMEOUT).set_response_timeout(wait + REDIS_RESPONSE_TIMEOUT);
-        self.client.get_multiplexed_async_connection_with_config(&config).await.map_err(|e| self.err(e))
+        let c = self.client.get_multiplexed_async_connection_with_config(&config).await.map_err(|e| self.err(e))?;
+        Ok((c, false))
     }
 }
+
+/// Blocking-read connections kept for reuse (about the readers of one process).
+const READERS_KEPT: usize = 64;
 
 /// The connection was lost before the command could be answered (dropped,
 /// refused, Redis restarting): worth sending again once connected. Not a

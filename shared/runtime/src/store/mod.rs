@@ -151,11 +151,13 @@ pub struct Batch {
     pub logs: Vec<(String, LogLine)>,
     pub steps: Vec<StepRecord>,
     pub spans: Vec<(String, Vec<crate::trace::SpanRecord>)>,
+    /// Chains runs succeeded through (the step cache): scope, job, leaf hash.
+    pub chains: Vec<(Scope, String, String)>,
 }
 
 impl Batch {
     pub fn is_empty(&self) -> bool {
-        self.events.is_empty() && self.logs.is_empty() && self.steps.is_empty() && self.spans.is_empty()
+        self.events.is_empty() && self.logs.is_empty() && self.steps.is_empty() && self.spans.is_empty() && self.chains.is_empty()
     }
 }
 
@@ -215,6 +217,9 @@ pub trait Store: Send + Sync {
         }
         for (run_id, spans) in &b.spans {
             result = result.and(self.add_spans(run_id, spans));
+        }
+        for (scope, job, hash) in &b.chains {
+            result = result.and(self.record_chain(scope, job, hash));
         }
         result
     }
@@ -282,6 +287,17 @@ pub trait Store: Send + Sync {
     fn record_chain(&self, scope: &Scope, job: &str, hash: &str) -> Result<(), StoreError>;
     /// Whether a run of `job` succeeded through the chain whose leaf is `hash`.
     fn chain_succeeded(&self, scope: &Scope, job: &str, hash: &str) -> Result<bool, StoreError>;
+    /// Which of `hashes` runs of `job` succeeded through, asked at once (an
+    /// `across:` step's cells); a backend that can answers in one round trip.
+    fn chains_succeeded(&self, scope: &Scope, job: &str, hashes: &[String]) -> Result<std::collections::HashSet<String>, StoreError> {
+        let mut found = std::collections::HashSet::new();
+        for h in hashes {
+            if self.chain_succeeded(scope, job, h)? {
+                found.insert(h.clone());
+            }
+        }
+        Ok(found)
+    }
 }
 
 /// The store file of a pipeline: `<dir>/.steppe/<file name>.db`, one per file.
@@ -293,18 +309,89 @@ pub fn db_path(pipeline: &Path) -> PathBuf {
 
 /// A version as stored: JSON with sorted keys, so equal versions compare equal.
 pub fn canonical(v: &serde_json::Value) -> String {
-    fn sort(v: &serde_json::Value) -> serde_json::Value {
-        match v {
-            serde_json::Value::Object(m) => {
-                let mut keys: Vec<&String> = m.keys().collect();
-                keys.sort();
-                serde_json::Value::Object(keys.into_iter().map(|k| (k.clone(), sort(&m[k]))).collect())
+    let mut out = String::new();
+    write_canonical(v, &mut out);
+    out
+}
+
+/// Appends `v` as [`canonical`] writes it (compact, object keys sorted).
+pub fn write_canonical(v: &serde_json::Value, out: &mut String) {
+    use serde_json::Value;
+    match v {
+        Value::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort();
+            out.push('{');
+            for (i, k) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_json_str(k, out);
+                out.push(':');
+                write_canonical(&m[k.as_str()], out);
             }
-            serde_json::Value::Array(a) => serde_json::Value::Array(a.iter().map(sort).collect()),
-            other => other.clone(),
+            out.push('}');
         }
+        Value::Array(a) => {
+            out.push('[');
+            for (i, x) in a.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(x, out);
+            }
+            out.push(']');
+        }
+        Value::String(s) => write_json_str(s, out),
+        other => out.push_str(&other.to_string()),
     }
-    sort(v).to_string()
+}
+
+/// Appends `s` as a JSON string, escaped as serde_json escapes it.
+pub fn write_json_str(s: &str, out: &mut String) {
+    // serde_json writes valid UTF-8 only; its output of a &str is a String.
+    if let Ok(quoted) = serde_json::to_string(s) {
+        out.push_str(&quoted);
+    }
+}
+
+#[cfg(test)]
+mod canonical_tests {
+    use super::canonical;
+    use serde_json::{json, Value};
+
+    /// What `canonical` wrote before it wrote directly: the value rebuilt
+    /// with sorted keys, then serialized. Stored versions and chain hashes
+    /// depend on the bytes staying the same.
+    fn rebuilt(v: &Value) -> String {
+        fn sort(v: &Value) -> Value {
+            match v {
+                Value::Object(m) => {
+                    let mut keys: Vec<&String> = m.keys().collect();
+                    keys.sort();
+                    Value::Object(keys.into_iter().map(|k| (k.clone(), sort(&m[k]))).collect())
+                }
+                Value::Array(a) => Value::Array(a.iter().map(sort).collect()),
+                other => other.clone(),
+            }
+        }
+        sort(v).to_string()
+    }
+
+    #[test]
+    fn canonical_writes_the_same_bytes_as_the_rebuilt_value() {
+        let cases = [
+            json!({"z": 1, "a": {"y": [3, {"b": null, "a": true}], "x": "q\"uote\n\u{1}"}, "m": -1.5e300}),
+            json!([]),
+            json!({}),
+            json!("ünïcode ✓"),
+            json!([{"b": 1, "a": 2}, [], {}, 0, 18446744073709551615u64, -9223372036854775808i64]),
+        ];
+        for v in &cases {
+            assert_eq!(canonical(v), rebuilt(v), "{v}");
+        }
+        assert_eq!(canonical(&json!({"b": 1, "a": 2})), r#"{"a":2,"b":1}"#);
+    }
 }
 
 mod outbox;
@@ -441,6 +528,13 @@ pub(crate) mod tests {
         assert!(s.chain_succeeded(&ci, "build", "abc").unwrap());
         assert!(!s.chain_succeeded(&ci, "test", "abc").unwrap(), "a chain is its job's");
         assert!(!s.chain_succeeded(&Scope::new("other", "ci"), "build", "abc").unwrap(), "and its scope's");
+        // Chains arrive in the hub's batches too, and are asked for many at once.
+        s.record_batch(&Batch { chains: vec![(ci.clone(), "build".into(), "def".into()), (ci.clone(), "test".into(), "ghi".into())], ..Default::default() }).unwrap();
+        let asked: Vec<String> = ["abc", "def", "ghi", "nope"].map(String::from).to_vec();
+        let mut found: Vec<String> = s.chains_succeeded(&ci, "build", &asked).unwrap().into_iter().collect();
+        found.sort();
+        assert_eq!(found, ["abc", "def"], "the job's own chains among those asked");
+        assert!(s.chains_succeeded(&ci, "build", &[]).unwrap().is_empty());
         // A run whose start the backend lost is still recorded when it finishes.
         s.finish_run(&RunRecord { finished_ms: Some(6), outcome: Some("failed".into()), message: "m".into(), ..run("r0", &ci, "lost", 5) }).unwrap();
         assert_eq!(s.run("r0").unwrap().map(|r| (r.job, r.outcome)), Some(("lost".into(), Some("failed".into()))));

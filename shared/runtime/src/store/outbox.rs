@@ -244,6 +244,10 @@ impl<S: Store> Store for Outbox<S> {
         self.settle();
         self.inner.chain_succeeded(scope, job, hash)
     }
+    fn chains_succeeded(&self, scope: &Scope, job: &str, hashes: &[String]) -> Result<std::collections::HashSet<String>, StoreError> {
+        self.settle();
+        self.inner.chains_succeeded(scope, job, hashes)
+    }
 }
 
 #[cfg(test)]

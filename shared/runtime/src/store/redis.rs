@@ -531,6 +531,21 @@ impl Store for RedisStore {
         let key = self.k(&["chains", &scope.team, &scope.pipeline, job]);
         self.with(|c| c.sismember(&key, hash))
     }
+
+    fn chains_succeeded(&self, scope: &Scope, job: &str, hashes: &[String]) -> Result<std::collections::HashSet<String>, StoreError> {
+        if hashes.is_empty() {
+            return Ok(Default::default());
+        }
+        let key = self.k(&["chains", &scope.team, &scope.pipeline, job]);
+        let member: Vec<bool> = self.with(|c| {
+            let mut p = redis::pipe();
+            for h in hashes {
+                p.sismember(&key, h);
+            }
+            p.query(c)
+        })?;
+        Ok(hashes.iter().zip(member).filter(|(_, m)| *m).map(|(h, _)| h.clone()).collect())
+    }
 }
 
 #[cfg(test)]

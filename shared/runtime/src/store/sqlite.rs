@@ -61,6 +61,11 @@ CREATE TABLE IF NOT EXISTS questions (
 CREATE INDEX IF NOT EXISTS questions_memo ON questions (run_id, memo);
 ";
 
+/// The schema this build writes, kept in `PRAGMA user_version`: a store at
+/// it opens without running the schema again. Raise it with every change to
+/// [`SCHEMA`], [`MIGRATE`] or the columns `open` adds.
+const SCHEMA_VERSION: i64 = 1;
+
 /// Brings a store made before history was kept per pipeline up to date:
 /// its runs, approvals, versions and `passed:` records become the history
 /// of `pipeline` (the file's own, by default), so nothing is lost.
@@ -119,15 +124,26 @@ impl SqliteStore {
             std::fs::create_dir_all(dir).map_err(|source| StoreError::Io { path: p.clone(), source })?;
         }
         let conn = Connection::open(path).map_err(|source| StoreError::Sqlite { path: p.clone(), source })?;
-        conn.execute_batch("PRAGMA busy_timeout=5000; PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;")
-            .and_then(|_| conn.execute_batch(SCHEMA))
-            .map_err(|source| StoreError::Sqlite { path: p.clone(), source })?;
-        // Columns added after the first schema; an existing store gains them.
-        for col in ["tokens INTEGER", "detail TEXT"] {
-            let _ = conn.execute_batch(&format!("ALTER TABLE steps ADD COLUMN {col}"));
+        let sql = |source| StoreError::Sqlite { path: p.clone(), source };
+        conn.execute_batch("PRAGMA busy_timeout=5000; PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;").map_err(sql)?;
+        let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(sql)?;
+        if version < SCHEMA_VERSION {
+            // One transaction for the whole schema: a fresh store is made in
+            // one commit rather than one per table.
+            conn.execute_batch("BEGIN IMMEDIATE").map_err(sql)?;
+            let made = (|| {
+                conn.execute_batch(SCHEMA)?;
+                // Columns added after the first schema; an existing store gains them.
+                for col in ["tokens INTEGER", "detail TEXT"] {
+                    let _ = conn.execute_batch(&format!("ALTER TABLE steps ADD COLUMN {col}"));
+                }
+                let _ = conn.execute_batch("ALTER TABLE logs ADD COLUMN omitted TEXT");
+                Self::migrate(&conn, &legacy_pipeline(path))?;
+                conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))
+            })();
+            conn.execute_batch(if made.is_ok() { "COMMIT" } else { "ROLLBACK" }).map_err(sql)?;
+            made.map_err(sql)?;
         }
-        let _ = conn.execute_batch("ALTER TABLE logs ADD COLUMN omitted TEXT");
-        Self::migrate(&conn, &legacy_pipeline(path)).map_err(|source| StoreError::Sqlite { path: p.clone(), source })?;
         Ok(SqliteStore { path: p, conn: Mutex::new(conn) })
     }
 
@@ -138,7 +154,7 @@ impl SqliteStore {
         }
         let old: i64 = conn.query_row("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name IN ('versions', 'green')", [], |r| r.get(0))?;
         if old > 0 {
-            conn.execute_batch("BEGIN")?;
+            conn.execute_batch("SAVEPOINT legacy")?;
             let moved = (|| {
                 if conn.query_row("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'versions'", [], |r| r.get::<_, i64>(0))? > 0 {
                     conn.execute("INSERT OR IGNORE INTO resource_versions (team, pipeline, resource, seq, version) SELECT '', ?1, resource, seq, version FROM versions", params![pipeline])?;
@@ -151,7 +167,7 @@ impl SqliteStore {
                 conn.execute("UPDATE runs SET pipeline = ?1 WHERE pipeline = ''", params![pipeline])?;
                 conn.execute("UPDATE approvals SET pipeline = ?1 WHERE pipeline = ''", params![pipeline])
             })();
-            conn.execute_batch(if moved.is_ok() { "COMMIT" } else { "ROLLBACK" })?;
+            conn.execute_batch(if moved.is_ok() { "RELEASE legacy" } else { "ROLLBACK TO legacy; RELEASE legacy" })?;
             moved?;
         }
         conn.execute_batch("CREATE INDEX IF NOT EXISTS runs_scope ON runs (team, pipeline, started_ms)")
@@ -251,6 +267,10 @@ impl Store for SqliteStore {
                     for s in spans {
                         st.execute(params![run_id, serde_json::to_string(s).unwrap_or_default()])?;
                     }
+                }
+                let mut st = tx.prepare_cached("INSERT OR IGNORE INTO chains (team, pipeline, job, hash) VALUES (?1, ?2, ?3, ?4)")?;
+                for (scope, job, hash) in &b.chains {
+                    st.execute(params![scope.team, scope.pipeline, job, hash])?;
                 }
             }
             tx.commit()
@@ -554,6 +574,19 @@ impl Store for SqliteStore {
         self.with(|c| {
             c.query_row("SELECT COUNT(*) FROM chains WHERE team = ?1 AND pipeline = ?2 AND job = ?3 AND hash = ?4", params![scope.team, scope.pipeline, job, hash], |r| r.get::<_, i64>(0))
                 .map(|n| n > 0)
+        })
+    }
+
+    fn chains_succeeded(&self, scope: &Scope, job: &str, hashes: &[String]) -> Result<std::collections::HashSet<String>, StoreError> {
+        self.with(|c| {
+            let mut st = c.prepare_cached("SELECT COUNT(*) FROM chains WHERE team = ?1 AND pipeline = ?2 AND job = ?3 AND hash = ?4")?;
+            let mut found = std::collections::HashSet::new();
+            for h in hashes {
+                if st.query_row(params![scope.team, scope.pipeline, job, h], |r| r.get::<_, i64>(0))? > 0 {
+                    found.insert(h.clone());
+                }
+            }
+            Ok(found)
         })
     }
 
