@@ -1,12 +1,19 @@
-//! 500 concurrent agent conversations on one worker, 4 turns each, the
-//! scripted model answering every request after 50 ms. Reports wall time
-//! against the ideal (4 × 50 ms: every conversation fully overlapped) and the
-//! peak resident memory per in-flight conversation, with a one-conversation
-//! run in the same session as the baseline.
-//! Run: `cargo bench -p steppe-coordinator --bench conversations`.
+//! Many agent conversations on one worker: 2,000 at once (an `across:` of
+//! agent cells, all in flight) in one `steppe test`, four turns each, the
+//! scripted model answering every request after 50 ms, each turn but the
+//! last calling a built-in tool. The whole run against the ideal wall time
+//! (4 × 50 ms, every conversation overlapped), and the run's resident
+//! memory per conversation beyond its transcript (its peak less a
+//! one-conversation run's, less the mean size of a recorded transcript).
+//! Run: `cargo bench -p steppe-coordinator --bench conversations`
+//! (STEPPE_BENCH_CONVERSATIONS=N for another count).
 
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+mod support;
+
+use std::time::Duration;
+
+use steppe_runtime::store::{RunFilter, SqliteStore, Store};
+use support::{median, ms, peak_rss_during, steppe, Dir};
 
 const SCENARIO: &str = "model:
   rules:
@@ -25,6 +32,8 @@ const SCENARIO: &str = "model:
       delay: 50ms
 ";
 
+const RUNS: usize = 3;
+
 fn pipeline(n: usize) -> String {
     let values: Vec<String> = (0..n).map(|i| i.to_string()).collect();
     format!(
@@ -33,46 +42,63 @@ fn pipeline(n: usize) -> String {
     )
 }
 
-/// Runs `steppe test` on n conversations; returns wall time and peak RSS (KiB).
-fn run(dir: &std::path::Path, n: usize) -> (Duration, u64) {
-    std::fs::write(dir.join("p.yml"), pipeline(n)).expect("write");
-    std::fs::write(dir.join("s.yaml"), SCENARIO).expect("write");
-    let _ = std::fs::remove_dir_all(dir.join(".steppe"));
-    let t = Instant::now();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_steppe"))
-        .args(["test", "p.yml", "--script", "s.yaml", "-q", "--workers", &n.max(1).to_string()])
-        .current_dir(dir)
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("spawn");
-    let status_path = format!("/proc/{}/status", child.id());
-    let mut peak = 0u64;
-    loop {
-        if let Ok(s) = std::fs::read_to_string(&status_path) {
-            if let Some(kb) = s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()) {
-                peak = peak.max(kb);
-            }
-        }
-        if let Some(st) = child.try_wait().expect("wait") {
-            assert!(st.success(), "steppe test failed for {n} conversations");
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    (t.elapsed(), peak)
+struct Figures {
+    wall: Duration,
+    /// The run as its store recorded it (started to finished).
+    run: Duration,
+    peak_kib: u64,
+    /// Mean bytes of a conversation's recorded transcript.
+    transcript: f64,
+}
+
+fn run(dir: &Dir, n: usize) -> Figures {
+    let file = format!("p{n}.yml");
+    dir.write(&file, &pipeline(n));
+    let t = std::time::Instant::now();
+    let mut child = steppe().args(["test", &file, "--script", "s.yaml", "-q", "--workers", &n.to_string()]).current_dir(&dir.0).stdout(std::process::Stdio::null()).spawn().expect("spawn");
+    let pid = child.id();
+    let (status, peak_kib) = peak_rss_during(pid, || child.wait().expect("wait"));
+    let wall = t.elapsed();
+    assert!(status.success(), "steppe test failed for {n} conversations");
+    let store = SqliteStore::open(&steppe_runtime::store::db_path(&dir.0.join(&file))).expect("store");
+    let rec = store.runs(&RunFilter { limit: 1, ..Default::default() }).expect("runs").into_iter().next().expect("a run");
+    let steps = store.steps(&rec.id).expect("steps");
+    assert_eq!(steps.len(), n, "every conversation recorded");
+    let transcript: usize = steps
+        .iter()
+        .filter_map(|s| s.detail.as_deref())
+        .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+        .map(|d| d.get("transcript").map_or(0, |t| t.to_string().len()))
+        .sum();
+    let run = Duration::from_millis(rec.finished_ms.unwrap_or(rec.started_ms).saturating_sub(rec.started_ms) as u64);
+    Figures { wall, run, peak_kib, transcript: transcript as f64 / n as f64 }
 }
 
 fn main() {
-    let dir = std::env::temp_dir().join(format!("steppe-bench-conv-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("mkdir");
-    let (t1, m1) = run(&dir, 1);
-    let (t500, m500) = run(&dir, 500);
+    let n: usize = std::env::var("STEPPE_BENCH_CONVERSATIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(2000);
+    let dir = Dir::new("conversations");
+    dir.write("s.yaml", SCENARIO);
+    run(&dir, 1);
+    let one: Vec<Figures> = (0..RUNS).map(|_| run(&dir, 1)).collect();
+    let many: Vec<Figures> = (0..RUNS).map(|_| run(&dir, n)).collect();
+    let base_kib = one.iter().map(|f| f.peak_kib).min().unwrap_or(0);
+    let transcript = many.iter().map(|f| f.transcript).sum::<f64>() / many.len() as f64;
+    let per = {
+        let mut v: Vec<f64> = many.iter().map(|f| f.peak_kib.saturating_sub(base_kib) as f64 / n as f64).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let wall = median(many.iter().map(|f| f.wall).collect());
+    let run_time = median(many.iter().map(|f| f.run).collect());
+    let one_wall = median(one.iter().map(|f| f.wall).collect());
     let ideal = Duration::from_millis(4 * 50);
-    println!("conversations: 4 turns each, the scripted model answering after 50 ms");
-    println!("  baseline  1 conversation          {:>8.0} ms   peak RSS {:>7} KiB", t1.as_secs_f64() * 1e3, m1);
-    println!("  steppe    500 conversations       {:>8.0} ms   peak RSS {:>7} KiB", t500.as_secs_f64() * 1e3, m500);
-    println!("  ideal     (4 x 50 ms, overlapped) {:>8.0} ms", ideal.as_secs_f64() * 1e3);
-    println!("  ratio     500 / 1 conversation    {:>8.2}x", t500.as_secs_f64() / t1.as_secs_f64());
-    println!("  memory    per in-flight conversation  {:>6.1} KiB", (m500.saturating_sub(m1)) as f64 / 500.0);
-    let _ = std::fs::remove_dir_all(&dir);
+    println!("conversations: {n} at once on one worker, 4 turns each, the scripted model answering after 50 ms; median of {RUNS}");
+    println!("  ideal     4 x 50 ms, every one overlapped      {:>9.0} ms", ms(ideal));
+    println!("  steppe    one conversation (whole test)        {:>9.0} ms", ms(one_wall));
+    println!("  steppe    {n} conversations (whole test)     {:>9.0} ms", ms(wall));
+    println!("  steppe    the same, the run as recorded        {:>9.0} ms", ms(run_time));
+    println!("  ratio     whole test / ideal                   {:>9.2}x   (target 1.3x)", wall.as_secs_f64() / ideal.as_secs_f64());
+    println!("  memory    per conversation (peak RSS over one) {:>9.1} KiB", per);
+    println!("  memory    of which its transcript (recorded)   {:>9.1} KiB", transcript / 1024.0);
+    println!("  memory    per conversation beyond transcript   {:>9.1} KiB   (target under 100 KiB)", per - transcript / 1024.0);
 }

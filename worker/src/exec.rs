@@ -25,24 +25,15 @@ const CAPTURE_CAP: usize = 16 << 20;
 
 
 
-/// As [`execute`], in a task of its own: a panic running the step (a bug)
-/// errors that step, and the loop that asked goes on taking work.
+/// As [`execute`], a panic running the step (a bug) caught: that step
+/// errors, and the loop that asked goes on taking work. Dropped (a session
+/// lost, a worker stopping), the step is dropped too, its process group
+/// with it.
 pub async fn execute_isolated(a: &Assignment, store: Arc<dyn ArtifactStore>, work_root: &Path, sink: Arc<dyn LineSink>, ledger: Option<Arc<dyn Ledger>>, cancel: watch::Receiver<bool>) -> AssignmentResult {
-    /// Dropped with the caller (a session lost, a worker stopping): the step
-    /// is dropped too, its process group with it.
-    struct AbortOnDrop(tokio::task::AbortHandle);
-    impl Drop for AbortOnDrop {
-        fn drop(&mut self) {
-            self.0.abort();
-        }
-    }
-    let (owned, root) = (a.clone(), work_root.to_path_buf());
-    let task = tokio::spawn(async move { execute(&owned, store, &root, sink, ledger, cancel).await });
-    let _abort = AbortOnDrop(task.abort_handle());
-    match task.await {
+    match std::panic::AssertUnwindSafe(execute(a, store, work_root, sink, ledger, cancel)).catch_unwind().await {
         Ok(r) => r,
-        Err(e) => {
-            let what = if e.is_panic() { steppe_language::load::panic_text(e.into_panic().as_ref()) } else { e.to_string() };
+        Err(p) => {
+            let what = steppe_language::load::panic_text(p.as_ref());
             AssignmentResult::of(a, Err(StepError::errored(format!("{}: the worker failed running this step ({what}); it goes on with others", a.step))))
         }
     }

@@ -9,29 +9,41 @@ use std::path::{Path, PathBuf};
 /// Removes its directory when dropped.
 pub struct Scratch {
     path: PathBuf,
+    /// The sweep of dead processes' directories, beside the command's start
+    /// (the temp dir may hold many entries); waited for before exit.
+    sweeping: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Scratch {
-    /// `$TMPDIR/steppe-<kind>-<pid>`, after sweeping away the ones of
-    /// `kind` whose process is gone.
+    /// `$TMPDIR/steppe-<kind>-<pid>`; the ones of `kind` whose process is
+    /// gone are swept away on a thread of their own.
     pub fn create(kind: &str) -> io::Result<Scratch> {
         let base = std::env::temp_dir();
-        sweep(&base, kind);
         let path = base.join(format!("steppe-{kind}-{}", std::process::id()));
         std::fs::create_dir_all(&path)?;
         // The process's own: step directories (and what they hold) are
         // nobody else's on this host, whatever modes are set inside.
         std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
-        Ok(Scratch { path })
+        let kind = kind.to_string();
+        let sweeping = std::thread::Builder::new().name("steppe-sweep".into()).spawn(move || sweep(&base, &kind)).ok();
+        Ok(Scratch { path, sweeping })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// Waits until the sweep begun by [`Scratch::create`] is over.
+    pub fn swept(&mut self) {
+        if let Some(t) = self.sweeping.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 impl Drop for Scratch {
     fn drop(&mut self) {
+        self.swept();
         let _ = std::fs::remove_dir_all(&self.path);
     }
 }
@@ -69,7 +81,8 @@ mod tests {
         std::fs::create_dir_all(dead.join("step-1")).unwrap();
         let live = base.join(format!("steppe-{kind}-1"));
         std::fs::create_dir_all(&live).unwrap();
-        let s = Scratch::create(&kind).unwrap();
+        let mut s = Scratch::create(&kind).unwrap();
+        s.swept();
         assert!(!dead.exists(), "a dead process's scratch is removed");
         assert!(live.exists(), "pid 1 is alive: its directory stays");
         let mine = s.path().to_path_buf();
