@@ -318,17 +318,19 @@ async fn run_command(a: &Assignment, dir: &Path, sink: &Arc<dyn LineSink>, cance
         return run_in_image(a, image, &command, dir, sink, cancel).await;
     }
     let mut cancel = cancel.clone();
-    let mut cmd = Command::new(crate::host_env::shell());
-    cmd.arg("-c").arg(&command).current_dir(dir).env_clear();
-    for name in HOST_ENV.iter().copied().chain(a.env.iter().map(String::as_str)) {
-        if let Some(v) = std::env::var_os(name) {
-            cmd.env(name, v);
-        }
-    }
-    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0).kill_on_drop(true);
-    let mut child = match cmd.spawn() {
-        Ok(c) => c,
-        Err(e) => return Err(fail(StepError::errored(format!("{}: cannot start sh: {e}", a.step)))),
+    // Plain words start their program directly (simple_command.rs); what
+    // cannot be started so goes to the shell, which says why in its words.
+    let direct = crate::simple_command::words(&command).and_then(|w| Some((crate::simple_command::program_path(w[0], dir)?, w)));
+    let spawned = match direct {
+        Some((program, words)) => host_command(a, &program, &words[1..], dir).spawn().ok(),
+        None => None,
+    };
+    let mut child = match spawned {
+        Some(c) => c,
+        None => match host_command(a, Path::new(crate::host_env::shell()), &["-c", &command], dir).spawn() {
+            Ok(c) => c,
+            Err(e) => return Err(fail(StepError::errored(format!("{}: cannot start sh: {e}", a.step)))),
+        },
     };
     // Killed whole however this ends, this future dropped included.
     let group = crate::process_group::Group::of(&child);
@@ -396,6 +398,20 @@ async fn run_command(a: &Assignment, dir: &Path, sink: &Arc<dyn LineSink>, cance
     Ok(res)
 }
 
+
+/// `program ARGS` in `dir` with the host environment's allowlist and the
+/// step's own names, in a process group of its own, output piped.
+fn host_command(a: &Assignment, program: &Path, args: &[&str], dir: &Path) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.args(args).current_dir(dir).env_clear();
+    for name in HOST_ENV.iter().copied().chain(a.env.iter().map(String::as_str)) {
+        if let Some(v) = std::env::var_os(name) {
+            cmd.env(name, v);
+        }
+    }
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0).kill_on_drop(true);
+    cmd
+}
 
 /// What stops a running command before it ends: its timeout, or a cancel.
 async fn stopped(a: &Assignment, cancel: &mut watch::Receiver<bool>) -> StepError {

@@ -19,6 +19,7 @@ pub mod process_group;
 pub mod provider;
 pub mod remote;
 pub mod sandbox;
+pub mod simple_command;
 pub mod sink;
 pub mod step_dir;
 pub mod stop;

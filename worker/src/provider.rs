@@ -54,7 +54,7 @@ pub async fn chat(base_url: &str, key: Option<&str>, body: &Value, attempts: u32
 }
 
 /// As [`chat`], with extra request headers.
-pub async fn chat_with(base_url: &str, key: Option<&str>, headers: &[(&str, &str)], body: &Value, attempts: u32, retrying: &(dyn Fn(&str) + Sync)) -> Result<Value, ProviderError> {
+pub async fn chat_with<B: serde::Serialize + ?Sized + Sync>(base_url: &str, key: Option<&str>, headers: &[(&str, &str)], body: &B, attempts: u32, retrying: &(dyn Fn(&str) + Sync)) -> Result<Value, ProviderError> {
     let url = format!("{base_url}chat/completions");
     let attempts = attempts.max(1);
     let mut last = String::new();
@@ -71,8 +71,9 @@ pub async fn chat_with(base_url: &str, key: Option<&str>, headers: &[(&str, &str
                 let status = resp.status().as_u16();
                 let text = resp.text().await.unwrap_or_default();
                 if (200..300).contains(&status) {
-                    let repaired = repair_tool_arguments(&text);
-                    return serde_json::from_str(&repaired).map_err(|e| ProviderError::Malformed(format!("{url}: the response is not JSON ({e}): {}", snippet(&text))));
+                    let mut v: Value = serde_json::from_str(&text).map_err(|e| ProviderError::Malformed(format!("{url}: the response is not JSON ({e}): {}", snippet(&text))))?;
+                    repair_tool_arguments_in(&mut v);
+                    return Ok(v);
                 }
                 last = format!("{url}: HTTP {status}: {}", snippet(&text));
                 if !retryable(status) {
@@ -104,6 +105,11 @@ fn snippet(s: &str) -> String {
 /// is open, drop trailing commas. Valid bodies pass through unchanged.
 pub fn repair_tool_arguments(body: &str) -> String {
     let Ok(mut v) = serde_json::from_str::<Value>(body) else { return body.to_string() };
+    if repair_tool_arguments_in(&mut v) { v.to_string() } else { body.to_string() }
+}
+
+/// As [`repair_tool_arguments`], on a parsed response; whether it changed.
+pub fn repair_tool_arguments_in(v: &mut Value) -> bool {
     let mut changed = false;
     if let Some(choices) = v.get_mut("choices").and_then(Value::as_array_mut) {
         for c in choices {
@@ -121,7 +127,7 @@ pub fn repair_tool_arguments(body: &str) -> String {
             }
         }
     }
-    if changed { v.to_string() } else { body.to_string() }
+    changed
 }
 
 fn repair_json(s: &str) -> Option<String> {

@@ -217,17 +217,21 @@ impl Running {
         }
         let mut wire = result_to_wire(&r);
         let step = a.step.clone();
-        let offloaded = tokio::task::spawn_blocking(move || {
-            if let Err(e) = offload_payload(&mut wire, store.as_ref(), &work_root) {
-                wire.class = steppe_proto::v1::OutcomeClass::Errored as i32;
-                wire.message = format!("{step}: its output ({} bytes) could not be stored for the coordinator: {e}", wire.stdout.len() + wire.stderr.len());
-                wire.stdout.clear();
-                wire.stderr.clear();
-                wire.agent = None;
-            }
-            wire
-        })
-        .await;
+        let offloaded = if !steppe_runtime::wire::needs_offload(&wire) {
+            Ok(wire)
+        } else {
+            tokio::task::spawn_blocking(move || {
+                if let Err(e) = offload_payload(&mut wire, store.as_ref(), &work_root) {
+                    wire.class = steppe_proto::v1::OutcomeClass::Errored as i32;
+                    wire.message = format!("{step}: its output ({} bytes) could not be stored for the coordinator: {e}", wire.stdout.len() + wire.stderr.len());
+                    wire.stdout.clear();
+                    wire.stderr.clear();
+                    wire.agent = None;
+                }
+                wire
+            })
+            .await
+        };
         let wire = match offloaded {
             Ok(wire) => wire,
             Err(e) => {

@@ -55,7 +55,17 @@ pub fn give_back(d: PathBuf) {
             return;
         }
     }
-    let _ = std::fs::remove_dir(&d).or_else(|_| std::fs::remove_dir_all(&d));
+    if std::fs::remove_dir(&d).is_ok() {
+        return;
+    }
+    // What the step left may be large: removed on a blocking thread, so a
+    // runtime of one thread goes on (its heartbeats with it).
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => drop(rt.spawn_blocking(move || std::fs::remove_dir_all(&d))),
+        Err(_) => {
+            let _ = std::fs::remove_dir_all(&d);
+        }
+    }
 }
 
 fn pristine(d: &Path) -> bool {

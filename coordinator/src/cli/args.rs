@@ -73,6 +73,18 @@ pub struct ExecArgs {
     pub pipeline_name: Option<String>,
 }
 
+impl ExecArgs {
+    /// The runtime's threads for an embedded run: one per local worker slot
+    /// at most (a one-step run needs one), every core when remote workers
+    /// may join (`--listen`).
+    pub fn runtime_threads(&self) -> Option<usize> {
+        match (self.listen, self.workers) {
+            (None, Some(n)) => Some(n.clamp(1, super::cores())),
+            _ => None,
+        }
+    }
+}
+
 /// The step cache: `--force` and `--pin`.
 #[derive(Args, Debug, Default, Clone)]
 pub struct CacheArgs {

@@ -324,8 +324,10 @@ fn worker(args: WorkerArgs) -> Result<ExitCode> {
         anyhow::bail!("--queue {q}: a worker takes from its coordinator's queue (redis://HOST:PORT/, rediss://… or sqs://QUEUE_PREFIX)");
     }
     let token = read_token(token_file.as_deref())?;
-    let rt = runtime()?;
     let slots = slots.unwrap_or(cores() as u32);
+    // A thread per slot at most: a worker of one slot runs its step's
+    // process and talks to its coordinator, and waits on both.
+    let rt = super::runtime_with(Some(cores().min(slots.max(1) as usize)))?;
     let name = format!("{}:{}", std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".into()), std::process::id());
     let scratch = steppe_runtime::scratch::Scratch::create("worker").context("creating a scratch directory under the system's temp dir")?;
     let work = scratch.path().to_path_buf();

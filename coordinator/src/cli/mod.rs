@@ -190,9 +190,21 @@ impl Drop for Runtime {
 }
 
 fn runtime() -> Result<Runtime> {
+    runtime_with(None)
+}
+
+/// The runtime with `threads` worker threads (default: one per core). A
+/// process whose work is waiting (on child processes, on peers) runs
+/// fastest on as few as it needs: every task woken on one thread would
+/// otherwise wake an idle sibling to look for work.
+fn runtime_with(threads: Option<usize>) -> Result<Runtime> {
     // The plan walker recurses once per nested block (at most yaml::MAX_DEPTH
     // deep): room for that on every worker thread, not tokio's default 2 MiB.
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().thread_stack_size(32 << 20).build().context("starting the async runtime")?;
+    let mut b = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = threads {
+        b.worker_threads(n.max(1));
+    }
+    let rt = b.enable_all().thread_stack_size(32 << 20).build().context("starting the async runtime")?;
     {
         let _inside = rt.enter();
         // The subcommand names the process's role in its spans.

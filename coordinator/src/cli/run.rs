@@ -10,7 +10,7 @@ use steppe_language::LoadOptions;
 
 use super::args::{ExecArgs, StartArgs, VarArgs};
 use super::scenario::ScriptArgs;
-use super::{cores, load_reporting, runtime, scratch};
+use super::{cores, load_reporting, runtime_with, scratch};
 use crate::engine;
 use crate::engine::checkpoint::StartFrom;
 use crate::run_actor::{run_id, run_until_signal_from};
@@ -88,7 +88,7 @@ fn run_job(path: &Path, job: Option<&str>, start: Option<StartFrom>, script: &Sc
         }
     };
     let scratch = scratch()?;
-    let rt = runtime()?;
+    let rt = runtime_with(exec.runtime_threads())?;
     let id = run_id();
     let (result, model, job) = rt.block_on(async {
         let model = match &scenario {

@@ -12,7 +12,7 @@ use steppe_proto::v1::{run_event, CancelRequest, SubmitRequest};
 
 use super::args::{CacheArgs, ExecArgs, RemoteArgs, StartArgs, VarArgs};
 use super::scenario::{Prepared, ScriptArgs};
-use super::{load_reporting, runtime};
+use super::{load_reporting, runtime, runtime_with};
 use crate::engine::checkpoint::StartFrom;
 use crate::remote::Remote;
 
@@ -101,7 +101,7 @@ impl SubmitArgs {
         include.extend(scenario.iter().flat_map(|s| s.files.iter().cloned()));
         let (scenario, dump_requests) = scenario.map(|s| (Some(s.text), s.dump)).unwrap_or_default();
         let o = SubmitOptions { job, test, detach, pool, vars: vars.into_iter().collect(), answers: answer, include, name, scenario, dump_requests, quiet, no_preflight, force: cache.force, pins: cache.pin, start };
-        let code = runtime()?.block_on(submit(&remote, &pipeline, o))?;
+        let code = runtime_with(Some(1))?.block_on(submit(&remote, &pipeline, o))?;
         Ok(ExitCode::from(u8::try_from(code).unwrap_or(2)))
     }
 }
@@ -129,7 +129,7 @@ impl ExecArgs {
             start: start.cloned(),
             ..Default::default()
         };
-        let code = runtime()?.block_on(submit(&remote, path, o))?;
+        let code = runtime_with(Some(1))?.block_on(submit(&remote, path, o))?;
         Ok(Some(ExitCode::from(u8::try_from(code).unwrap_or(2))))
     }
 }

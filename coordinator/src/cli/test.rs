@@ -10,7 +10,7 @@ use steppe_language::LoadOptions;
 use super::args::{ExecArgs, VarArgs};
 use super::scenario::ScriptArgs;
 use super::run::engine;
-use super::{load_reporting, runtime, scratch};
+use super::{load_reporting, runtime_with, scratch};
 use crate::run_actor::{run_id, run_until_signal};
 use crate::text::shown;
 
@@ -58,7 +58,7 @@ fn test(path: &Path, only: Option<&str>, script: &ScriptArgs, exec: &ExecArgs, v
         Ok(l) => l,
         Err(code) => return Ok(code),
     };
-    let rt = runtime()?;
+    let rt = runtime_with(exec.runtime_threads())?;
     let model = match &scenario {
         Some(sc) => Some(rt.block_on(sc.serve())?),
         None => None,

@@ -2,6 +2,7 @@
 //! cells: `missingkey=error`, slim-sprig's common functions and `shellquote`.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use gtmpl::{Context, Template};
 use gtmpl_value::{FuncError, Number, Value};
@@ -122,15 +123,37 @@ impl std::io::Write for Bounded {
     }
 }
 
-/// Renders `text` with `data` (a JSON object such as `{source, version, params}`).
-pub fn render(text: &str, data: &serde_json::Value) -> Result<String, String> {
-    if !text.contains("{{") {
-        return Ok(text.to_string());
+/// Templates parsed so far, by their text, at most [`PARSED_MAX`] of them:
+/// an across renders one text once per cell, and gtmpl's parser starts a
+/// thread of its own for its lexer each time it parses.
+static PARSED: std::sync::Mutex<Option<HashMap<String, Arc<Template>>>> = std::sync::Mutex::new(None);
+const PARSED_MAX: usize = 512;
+
+/// `text` checked and parsed, or as parsed before.
+fn parsed(text: &str) -> Result<Arc<Template>, String> {
+    if let Some(t) = PARSED.lock().unwrap_or_else(|p| p.into_inner()).as_ref().and_then(|m| m.get(text)) {
+        return Ok(t.clone());
     }
     check(text)?;
     let mut t = Template::default();
     t.add_funcs(&FUNCS);
     t.parse(text).map_err(|e| format!("template: {e}"))?;
+    let t = Arc::new(t);
+    let mut cache = PARSED.lock().unwrap_or_else(|p| p.into_inner());
+    let m = cache.get_or_insert_with(HashMap::new);
+    if m.len() >= PARSED_MAX {
+        m.clear();
+    }
+    m.insert(text.to_string(), t.clone());
+    Ok(t)
+}
+
+/// Renders `text` with `data` (a JSON object such as `{source, version, params}`).
+pub fn render(text: &str, data: &serde_json::Value) -> Result<String, String> {
+    if !text.contains("{{") {
+        return Ok(text.to_string());
+    }
+    let t = parsed(text)?;
     let mut out = Bounded(Vec::new());
     t.execute(&mut out, &Context::from(to_value(data))).map_err(|e| format!("template: {e}"))?;
     String::from_utf8(out.0).map_err(|e| format!("template: {e}"))

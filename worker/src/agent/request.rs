@@ -10,35 +10,36 @@ use crate::provider::ProviderError;
 
 impl Conversation<'_> {
     pub(super) async fn request(&mut self, with_tools: bool, forced: Option<&str>) -> Result<Value, StepError> {
-        let mut body = json!({"model": self.model, "messages": self.messages});
-        if with_tools && !self.tools.is_empty() {
-            body["tools"] = json!(self.tools);
-        }
+        // The body is written from the conversation as it stands (never
+        // copied into a value of its own): model, messages, tools, dials.
+        let mut extra = serde_json::Map::new();
         if let Some(f) = forced {
-            body["tool_choice"] = if self.string_tool_choice { json!("required") } else { json!({"type": "function", "function": {"name": f}}) };
+            extra.insert("tool_choice".into(), if self.string_tool_choice { json!("required") } else { json!({"type": "function", "function": {"name": f}}) });
         }
         if let Some(t) = self.work.temperature {
-            body["temperature"] = json!(t);
+            extra.insert("temperature".into(), json!(t));
         }
         if let Some(t) = self.work.top_p {
-            body["top_p"] = json!(t);
+            extra.insert("top_p".into(), json!(t));
         }
         if let Some(t) = self.work.max_tokens.filter(|t| *t > 0) {
-            body["max_tokens"] = json!(t);
+            extra.insert("max_tokens".into(), json!(t));
         }
         if let Some(r) = &self.work.reasoning_effort {
-            body["reasoning_effort"] = json!(r.to_lowercase());
+            extra.insert("reasoning_effort".into(), json!(r.to_lowercase()));
         }
+        let with_tools = with_tools && !self.tools.is_empty();
         self.job_budget_left().await?;
         let call_cx = crate::telemetry::start(&opentelemetry::Context::current(), &self.run_id, format!("model call {}", self.model), vec![opentelemetry::KeyValue::new("model", self.model.clone())], None);
         let resp = loop {
             // OpenRouter's prompt caching: a session per agent and run, a cache marker for Anthropic models.
             let openrouter = crate::provider::is_openrouter(&self.base_url);
             if openrouter && (self.model.starts_with("anthropic/") || self.model.starts_with("~anthropic/")) {
-                body["cache_control"] = json!({"type": "ephemeral"});
+                extra.insert("cache_control".into(), json!({"type": "ephemeral"}));
             }
             let headers: Vec<(&str, &str)> = if openrouter && !self.work.session.is_empty() { vec![("x-session-id", self.work.session.as_str())] } else { Vec::new() };
             let say = |line: &str| self.say(line);
+            let body = Body { model: &self.model, messages: &self.messages, tools: with_tools.then_some(self.tools.as_slice()), extra: &extra };
             let answer = crate::provider::chat_with(&self.base_url, self.key.as_deref(), &headers, &body, self.work.attempts, &say).await;
             match answer {
                 Ok(r) => break r,
@@ -61,7 +62,6 @@ impl Conversation<'_> {
                     if fb.key_required && self.key.is_none() {
                         return Err(StepError::errored(format!("{}: fallback {}: its API key variable is not set", self.label, fb.model)));
                     }
-                    body["model"] = json!(self.model);
                     self.out.fallback_model = Some(self.model.clone());
                 }
                 Err(ProviderError::Unwell(m) | ProviderError::Refused(m) | ProviderError::Malformed(m)) => {
@@ -83,4 +83,15 @@ impl Conversation<'_> {
         let msg = resp.pointer("/choices/0/message").cloned().ok_or_else(|| StepError::errored(format!("{}: the model's response has no choices", self.label)))?;
         Ok(msg)
     }
+}
+
+/// A chat completions request, in the order its keys are written.
+#[derive(serde::Serialize)]
+struct Body<'a> {
+    model: &'a str,
+    messages: &'a [Value],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tools: Option<&'a [Value]>,
+    #[serde(flatten)]
+    extra: &'a serde_json::Map<String, Value>,
 }

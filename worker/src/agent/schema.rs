@@ -3,6 +3,24 @@
 use super::*;
 
 pub(super) fn schema_for(def: &ToolDef, verdicts: &[String]) -> Value {
+    // A built-in tool's schema is the same for every conversation: made once.
+    if let ToolDef::Builtin { name, allow, .. } = def {
+        if name != "web_fetch" || allow.is_empty() {
+            static MADE: std::sync::Mutex<Option<std::collections::HashMap<String, Value>>> = std::sync::Mutex::new(None);
+            let mut made = MADE.lock().unwrap_or_else(|p| p.into_inner());
+            let made = made.get_or_insert_with(Default::default);
+            if let Some(v) = made.get(name) {
+                return v.clone();
+            }
+            let v = make_schema(def, verdicts);
+            made.insert(name.clone(), v.clone());
+            return v;
+        }
+    }
+    make_schema(def, verdicts)
+}
+
+fn make_schema(def: &ToolDef, verdicts: &[String]) -> Value {
     let (name, description, params): (String, String, Value) = match def {
         ToolDef::Custom { name, description, run, pinned, literal, .. } => {
             let ps: Vec<String> = if *literal { Vec::new() } else { custom_params(run) }.into_iter().into_iter().filter(|p| !pinned.contains_key(p)).collect();

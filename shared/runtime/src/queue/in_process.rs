@@ -66,6 +66,10 @@ impl Queue for InProcessQueue {
         })
     }
 
+    fn pop_is_cancel_safe(&self) -> bool {
+        true
+    }
+
     fn ack(&self, _id: &str) -> BoxFuture<'_, Result<(), QueueError>> {
         Box::pin(async { Ok(()) })
     }

@@ -1,7 +1,8 @@
 //! Two queues taken from as one: a worker that can run containers serves
-//! its pool's queue and the pool's container queue. The rarer queue is
-//! looked at first, without waiting, then the other is waited on; what was taken
-//! is acknowledged, renewed or put back on the queue it came from.
+//! its pool's queue and the pool's container queue. Two queues in memory
+//! are waited on at once; otherwise the rarer queue is looked at first,
+//! without waiting, then the other is waited on. What was taken is
+//! acknowledged, renewed or put back on the queue it came from.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -84,6 +85,25 @@ impl Queue for Merged {
 
     fn pop_within(&self, wait: Duration) -> BoxFuture<'_, Result<Option<Assignment>, QueueError>> {
         Box::pin(async move {
+            if self.pop_is_cancel_safe() {
+                // Both in memory: waited on at once, the rarer first when
+                // both have one (the pop that loses took nothing).
+                let either = async {
+                    tokio::select! {
+                        biased;
+                        a = self.rare.pop() => a.map(|a| (a, true)),
+                        a = self.busy.pop() => a.map(|a| (a, false)),
+                    }
+                };
+                return match tokio::time::timeout(wait, either).await {
+                    Ok(taken) => {
+                        let (a, rare) = taken?;
+                        self.note(&a, rare);
+                        Ok(Some(a))
+                    }
+                    Err(_) => Ok(None),
+                };
+            }
             // A look, not a wait (a wait here is paid by every step taken),
             // and not more often than RARE_LOOK while it finds nothing.
             let since = *self.rare_empty_at.lock().unwrap_or_else(|p| p.into_inner());
@@ -126,6 +146,10 @@ impl Queue for Merged {
 
     fn lease(&self) -> Option<Duration> {
         self.busy.lease()
+    }
+
+    fn pop_is_cancel_safe(&self) -> bool {
+        self.rare.pop_is_cancel_safe() && self.busy.pop_is_cancel_safe()
     }
 
     fn ensure(&self) -> BoxFuture<'_, Result<bool, QueueError>> {

@@ -54,6 +54,12 @@ pub trait Queue: Send + Sync {
     fn extend_held(&self) -> BoxFuture<'_, Result<(), QueueError>> {
         Box::pin(async { Ok(()) })
     }
+    /// Whether a `pop` dropped before it returns loses nothing (it takes
+    /// an entry and returns without waiting in between): then a consumer
+    /// may wait on several queues at once and drop the pops that lose.
+    fn pop_is_cancel_safe(&self) -> bool {
+        false
+    }
     /// How long a taken entry stays with its taker without an extension.
     /// None: the queue keeps nothing once an entry is taken, so its `ack`
     /// does nothing and callers may skip it.

@@ -145,7 +145,7 @@ impl RunRecord {
 }
 
 /// What the event hub writes to the store at once, in order within each kind.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Batch {
     pub events: Vec<(String, RunEvent)>,
     pub logs: Vec<(String, LogLine)>,
@@ -547,6 +547,23 @@ pub(crate) mod tests {
         scopes_keep_apart(s);
         orphans_are_found(s);
         spending_adds_up(s);
+        // The hub's batches: two runs' records at once, each run's in order.
+        let step = |run: &str, seq: i64| StepRecord { run_id: run.into(), seq, name: format!("s{seq}"), outcome: "succeeded".into(), message: String::new(), duration_ms: 1, exit_code: Some(0), tokens: None, detail: None };
+        s.record_batch(&Batch {
+            events: vec![("rb".into(), RunEvent::now("started", "s0", "")), ("rc".into(), RunEvent::now("note", "", "x")), ("rb".into(), RunEvent::now("ended", "s0", "succeeded"))],
+            logs: vec![("rb".into(), LogLine::new("s0", false, "one")), ("rb".into(), LogLine::new("s0", true, "two"))],
+            steps: vec![step("rb", 0), step("rc", 0), step("rb", 1)],
+            spans: vec![("rb".into(), vec![span("d", "")]), ("rb".into(), vec![span("e", "d"), span("f", "d")]), ("rb".into(), vec![])],
+            chains: Vec::new(),
+        })
+        .unwrap();
+        assert_eq!(s.steps("rb").unwrap(), [step("rb", 0), step("rb", 1)]);
+        assert_eq!(s.events("rb").unwrap().iter().map(|e| e.kind.as_str()).collect::<Vec<_>>(), ["started", "ended"]);
+        assert_eq!(s.events("rc").unwrap().len(), 1);
+        assert_eq!(s.logs("rb").unwrap().iter().map(|l| l.line.as_str()).collect::<Vec<_>>(), ["one", "two"]);
+        assert_eq!(s.spans("rb").unwrap(), [span("d", ""), span("e", "d"), span("f", "d")]);
+        assert_eq!(s.steps("rc").unwrap(), [step("rc", 0)]);
+        s.record_batch(&Batch::default()).unwrap();
     }
 
     /// Spending counters add exactly, whoever adds at the same time.

@@ -22,6 +22,7 @@ enum Write {
     Versions(Scope, String, Vec<serde_json::Value>),
     Green(Scope, String, String, serde_json::Value),
     Chain(Scope, String, String),
+    Batch(super::Batch),
     Value(Scope, String, Option<String>),
     Forget(Scope, String, Vec<serde_json::Value>, Vec<String>),
     DeleteRun(RunRecord),
@@ -39,6 +40,13 @@ impl Write {
             Write::Versions(_, _, v) => v.iter().map(|x| x.to_string().len()).sum(),
             Write::Value(_, _, v) => v.as_ref().map_or(0, String::len),
             Write::Forget(_, _, v, _) => v.iter().map(|x| x.to_string().len()).sum(),
+            Write::Batch(b) => {
+                b.events.iter().map(|(_, e)| 48 + e.step.len() + e.message.len()).sum::<usize>()
+                    + b.logs.iter().map(|(_, l)| l.line.len() + l.step.len() + 32).sum::<usize>()
+                    + b.steps.iter().map(|s| 64 + s.message.len() + s.detail.as_ref().map_or(0, String::len)).sum::<usize>()
+                    + b.spans.iter().flat_map(|(_, s)| s).map(|s| 128 + s.name.len() + s.attributes.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()).sum::<usize>()
+                    + b.chains.len() * 96
+            }
             Write::StartRun(..) | Write::Green(..) | Write::Chain(..) | Write::DeleteRun(..) => 0,
         }
     }
@@ -66,6 +74,7 @@ impl<S: Store> Outbox<S> {
             Write::Versions(sc, r, v) => self.inner.record_versions(sc, r, v),
             Write::Green(sc, j, r, v) => self.inner.record_green(sc, j, r, v),
             Write::Chain(sc, j, h) => self.inner.record_chain(sc, j, h),
+            Write::Batch(b) => self.inner.record_batch(b),
             Write::Value(sc, k, v) => self.inner.set_value(sc, k, v.as_deref()),
             Write::Forget(sc, r, v, j) => self.inner.forget_versions(sc, r, v, j),
             Write::DeleteRun(r) => self.inner.delete_run(r),
@@ -130,6 +139,19 @@ impl<S: Store> Store for Outbox<S> {
     }
     fn record_step(&self, s: &StepRecord) -> Result<(), StoreError> {
         self.write(Write::Step(s.clone()))
+    }
+    fn record_batch(&self, b: &super::Batch) -> Result<(), StoreError> {
+        {
+            // Nothing waiting: written as it is, copied only to be kept.
+            let kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+            if kept.0.is_empty() {
+                match self.inner.record_batch(b) {
+                    Err(StoreError::Unavailable { .. }) => {}
+                    done => return done,
+                }
+            }
+        }
+        self.write(Write::Batch(b.clone()))
     }
     fn append_logs(&self, run_id: &str, lines: &[LogLine]) -> Result<(), StoreError> {
         self.write(Write::Logs(run_id.into(), lines.to_vec()))
@@ -326,5 +348,20 @@ mod tests {
         o.record_event("r", "d", "", "").unwrap();
         let kinds: Vec<String> = o.events("r").unwrap().into_iter().map(|e| e.kind).collect();
         assert_eq!(kinds, vec!["a", "b", "c", "d"]);
+    }
+
+    #[test]
+    fn a_batch_written_while_the_backend_is_away_is_kept_whole_and_in_order() {
+        let batch = |kinds: &[&str]| super::super::Batch { events: kinds.iter().map(|k| ("r".to_string(), RunEvent::now(k, "", ""))).collect(), ..Default::default() };
+        let o = Outbox::new(Flaky::default());
+        o.record_batch(&batch(&["a", "b"])).unwrap();
+        o.inner.down.store(true, Ordering::SeqCst);
+        o.record_batch(&batch(&["c", "d"])).unwrap();
+        o.record_event("r", "e", "", "").unwrap();
+        assert_eq!(o.inner.events.lock().unwrap().len(), 2, "nothing reaches a backend that is away");
+        o.inner.down.store(false, Ordering::SeqCst);
+        o.record_batch(&batch(&["f"])).unwrap();
+        let kinds: Vec<String> = o.events("r").unwrap().into_iter().map(|e| e.kind).collect();
+        assert_eq!(kinds, vec!["a", "b", "c", "d", "e", "f"]);
     }
 }

@@ -163,6 +163,47 @@ impl Store for RedisStore {
         self.index_run(rec)
     }
 
+    /// One round trip for the whole batch: each run's step records in one
+    /// HSET, its events, lines and spans each in one RPUSH, chains in SADDs.
+    fn record_batch(&self, b: &super::Batch) -> Result<(), StoreError> {
+        if b.is_empty() {
+            return Ok(());
+        }
+        let mut p = redis::pipe();
+        for (run_id, events) in super::group(&b.events) {
+            p.rpush(self.k(&["events", &run_id]), events.iter().map(Self::encode).collect::<Vec<_>>()).ignore();
+        }
+        for (run_id, lines) in super::group(&b.logs) {
+            p.rpush(self.k(&["logs", &run_id]), lines.iter().map(Self::encode).collect::<Vec<_>>()).ignore();
+        }
+        let mut steps: Vec<(&str, Vec<(i64, String)>)> = Vec::new();
+        for s in &b.steps {
+            let rec = (s.seq, Self::encode(s));
+            match steps.iter_mut().find(|(r, _)| *r == s.run_id) {
+                Some((_, v)) => v.push(rec),
+                None => steps.push((&s.run_id, vec![rec])),
+            }
+        }
+        for (run_id, recs) in steps {
+            p.hset_multiple(self.k(&["steps", run_id]), &recs).ignore();
+        }
+        let mut spans: Vec<(&str, Vec<String>)> = Vec::new();
+        for (run_id, list) in &b.spans {
+            let encoded = list.iter().map(Self::encode);
+            match spans.iter_mut().find(|(r, _)| r == run_id) {
+                Some((_, v)) => v.extend(encoded),
+                None => spans.push((run_id, encoded.collect())),
+            }
+        }
+        for (run_id, list) in spans.into_iter().filter(|(_, l)| !l.is_empty()) {
+            p.rpush(self.k(&["spans", run_id]), list).ignore();
+        }
+        for (scope, job, hash) in &b.chains {
+            p.sadd(self.k(&["chains", &scope.team, &scope.pipeline, job]), hash).ignore();
+        }
+        self.with(|c| p.query::<()>(c))
+    }
+
     fn record_step(&self, s: &StepRecord) -> Result<(), StoreError> {
         let key = self.k(&["steps", &s.run_id]);
         self.with(|c| c.hset(&key, s.seq, Self::encode(s)))

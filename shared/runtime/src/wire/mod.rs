@@ -64,6 +64,13 @@ pub(crate) fn through_bytes<M: prost::Message + Default>(m: M) -> M {
 /// absent when the result has none.
 const AGENT_FILE: &str = "agent.pb";
 
+/// Whether [`offload_payload`] has anything to move (it then writes files,
+/// so belongs where blocking is fine); most results are small.
+pub fn needs_offload(r: &v1::AssignmentResult) -> bool {
+    use prost::Message;
+    r.encoded_len() > INLINE_RESULT_MAX
+}
+
 /// Moves a large result's text into an artifact (claim check): what
 /// travels is the reference.
 pub fn offload_payload(r: &mut v1::AssignmentResult, store: &dyn crate::artifacts::ArtifactStore, scratch: &std::path::Path) -> std::io::Result<()> {
