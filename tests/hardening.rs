@@ -240,7 +240,8 @@ fn hostile_documents_fail_their_submission_and_the_coordinator_stays_up() {
     assert_eq!(r.0, 0, "{}\n{}", r.1, c.log());
     assert!(r.1.contains("[leaf] deep"), "{}", r.1);
     let rss = peak_rss_mib(c.coord.id());
-    assert!(rss > 0 && rss < 300, "the coordinator peaked at {rss} MiB");
+    // About 100 MiB here: an expression pays for what it holds before making it.
+    assert!(rss > 0 && rss < 200, "the coordinator peaked at {rss} MiB");
     // Two identical submissions at once: their own ids, directories and runs.
     let (url, url2) = (c.url.clone(), c.url.clone());
     let ok = "jobs:\n- name: j\n  plan:\n  - task: t\n    run: sleep 1; echo twin\n";

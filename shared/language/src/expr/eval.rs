@@ -21,50 +21,107 @@ pub struct Env<'a> {
     pub spent: std::cell::Cell<u64>,
 }
 
-/// How much work one evaluation may do: a step per node evaluated, plus the
-/// whole size of every value it makes or copies (four per array or map
-/// element at any depth, a quarter per byte of string). An expression runs
-/// in the coordinator; it may not hold it up or fill its memory (this bounds
-/// what it makes to about 100 MB).
-pub const BUDGET: u64 = 10_000_000;
+/// How much work one evaluation may do, in bytes: every node evaluated
+/// costs [`STEP_COST`], and every value made or copied its whole size (a
+/// `Value` per array or map element at any depth, a byte per byte of
+/// string or key). Copies and results whose size is known are paid for
+/// before they are made, so what an evaluation holds stays near this. An
+/// expression runs in the coordinator; it may not hold it up or fill its
+/// memory.
+pub const BUDGET: u64 = 64 << 20;
+
+/// What evaluating one node costs (about 8 million nodes in all).
+const STEP_COST: u64 = 8;
+
+/// What one array element or map entry holds beside its contents.
+const ELEMENT: u64 = std::mem::size_of::<Value>() as u64;
 
 /// How deeply a value an expression makes may nest (dropping, copying or
 /// printing one recurses over it).
 const MAX_VALUE_DEPTH: usize = 128;
 
 impl Env<'_> {
+    /// Adds a node's cost and the whole size of the value it made.
     fn charge(&self, v: &Value) -> Result<(), EvalError> {
-        let remaining = BUDGET.saturating_sub(self.spent.get());
-        // Walked without recursion, and only as far as the budget reaches.
-        let mut weight = 1u64;
-        let mut stack: Vec<(&Value, usize)> = vec![(v, 0)];
-        while let Some((x, depth)) = stack.pop() {
-            if depth > MAX_VALUE_DEPTH {
-                return err(format!("the expression makes a value nested more than {MAX_VALUE_DEPTH} deep"));
-            }
-            match x {
-                Value::Array(a) => {
-                    weight += 4 * a.len() as u64;
-                    stack.extend(a.iter().map(|c| (c, depth + 1)));
-                }
-                Value::Object(m) => {
-                    weight += 4 * m.len() as u64;
-                    stack.extend(m.values().map(|c| (c, depth + 1)));
-                }
-                Value::String(s) => weight += s.len() as u64 / 4,
-                _ => {}
-            }
-            if weight > remaining {
-                break;
-            }
-        }
+        let weight = STEP_COST + weigh(v, BUDGET.saturating_sub(self.spent.get()))?;
+        self.pay(weight)
+    }
+
+    fn pay(&self, weight: u64) -> Result<(), EvalError> {
         let spent = self.spent.get().saturating_add(weight);
         self.spent.set(spent);
-        if spent > BUDGET {
-            return err(format!("the expression does too much work (over {BUDGET} steps and elements); simplify it"));
+        self.within(0)
+    }
+
+    /// Whether `weight` more would stay within the budget; nothing is added
+    /// (what is made with it is charged when it is returned).
+    fn afford(&self, weight: u64) -> Result<(), EvalError> {
+        self.within(weight)
+    }
+
+    fn within(&self, more: u64) -> Result<(), EvalError> {
+        if self.spent.get().saturating_add(more) > BUDGET {
+            return err(format!("the expression does too much work (over {} MiB of values made and steps); simplify it", BUDGET >> 20));
         }
         Ok(())
     }
+
+    /// Affords a copy of `v` before it is made.
+    fn afford_copy(&self, v: &Value) -> Result<(), EvalError> {
+        self.afford(weigh(v, BUDGET.saturating_sub(self.spent.get()))?)
+    }
+}
+
+/// The size of `v` as [`BUDGET`] counts it, walked without recursion and
+/// only until it passes `limit` (then something over `limit`).
+fn weigh(v: &Value, limit: u64) -> Result<u64, EvalError> {
+    let mut weight = 0u64;
+    let mut stack: Vec<(&Value, usize)> = vec![(v, 0)];
+    while let Some((x, depth)) = stack.pop() {
+        if depth > MAX_VALUE_DEPTH {
+            return err(format!("the expression makes a value nested more than {MAX_VALUE_DEPTH} deep"));
+        }
+        // Scalars are in their element's size; only what holds more is walked further.
+        match x {
+            Value::Array(a) => {
+                weight += elements(a.len());
+                for c in a {
+                    if holds_more(c, &mut weight) {
+                        stack.push((c, depth + 1));
+                    }
+                }
+            }
+            Value::Object(m) => {
+                weight += elements(m.len()) + m.keys().map(|k| k.len() as u64).sum::<u64>();
+                for c in m.values() {
+                    if holds_more(c, &mut weight) {
+                        stack.push((c, depth + 1));
+                    }
+                }
+            }
+            Value::String(s) => weight += s.len() as u64,
+            _ => {}
+        }
+        if weight > limit {
+            return Ok(weight);
+        }
+    }
+    Ok(weight)
+}
+
+/// Whether an element holds more than its size (and a string's bytes added).
+fn holds_more(c: &Value, weight: &mut u64) -> bool {
+    match c {
+        Value::String(s) => *weight += s.len() as u64,
+        Value::Array(_) | Value::Object(_) => return true,
+        _ => {}
+    }
+    false
+}
+
+/// What a value of `n` elements holds, for paying before it is made.
+fn elements(n: usize) -> u64 {
+    ELEMENT.saturating_mul(n as u64)
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -154,8 +211,10 @@ fn ev_here(e: &Expr, env: &Env, scope: &mut Vec<(String, Value)>, frames: &mut V
         Str(s) => Value::String(s.clone()),
         Ident(name, _) => {
             if let Some((_, v)) = scope.iter().rev().find(|(n, _)| n == name) {
+                env.afford_copy(v)?;
                 v.clone()
             } else if let Some(v) = env.vars.get(name.as_str()) {
+                env.afford_copy(v)?;
                 v.clone()
             } else {
                 return err(format!("unknown name {name}"));
@@ -165,8 +224,14 @@ fn ev_here(e: &Expr, env: &Env, scope: &mut Vec<(String, Value)>, frames: &mut V
             let Some(f) = frames.last() else { return err(format!("{p} used outside a predicate")) };
             match p.as_str() {
                 "#index" => int(f.index),
-                "#acc" => f.acc.clone(),
-                _ => f.pointer.clone(),
+                "#acc" => {
+                    env.afford_copy(&f.acc)?;
+                    f.acc.clone()
+                }
+                _ => {
+                    env.afford_copy(&f.pointer)?;
+                    f.pointer.clone()
+                }
             }
         }
         Array(items) => Value::Array(items.iter().map(|i| ev(i, env, scope, frames)).collect::<Result<_, _>>()?),
@@ -180,7 +245,7 @@ fn ev_here(e: &Expr, env: &Env, scope: &mut Vec<(String, Value)>, frames: &mut V
         Member { target, name, optional } => {
             let t = ev(target, env, scope, frames)?;
             match t {
-                Value::Object(m) => m.get(name).cloned().unwrap_or(Value::Null),
+                Value::Object(mut m) => m.remove(name).unwrap_or(Value::Null),
                 Value::Null if *optional => Value::Null,
                 Value::Null => return err(format!("cannot fetch {name} from nil (use ?. for optional fields)")),
                 other => return err(format!("cannot fetch {name} from {}", kind(&other))),
@@ -226,7 +291,10 @@ fn ev_here(e: &Expr, env: &Env, scope: &mut Vec<(String, Value)>, frames: &mut V
             let a = bound(from, 0, scope, frames)?;
             let b = bound(to, len, scope, frames)?.max(a);
             match t {
-                Value::Array(v) => Value::Array(v[a as usize..b as usize].to_vec()),
+                Value::Array(mut v) => {
+                    v.truncate(b as usize);
+                    Value::Array(v.split_off(a as usize))
+                }
                 Value::String(s) => Value::String(s.chars().skip(a as usize).take((b - a) as usize).collect()),
                 _ => Value::Null,
             }
@@ -300,11 +368,19 @@ fn binary(op: &str, a: &Expr, b: &Expr, env: &Env, scope: &mut Vec<(String, Valu
                 _ => ord.is_ge(),
             })
         }
-        "+" => match (&l, &r) {
-            (Value::String(x), Value::String(y)) => Value::String(format!("{x}{y}")),
-            (Value::Array(x), Value::Array(y)) => Value::Array(x.iter().chain(y).cloned().collect()),
-            _ if both_int => int(l.as_i64().unwrap_or(0).wrapping_add(r.as_i64().unwrap_or(0))),
-            _ => match (num(&l), num(&r)) {
+        "+" => match (l, r) {
+            (Value::String(mut x), Value::String(y)) => {
+                env.afford((x.len() + y.len()) as u64)?;
+                x.push_str(&y);
+                Value::String(x)
+            }
+            (Value::Array(mut x), Value::Array(y)) => {
+                env.afford(elements(x.len() + y.len()))?;
+                x.extend(y);
+                Value::Array(x)
+            }
+            (l, r) if both_int => int(l.as_i64().unwrap_or(0).wrapping_add(r.as_i64().unwrap_or(0))),
+            (l, r) => match (num(&l), num(&r)) {
                 (Some(x), Some(y)) => float(x + y),
                 _ => return err(format!("cannot add {} and {}", kind(&l), kind(&r))),
             },
@@ -359,6 +435,7 @@ fn binary(op: &str, a: &Expr, b: &Expr, env: &Env, scope: &mut Vec<(String, Valu
             if y.checked_sub(x).is_none_or(|n| n > 1_000_000) {
                 return err("range too large");
             }
+            env.afford(elements(y.saturating_sub(x).saturating_add(1).max(0) as usize))?;
             Value::Array((x..=y).map(int).collect())
         }
         other => return err(format!("unknown operator {other}")),
@@ -478,16 +555,10 @@ fn call(name: &str, args: &[Expr], env: &Env, scope: &mut Vec<(String, Value)>, 
         return predicate(name, args, env, scope, frames);
     }
     let vals: Vec<Value> = args.iter().map(|a| ev(a, env, scope, frames)).collect::<Result<_, _>>()?;
-    let a0 = vals.first().cloned().unwrap_or(Value::Null);
-    let arr = |v: &Value| -> Result<Vec<Value>, EvalError> {
-        match v {
-            Value::Array(a) => Ok(a.clone()),
-            Value::Null => Ok(Vec::new()),
-            other => err(format!("{name}() needs an array, got {}", kind(other))),
-        }
-    };
+    let a0 = vals.first().unwrap_or(&Value::Null);
+    let arr = |v| array_arg(name, v);
     Ok(match name {
-        "len" => int(match &a0 {
+        "len" => int(match a0 {
             Value::Array(a) => a.len(),
             Value::Object(m) => m.len(),
             Value::String(s) => s.chars().count(),
@@ -496,33 +567,33 @@ fn call(name: &str, args: &[Expr], env: &Env, scope: &mut Vec<(String, Value)>, 
         } as i64),
         "flatten" => {
             let mut out = Vec::new();
-            for x in arr(&a0)? {
+            for x in arr(a0)? {
                 match x {
-                    Value::Array(inner) => out.extend(inner),
-                    other => out.push(other),
+                    Value::Array(inner) => out.extend(inner.iter().cloned()),
+                    other => out.push(other.clone()),
                 }
             }
             Value::Array(out)
         }
         "concat" => Value::Array(vals.iter().map(arr).collect::<Result<Vec<_>, _>>()?.concat()),
-        "take" => Value::Array(arr(&a0)?.into_iter().take(vals.get(1).and_then(Value::as_u64).unwrap_or(0) as usize).collect()),
+        "take" => Value::Array(arr(a0)?.iter().take(vals.get(1).and_then(Value::as_u64).unwrap_or(0) as usize).cloned().collect()),
         "uniq" => {
             let mut out: Vec<Value> = Vec::new();
-            for x in arr(&a0)? {
-                if !out.iter().any(|y| eq(y, &x)) {
-                    out.push(x);
+            for x in arr(a0)? {
+                if !out.iter().any(|y| eq(y, x)) {
+                    out.push(x.clone());
                 }
             }
             Value::Array(out)
         }
-        "first" => arr(&a0)?.into_iter().next().unwrap_or(Value::Null),
-        "last" => arr(&a0)?.into_iter().last().unwrap_or(Value::Null),
-        "reverse" => Value::Array(arr(&a0)?.into_iter().rev().collect()),
-        "keys" => match &a0 {
+        "first" => arr(a0)?.first().cloned().unwrap_or(Value::Null),
+        "last" => arr(a0)?.last().cloned().unwrap_or(Value::Null),
+        "reverse" => Value::Array(arr(a0)?.iter().rev().cloned().collect()),
+        "keys" => match a0 {
             Value::Object(m) => Value::Array(m.keys().map(|k| Value::String(k.clone())).collect()),
             _ => Value::Array(Vec::new()),
         },
-        "values" => match &a0 {
+        "values" => match a0 {
             Value::Object(m) => Value::Array(m.values().cloned().collect()),
             _ => Value::Array(Vec::new()),
         },
@@ -531,24 +602,24 @@ fn call(name: &str, args: &[Expr], env: &Env, scope: &mut Vec<(String, Value)>, 
             (Value::Array(a), Some(Value::Number(n))) => a.get(n.as_u64().unwrap_or(u64::MAX) as usize).cloned().unwrap_or(Value::Null),
             _ => Value::Null,
         },
-        "toJSON" => Value::String(serde_json::to_string_pretty(&a0).map_err(|e| EvalError(e.to_string()))?),
-        "fromJSON" => serde_json::from_str(&text(&a0)).map_err(|e| EvalError(format!("fromJSON: {e}")))?,
-        "float" => float(match &a0 {
+        "toJSON" => Value::String(serde_json::to_string_pretty(a0).map_err(|e| EvalError(e.to_string()))?),
+        "fromJSON" => serde_json::from_str(&text(a0)).map_err(|e| EvalError(format!("fromJSON: {e}")))?,
+        "float" => float(match a0 {
             Value::String(s) => s.trim().parse().map_err(|_| EvalError(format!("float(): {s:?} is not a number")))?,
             v => num(v).unwrap_or(0.0),
         }),
-        "int" => int(match &a0 {
+        "int" => int(match a0 {
             Value::String(s) => s.trim().parse().map_err(|_| EvalError(format!("int(): {s:?} is not an integer")))?,
             v => num(v).unwrap_or(0.0) as i64,
         }),
-        "string" => Value::String(text(&a0)),
-        "trim" => Value::String(text(&a0).trim().to_string()),
-        "upper" => Value::String(text(&a0).to_uppercase()),
-        "lower" => Value::String(text(&a0).to_lowercase()),
-        "split" => Value::Array(text(&a0).split(&text(vals.get(1).unwrap_or(&Value::Null))).map(|s| Value::String(s.to_string())).collect()),
-        "join" => Value::String(arr(&a0)?.iter().map(text).collect::<Vec<_>>().join(&vals.get(1).map(text).unwrap_or_default())),
+        "string" => Value::String(text(a0)),
+        "trim" => Value::String(text(a0).trim().to_string()),
+        "upper" => Value::String(text(a0).to_uppercase()),
+        "lower" => Value::String(text(a0).to_lowercase()),
+        "split" => Value::Array(text(a0).split(&text(vals.get(1).unwrap_or(&Value::Null))).map(|s| Value::String(s.to_string())).collect()),
+        "join" => Value::String(arr(a0)?.iter().map(text).collect::<Vec<_>>().join(&vals.get(1).map(text).unwrap_or_default())),
         "sum" => {
-            let xs = arr(&a0)?;
+            let xs = arr(a0)?;
             if xs.iter().all(Value::is_i64) {
                 int(xs.iter().filter_map(Value::as_i64).sum())
             } else {
@@ -556,13 +627,13 @@ fn call(name: &str, args: &[Expr], env: &Env, scope: &mut Vec<(String, Value)>, 
             }
         }
         "min" | "max" => {
-            let xs = if vals.len() == 1 { arr(&a0)? } else { vals.clone() };
-            let mut best: Option<Value> = None;
+            let xs = if vals.len() == 1 { arr(a0)? } else { &vals[..] };
+            let mut best: Option<&Value> = None;
             for x in xs {
                 let better = match &best {
                     None => true,
                     Some(b) => {
-                        let (x_, b_) = (num(&x).unwrap_or(f64::NAN), num(b).unwrap_or(f64::NAN));
+                        let (x_, b_) = (num(x).unwrap_or(f64::NAN), num(b).unwrap_or(f64::NAN));
                         if name == "min" { x_ < b_ } else { x_ > b_ }
                     }
                 };
@@ -570,14 +641,14 @@ fn call(name: &str, args: &[Expr], env: &Env, scope: &mut Vec<(String, Value)>, 
                     best = Some(x);
                 }
             }
-            best.unwrap_or(Value::Null)
+            best.cloned().unwrap_or(Value::Null)
         }
-        "abs" => match &a0 {
+        "abs" => match a0 {
             Value::Number(n) if n.is_i64() => int(n.as_i64().unwrap_or(0).abs()),
             v => float(num(v).unwrap_or(0.0).abs()),
         },
         "env" => {
-            let n = text(&a0);
+            let n = text(a0);
             if !env.host_env {
                 return err(format!("env(\"{n}\"): a submitted pipeline's expr stages run on the coordinator, whose environment is not the pipeline's to read; read credentials in a shell resource type, whose stages run on workers"));
             }
@@ -594,15 +665,15 @@ fn call(name: &str, args: &[Expr], env: &Env, scope: &mut Vec<(String, Value)>, 
         }
         "file" => {
             let Some(read) = env.read_file else { return err("file() is only available in the out stage") };
-            match read(&text(&a0)) {
+            match read(&text(a0)) {
                 Ok(t) => Value::String(t),
                 Err(e) => match vals.get(1) {
                     Some(d) => d.clone(),
-                    None => return err(format!("file(\"{}\"): {e}", text(&a0))),
+                    None => return err(format!("file(\"{}\"): {e}", text(a0))),
                 },
             }
         }
-        "fail" => return err(text(&a0)),
+        "fail" => return err(text(a0)),
         "now" => {
             let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
             int(secs as i64)
@@ -610,6 +681,15 @@ fn call(name: &str, args: &[Expr], env: &Env, scope: &mut Vec<(String, Value)>, 
         "http" | "date" | "duration" | "timezone" => return err(format!("{name}() is not supported by this build of steppe yet")),
         other => return err(format!("unknown function {other}")),
     })
+}
+
+/// A function's array argument (nil is an empty one).
+fn array_arg<'a>(name: &str, v: &'a Value) -> Result<&'a [Value], EvalError> {
+    match v {
+        Value::Array(a) => Ok(a),
+        Value::Null => Ok(&[]),
+        other => err(format!("{name}() needs an array, got {}", kind(other))),
+    }
 }
 
 #[cfg(test)]
@@ -642,6 +722,13 @@ mod tests {
         assert!(run(&nested, v.clone()).unwrap_err().0.contains("too much work"));
         let deep = run("reduce(1..400000, [#acc], [])", v.clone()).unwrap_err();
         assert!(deep.0.contains("nested more than") || deep.0.contains("too much work"), "{deep}");
+        // The budget is of what is held: a copy that would pass it is refused
+        // before it is made; what fits well inside it runs.
+        let twice = run("let a = 1..500000; len(a + a)", v.clone()).unwrap_err();
+        assert!(twice.0.contains("too much work") && twice.0.contains("MiB"), "{twice}");
+        assert_eq!(run("len(filter(map(1..100000, # * 2), # % 3 == 0))", v.clone()), Ok(json!(33333)));
+        assert_eq!(run("let a = 1..100000; len(a + a + a)", v.clone()), Ok(json!(300000)));
+        assert_eq!(run("let s = 'ab'; len(s + s + s)", v.clone()), Ok(json!(6)));
         assert!(run("(-9223372036854775807 - 1) % -1", v.clone()).is_ok(), "no overflow panic");
         assert!(run("-(-9223372036854775807 - 1)", v.clone()).is_ok());
         assert!(run("(-9223372036854775807)..9223372036854775807", v.clone()).unwrap_err().0.contains("range too large"));
