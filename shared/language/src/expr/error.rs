@@ -1,4 +1,4 @@
-//! A problem in an expression's text, and where it is.
+//! A problem in an expression: in its text, and where it is, or in evaluating it.
 
 use std::fmt;
 
@@ -16,3 +16,14 @@ impl fmt::Display for ParseError {
 }
 
 impl std::error::Error for ParseError {}
+
+/// Evaluating an expression failed (a type error, a refused capability, too much work).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EvalError(pub String);
+
+impl fmt::Display for EvalError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+

@@ -4,6 +4,8 @@ use std::collections::HashMap;
 
 use serde_json::{Map, Number, Value};
 
+use super::budget::{elements, Budget};
+pub use super::error::EvalError;
 use super::parser::Expr;
 
 /// Capabilities a stage grants: environment names it may read, and files of
@@ -17,120 +19,8 @@ pub struct Env<'a> {
     pub host_env: bool,
     /// `file(PATH)` (out only): reads a file of the put's inputs view.
     pub read_file: Option<&'a dyn Fn(&str) -> Result<String, String>>,
-    /// Work done so far (see [`BUDGET`]).
-    pub spent: std::cell::Cell<u64>,
-}
-
-/// How much work one evaluation may do, in bytes: every node evaluated
-/// costs [`STEP_COST`], and every value made or copied its whole size (a
-/// `Value` per array or map element at any depth, a byte per byte of
-/// string or key). Copies and results whose size is known are paid for
-/// before they are made, so what an evaluation holds stays near this. An
-/// expression runs in the coordinator; it may not hold it up or fill its
-/// memory.
-pub const BUDGET: u64 = 64 << 20;
-
-/// What evaluating one node costs (about 8 million nodes in all).
-const STEP_COST: u64 = 8;
-
-/// What one array element or map entry holds beside its contents.
-const ELEMENT: u64 = std::mem::size_of::<Value>() as u64;
-
-/// How deeply a value an expression makes may nest (dropping, copying or
-/// printing one recurses over it).
-const MAX_VALUE_DEPTH: usize = 128;
-
-impl Env<'_> {
-    /// Adds a node's cost and the whole size of the value it made.
-    fn charge(&self, v: &Value) -> Result<(), EvalError> {
-        let weight = STEP_COST + weigh(v, BUDGET.saturating_sub(self.spent.get()))?;
-        self.pay(weight)
-    }
-
-    fn pay(&self, weight: u64) -> Result<(), EvalError> {
-        let spent = self.spent.get().saturating_add(weight);
-        self.spent.set(spent);
-        self.within(0)
-    }
-
-    /// Whether `weight` more would stay within the budget; nothing is added
-    /// (what is made with it is charged when it is returned).
-    fn afford(&self, weight: u64) -> Result<(), EvalError> {
-        self.within(weight)
-    }
-
-    fn within(&self, more: u64) -> Result<(), EvalError> {
-        if self.spent.get().saturating_add(more) > BUDGET {
-            return err(format!("the expression does too much work (over {} MiB of values made and steps); simplify it", BUDGET >> 20));
-        }
-        Ok(())
-    }
-
-    /// Affords a copy of `v` before it is made.
-    fn afford_copy(&self, v: &Value) -> Result<(), EvalError> {
-        self.afford(weigh(v, BUDGET.saturating_sub(self.spent.get()))?)
-    }
-}
-
-/// The size of `v` as [`BUDGET`] counts it, walked without recursion and
-/// only until it passes `limit` (then something over `limit`).
-fn weigh(v: &Value, limit: u64) -> Result<u64, EvalError> {
-    let mut weight = 0u64;
-    let mut stack: Vec<(&Value, usize)> = vec![(v, 0)];
-    while let Some((x, depth)) = stack.pop() {
-        if depth > MAX_VALUE_DEPTH {
-            return err(format!("the expression makes a value nested more than {MAX_VALUE_DEPTH} deep"));
-        }
-        // Scalars are in their element's size; only what holds more is walked further.
-        match x {
-            Value::Array(a) => {
-                weight += elements(a.len());
-                for c in a {
-                    if holds_more(c, &mut weight) {
-                        stack.push((c, depth + 1));
-                    }
-                }
-            }
-            Value::Object(m) => {
-                weight += elements(m.len()) + m.keys().map(|k| k.len() as u64).sum::<u64>();
-                for c in m.values() {
-                    if holds_more(c, &mut weight) {
-                        stack.push((c, depth + 1));
-                    }
-                }
-            }
-            Value::String(s) => weight += s.len() as u64,
-            _ => {}
-        }
-        if weight > limit {
-            return Ok(weight);
-        }
-    }
-    Ok(weight)
-}
-
-/// Whether an element holds more than its size (and a string's bytes added).
-fn holds_more(c: &Value, weight: &mut u64) -> bool {
-    match c {
-        Value::String(s) => *weight += s.len() as u64,
-        Value::Array(_) | Value::Object(_) => return true,
-        _ => {}
-    }
-    false
-}
-
-/// What a value of `n` elements holds, for paying before it is made.
-fn elements(n: usize) -> u64 {
-    ELEMENT.saturating_mul(n as u64)
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct EvalError(pub String);
-
-impl std::fmt::Display for EvalError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
+    /// Work done so far (see [`Budget`]).
+    pub spent: Budget,
 }
 
 type R = Result<Value, EvalError>;
@@ -197,7 +87,7 @@ pub fn eval(e: &Expr, env: &Env) -> R {
 
 fn ev(e: &Expr, env: &Env, scope: &mut Vec<(String, Value)>, frames: &mut Vec<Frame>) -> R {
     let v = ev_here(e, env, scope, frames)?;
-    env.charge(&v)?;
+    env.spent.charge(&v)?;
     Ok(v)
 }
 
@@ -211,10 +101,10 @@ fn ev_here(e: &Expr, env: &Env, scope: &mut Vec<(String, Value)>, frames: &mut V
         Str(s) => Value::String(s.clone()),
         Ident(name, _) => {
             if let Some((_, v)) = scope.iter().rev().find(|(n, _)| n == name) {
-                env.afford_copy(v)?;
+                env.spent.afford_copy(v)?;
                 v.clone()
             } else if let Some(v) = env.vars.get(name.as_str()) {
-                env.afford_copy(v)?;
+                env.spent.afford_copy(v)?;
                 v.clone()
             } else {
                 return err(format!("unknown name {name}"));
@@ -225,11 +115,11 @@ fn ev_here(e: &Expr, env: &Env, scope: &mut Vec<(String, Value)>, frames: &mut V
             match p.as_str() {
                 "#index" => int(f.index),
                 "#acc" => {
-                    env.afford_copy(&f.acc)?;
+                    env.spent.afford_copy(&f.acc)?;
                     f.acc.clone()
                 }
                 _ => {
-                    env.afford_copy(&f.pointer)?;
+                    env.spent.afford_copy(&f.pointer)?;
                     f.pointer.clone()
                 }
             }
@@ -370,12 +260,12 @@ fn binary(op: &str, a: &Expr, b: &Expr, env: &Env, scope: &mut Vec<(String, Valu
         }
         "+" => match (l, r) {
             (Value::String(mut x), Value::String(y)) => {
-                env.afford((x.len() + y.len()) as u64)?;
+                env.spent.afford((x.len() + y.len()) as u64)?;
                 x.push_str(&y);
                 Value::String(x)
             }
             (Value::Array(mut x), Value::Array(y)) => {
-                env.afford(elements(x.len() + y.len()))?;
+                env.spent.afford(elements(x.len() + y.len()))?;
                 x.extend(y);
                 Value::Array(x)
             }
@@ -435,7 +325,7 @@ fn binary(op: &str, a: &Expr, b: &Expr, env: &Env, scope: &mut Vec<(String, Valu
             if y.checked_sub(x).is_none_or(|n| n > 1_000_000) {
                 return err("range too large");
             }
-            env.afford(elements(y.saturating_sub(x).saturating_add(1).max(0) as usize))?;
+            env.spent.afford(elements(y.saturating_sub(x).saturating_add(1).max(0) as usize))?;
             Value::Array((x..=y).map(int).collect())
         }
         other => return err(format!("unknown operator {other}")),

@@ -2,11 +2,13 @@
 //! expr-lang): parsing to an AST and the compile-time checks `validate` runs.
 //! Evaluation lives with the engine that runs resource stages.
 
+mod budget;
 mod error;
 mod eval;
 mod lexer;
 mod parser;
 
+pub use budget::Budget;
 pub use eval::{eval, Env, EvalError};
 pub use error::ParseError;
 pub use parser::{parse, Expr};
