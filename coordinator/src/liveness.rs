@@ -32,7 +32,8 @@ pub fn start(store: Arc<dyn Store>, out: Arc<EventHub>) {
     }
     sweep(store.as_ref(), &out);
     tokio::spawn(async move {
-        let mut beat = tokio::time::interval(BEAT);
+        // Said just now: the next beat is one BEAT away.
+        let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + BEAT, BEAT);
         beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_sweep = tokio::time::Instant::now();
         loop {

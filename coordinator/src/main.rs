@@ -8,6 +8,7 @@ use steppe_coordinator::cli::{exit, Cli};
 
 /// mimalloc: many small allocations freed on other threads (every step's
 /// records, every model turn's JSON) are where glibc's allocator lost time.
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

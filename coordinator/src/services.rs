@@ -62,8 +62,46 @@ pub struct ClusterOptions {
 /// Starts the shared parts; `state` holds artifacts (and submissions), `db`
 /// the run store. `serving`: remote workers will be served (`crate::server`).
 pub async fn start_services(state: &Path, db: &Path, scratch: &Path, slots: usize, quiet: bool, serving: bool) -> Result<Arc<Services>> {
-    let runs: Arc<dyn steppe_runtime::store::Store> = Arc::new(steppe_runtime::store::SqliteStore::open(db)?);
+    start_services_opening(state, OpeningStore::later(db), scratch, slots, quiet, serving).await
+}
+
+/// As [`start_services`], with a store that may be opening already.
+pub async fn start_services_opening(state: &Path, db: OpeningStore, scratch: &Path, slots: usize, quiet: bool, serving: bool) -> Result<Arc<Services>> {
+    let runs: Arc<dyn steppe_runtime::store::Store> = Arc::new(db.opened()?);
     start_services_with(state, runs, scratch, slots, quiet, serving, ClusterOptions::default()).await
+}
+
+/// A pipeline's run store (`.steppe/<file>.db`), opened on a thread of its
+/// own while the pipeline loads when it exists already; one that does not
+/// is made only once the pipeline has loaded (an invalid one makes none).
+pub struct OpeningStore {
+    db: PathBuf,
+    opening: Option<std::thread::JoinHandle<Result<steppe_runtime::store::SqliteStore, steppe_runtime::store::StoreError>>>,
+}
+
+impl OpeningStore {
+    pub fn start(db: PathBuf) -> OpeningStore {
+        let opening = if db.is_file() {
+            let path = db.clone();
+            std::thread::Builder::new().name("steppe-store".into()).spawn(move || steppe_runtime::store::SqliteStore::open(&path)).ok()
+        } else {
+            None
+        };
+        OpeningStore { db, opening }
+    }
+
+    /// Opened when it is asked for.
+    pub fn later(db: &Path) -> OpeningStore {
+        OpeningStore { db: db.to_path_buf(), opening: None }
+    }
+
+    fn opened(self) -> Result<steppe_runtime::store::SqliteStore> {
+        match self.opening.map(|t| t.join()) {
+            Some(Ok(opened)) => Ok(opened?),
+            // The thread panicked (a bug): opened here, saying so if it fails again.
+            Some(Err(_)) | None => Ok(steppe_runtime::store::SqliteStore::open(&self.db)?),
+        }
+    }
 }
 
 /// As [`start_services`], with the run store `runs` and a cluster's queue and artifact directory.

@@ -16,7 +16,7 @@ const TELL_AFTER: Duration = Duration::from_secs(1);
 /// steps wait), until the process ends.
 pub fn tell_long_waits(dispatcher: Arc<Dispatcher>, registry: WorkerRegistry, hub: Arc<EventHub>) {
     tokio::spawn(async move {
-        let mut every = tokio::time::interval(Duration::from_millis(250));
+        let mut every = tokio::time::interval_at(tokio::time::Instant::now() + Duration::from_millis(250), Duration::from_millis(250));
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut told_waiting = 0;
         loop {

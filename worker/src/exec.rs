@@ -16,7 +16,6 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 use tokio::sync::watch;
 
-use crate::host_env::HOST_ENV;
 use crate::sink::{LineSink, Stream};
 
 
@@ -404,7 +403,8 @@ async fn run_command(a: &Assignment, dir: &Path, sink: &Arc<dyn LineSink>, cance
 fn host_command(a: &Assignment, program: &Path, args: &[&str], dir: &Path) -> Command {
     let mut cmd = Command::new(program);
     cmd.args(args).current_dir(dir).env_clear();
-    for name in HOST_ENV.iter().copied().chain(a.env.iter().map(String::as_str)) {
+    cmd.envs(crate::host_env::values().iter().map(|(k, v)| (k, v)));
+    for name in &a.env {
         if let Some(v) = std::env::var_os(name) {
             cmd.env(name, v);
         }

@@ -14,3 +14,10 @@ pub fn shell() -> &'static std::ffi::OsStr {
     static SHELL: std::sync::OnceLock<std::ffi::OsString> = std::sync::OnceLock::new();
     SHELL.get_or_init(|| steppe_language::machine::on_path("sh").map(|p| p.into_os_string()).unwrap_or_else(|| "sh".into()))
 }
+
+/// The allowlist's variables this process has, read once (a process's own
+/// environment does not change under it).
+pub fn values() -> &'static [(&'static str, std::ffi::OsString)] {
+    static VALUES: std::sync::OnceLock<Vec<(&'static str, std::ffi::OsString)>> = std::sync::OnceLock::new();
+    VALUES.get_or_init(|| HOST_ENV.iter().filter_map(|n| std::env::var_os(n).map(|v| (*n, v))).collect())
+}

@@ -67,10 +67,6 @@ pub fn spawn_local_workers(
     reporter: Arc<dyn Reporter>,
     cancels: Cancels,
 ) {
-    if slots > 0 {
-        // Containers a dead predecessor on this host left running go first.
-        tokio::spawn(crate::container::sweep_orphans());
-    }
     for _ in 0..slots {
         let (queue, store, work_root, sink, reporter, cancels) =
             (queue.clone(), store.clone(), work_root.clone(), sink.clone(), reporter.clone(), cancels.clone());

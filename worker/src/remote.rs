@@ -357,7 +357,6 @@ pub async fn run(config: WorkerConfig) -> Result<(), WorkerError> {
     let mut lost_at: Option<std::time::Instant> = None;
     let mut backoff = Duration::from_millis(250);
     let stats = Arc::new(Stats::new());
-    tokio::spawn(crate::container::sweep_orphans());
     if let Some(addr) = config.metrics {
         let bound = serve_metrics(addr, stats.clone(), &config).await.map_err(|source| WorkerError::Metrics { addr: addr.to_string(), source })?;
         tracing::info!("steppe worker {}: metrics on http://{bound}/metrics", config.name);

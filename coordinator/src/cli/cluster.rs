@@ -329,7 +329,7 @@ fn worker(args: WorkerArgs) -> Result<ExitCode> {
     // process and talks to its coordinator, and waits on both.
     let rt = super::runtime_with(Some(cores().min(slots.max(1) as usize)))?;
     let name = format!("{}:{}", std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".into()), std::process::id());
-    let scratch = steppe_runtime::scratch::Scratch::create("worker").context("creating a scratch directory under the system's temp dir")?;
+    let scratch = super::scratch_of("worker")?;
     let work = scratch.path().to_path_buf();
     let containers = !no_containers && match rt.block_on(steppe_worker::container::engine()) {
         Ok(_) => true,

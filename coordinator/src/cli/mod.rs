@@ -168,7 +168,22 @@ pub fn load_reporting(path: &Path, opts: &LoadOptions) -> Result<steppe_language
 /// This process's scratch directory, removed when the command returns (and
 /// swept by the next steppe to start, if this one is killed).
 fn scratch() -> Result<steppe_runtime::scratch::Scratch> {
-    steppe_runtime::scratch::Scratch::create("work").context("creating a scratch directory under the system's temp dir")
+    scratch_of("work")
+}
+
+/// As [`scratch`], of `kind`: when a steppe process on this host died (its
+/// scratch directory left behind), the containers dead processes left on
+/// the Docker engine are swept too, beside the command.
+fn scratch_of(kind: &str) -> Result<steppe_runtime::scratch::Scratch> {
+    steppe_runtime::scratch::Scratch::create_then(kind, |dead_seen| {
+        if dead_seen {
+            if let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                // Bounded: the command waits for it before it exits.
+                let _ = rt.block_on(async { tokio::time::timeout(std::time::Duration::from_secs(10), steppe_worker::container::sweep_orphans()).await });
+            }
+        }
+    })
+    .context("creating a scratch directory under the system's temp dir")
 }
 
 /// The command's async runtime, with this process's tracing started on it

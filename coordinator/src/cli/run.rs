@@ -14,7 +14,7 @@ use super::{cores, load_reporting, runtime_with, scratch};
 use crate::engine;
 use crate::engine::checkpoint::StartFrom;
 use crate::run_actor::{run_id, run_until_signal_from};
-use crate::services::{parse_answers, start_services};
+use crate::services::{parse_answers, start_services_opening};
 use crate::text::shown;
 
 /// Run one job of a pipeline, on this machine.
@@ -61,6 +61,7 @@ fn run_job(path: &Path, job: Option<&str>, start: Option<StartFrom>, script: &Sc
     if let Some(code) = exec.submit(path, job, false, vars.clone(), scenario.as_ref(), start.as_ref())? {
         return Ok(code);
     }
+    let store = crate::services::OpeningStore::start(steppe_runtime::store::db_path(path));
     let loaded = match load_reporting(path, &LoadOptions::from_env(vars)) {
         Ok(l) => l,
         Err(code) => return Ok(code),
@@ -95,7 +96,7 @@ fn run_job(path: &Path, job: Option<&str>, start: Option<StartFrom>, script: &Sc
             Some(sc) => Some(sc.serve().await?),
             None => None,
         };
-        let engine = engine(&loaded, exec, scratch.path(), model.as_ref().map(|m| m.targets()), true).await?;
+        let engine = engine(&loaded, exec, store, scratch.path(), model.as_ref().map(|m| m.targets()), true).await?;
         let (job, begin) = match &start {
             None => (job, None),
             Some(from) => {
@@ -133,8 +134,8 @@ fn run_job(path: &Path, job: Option<&str>, start: Option<StartFrom>, script: &Sc
 /// Builds the engine of embedded mode: services under the pipeline's `.steppe/`.
 /// `park_questions`: an unanswerable ask_user question waits in the store
 /// (`steppe run`), rather than taking its default or aborting (`steppe test`).
-pub(super) async fn engine(loaded: &steppe_language::Loaded, exec: &ExecArgs, scratch: &Path, scripted: Option<(String, Option<String>)>, park_questions: bool) -> Result<Arc<engine::Engine>> {
-    let svc = start_services(&loaded.dir.join(".steppe"), &steppe_runtime::store::db_path(&loaded.path), scratch, exec.workers.unwrap_or_else(cores), exec.quiet, exec.listen.is_some()).await?;
+pub(super) async fn engine(loaded: &steppe_language::Loaded, exec: &ExecArgs, store: crate::services::OpeningStore, scratch: &Path, scripted: Option<(String, Option<String>)>, park_questions: bool) -> Result<Arc<engine::Engine>> {
+    let svc = start_services_opening(&loaded.dir.join(".steppe"), store, scratch, exec.workers.unwrap_or_else(cores), exec.quiet, exec.listen.is_some()).await?;
     if let Some(addr) = exec.listen {
         crate::server::serve(&svc, addr, crate::server::ServeOptions::default())?;
     }

@@ -54,6 +54,7 @@ fn test(path: &Path, only: Option<&str>, script: &ScriptArgs, exec: &ExecArgs, v
     if let Some(code) = exec.submit(path, only, true, vars_v.clone(), scenario.as_ref(), None)? {
         return Ok(code);
     }
+    let store = crate::services::OpeningStore::start(steppe_runtime::store::db_path(path));
     let loaded = match load_reporting(path, &LoadOptions::from_env(vars_v)) {
         Ok(l) => l,
         Err(code) => return Ok(code),
@@ -65,7 +66,7 @@ fn test(path: &Path, only: Option<&str>, script: &ScriptArgs, exec: &ExecArgs, v
     };
     let targets = model.as_ref().map(|m| m.targets());
     let scratch = scratch()?;
-    let engine = rt.block_on(engine(&loaded, exec, scratch.path(), targets, false))?;
+    let engine = rt.block_on(engine(&loaded, exec, store, scratch.path(), targets, false))?;
     let jobs = match crate::services::pick_jobs(&loaded.pipeline.jobs, only, &path.display().to_string()) {
         Ok(j) => j,
         Err(e) => {

@@ -36,11 +36,13 @@ impl JobRun {
                 return Done::err(StepError::errored("step has no kind"), Vec::new());
             };
             if s.across.is_some() && cell.is_empty() {
-                return self.across(s, kind).await;
+                return Box::pin(self.across(s, kind)).await;
             }
+            // Each kind's future is boxed apart: this one stays small, and
+            // only the kind that runs is allocated (and moved) at all.
             if let Some(w) = &s.when {
                 if kind != StepKind::Get {
-                    match self.guard(s, &w.run, &cell).await {
+                    match Box::pin(self.guard(s, &w.run, &cell)).await {
                         Ok(true) => {}
                         Ok(false) => return Done::skipped(),
                         Err(e) => return Done::err(e, Vec::new()),
@@ -48,21 +50,21 @@ impl JobRun {
                 }
             }
             let mut d = match kind {
-                StepKind::Task => self.task(s, &cell).await,
-                StepKind::Get => self.get(s).await,
-                StepKind::Put => self.put(s, &cell).await,
-                StepKind::LoadVar => self.load_var(s).await,
-                StepKind::Do => self.do_block(s.do_.as_deref().unwrap_or(&[])).await,
-                StepKind::Try => self.try_block(s).await,
+                StepKind::Task => Box::pin(self.task(s, &cell)).await,
+                StepKind::Get => Box::pin(self.get(s)).await,
+                StepKind::Put => Box::pin(self.put(s, &cell)).await,
+                StepKind::LoadVar => Box::pin(self.load_var(s)).await,
+                StepKind::Do => Box::pin(self.do_block(s.do_.as_deref().unwrap_or(&[]))).await,
+                StepKind::Try => Box::pin(self.try_block(s)).await,
                 StepKind::InParallel => {
                     let p = s.in_parallel.as_ref();
                     let steps = p.map(|p| p.steps.as_slice()).unwrap_or(&[]);
-                    self.parallel(steps, p.and_then(|p| p.limit).filter(|l| *l > 0).map(|l| l as usize), p.and_then(|p| p.fail_fast).unwrap_or(false)).await
+                    Box::pin(self.parallel(steps, p.and_then(|p| p.limit).filter(|l| *l > 0).map(|l| l as usize), p.and_then(|p| p.fail_fast).unwrap_or(false))).await
                 }
-                StepKind::Race => self.race(s.race.as_ref().map(|r| r.steps.as_slice()).unwrap_or(&[])).await,
-                StepKind::Agent => self.agent(s, &cell, None).await,
-                StepKind::Ensemble => self.ensemble(s).await,
-                StepKind::Approval => self.approval(s).await,
+                StepKind::Race => Box::pin(self.race(s.race.as_ref().map(|r| r.steps.as_slice()).unwrap_or(&[]))).await,
+                StepKind::Agent => Box::pin(self.agent(s, &cell, None)).await,
+                StepKind::Ensemble => Box::pin(self.ensemble(s)).await,
+                StepKind::Approval => Box::pin(self.approval(s)).await,
             };
             if !d.outputs.is_empty() && d.result.is_ok() && cell.is_empty() {
                 self.register(&d.outputs);

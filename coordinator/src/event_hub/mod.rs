@@ -65,13 +65,8 @@ pub enum Event {
     /// run's events (the first [`LIVE_KEPT_MAX`] of a step's; its record
     /// keeps the rest when it ends).
     Line { run_id: String, line: LogLine },
-    /// A step's output record, for the store.
-    Output { run_id: String, lines: Vec<LogLine> },
-    Step(StepRecord),
-    /// A run succeeded through this chain (scope, job, leaf hash), for the store.
-    Chain(steppe_runtime::store::Scope, String, String),
-    /// Spans of a run (the coordinator's, or a worker's from its result), for the store.
-    Spans { run_id: String, spans: Vec<steppe_runtime::trace::SpanRecord> },
+    /// Enough records wait in [`Records`] to be written before the next tick.
+    Records,
     /// Reply once everything before it is shown and in the store.
     Flush(RpcReplyPort<()>),
     /// Also send a run's lines here (a `steppe submit` following it).
@@ -83,14 +78,11 @@ struct HubActor;
 
 pub struct HubState {
     store: Option<Arc<dyn Store>>,
-    batch: Vec<(String, LogLine)>,
     /// Events not yet in the store, in order.
     events: Vec<(String, RunEvent)>,
-    /// Step records and spans not yet in the store: written with the
-    /// events and lines in one batch on each tick, at a flush, or when many.
-    steps: Vec<steppe_runtime::store::StepRecord>,
-    spans: Vec<(String, Vec<steppe_runtime::trace::SpanRecord>)>,
-    chains: Vec<(steppe_runtime::store::Scope, String, String)>,
+    /// What the handle gathered for the store beside the mailbox; written
+    /// with the events in one batch on each tick, at a flush, or when many.
+    records: Arc<std::sync::Mutex<Records>>,
     /// Live lines kept so far of each running step (run id, step).
     live_kept: std::collections::HashMap<(String, String), usize>,
     watchers: Watchers,
@@ -135,7 +127,8 @@ impl HubState {
 
     /// Writes everything gathered in one batch (one transaction where the store can).
     fn flush_all(&mut self) {
-        let batch = steppe_runtime::store::Batch { events: std::mem::take(&mut self.events), logs: std::mem::take(&mut self.batch), steps: std::mem::take(&mut self.steps), spans: std::mem::take(&mut self.spans), chains: std::mem::take(&mut self.chains) };
+        let r = std::mem::take(&mut *self.records.lock().unwrap_or_else(|p| p.into_inner()));
+        let batch = steppe_runtime::store::Batch { events: std::mem::take(&mut self.events), logs: r.logs, steps: r.steps, spans: r.spans, chains: r.chains };
         let Some(s) = &self.store else { return };
         if batch.is_empty() {
             return;
@@ -146,22 +139,18 @@ impl HubState {
         }
     }
 
-    /// Whether enough waits to be written before the next tick.
-    fn full(&self) -> bool {
-        self.batch.len() >= 500 || self.steps.len() + self.spans.len() + self.chains.len() >= 256
-    }
 }
 
 impl Actor for HubActor {
     type Msg = Event;
     type State = HubState;
-    type Arguments = (Vec<Box<dyn Subscriber>>, Option<Arc<dyn Store>>, Arc<std::sync::atomic::AtomicUsize>);
+    type Arguments = (Vec<Box<dyn Subscriber>>, Option<Arc<dyn Store>>, Arc<std::sync::atomic::AtomicUsize>, Arc<std::sync::Mutex<Records>>);
 
-    async fn pre_start(&self, me: ActorRef<Event>, (subscribers, store, pending_lines): Self::Arguments) -> Result<HubState, ActorProcessingErr> {
+    async fn pre_start(&self, me: ActorRef<Event>, (subscribers, store, pending_lines, records): Self::Arguments) -> Result<HubState, ActorProcessingErr> {
         if store.is_some() || subscribers.iter().any(|s| s.wants_ticks()) {
             let _ = me.send_interval(Duration::from_millis(500), || Event::Tick);
         }
-        Ok(HubState { store, batch: Vec::new(), events: Vec::new(), steps: Vec::new(), spans: Vec::new(), chains: Vec::new(), live_kept: Default::default(), watchers: Watchers::default(), subscribers, pending_lines })
+        Ok(HubState { store, events: Vec::new(), records, live_kept: Default::default(), watchers: Watchers::default(), subscribers, pending_lines })
     }
 
     async fn handle(&self, _me: ActorRef<Event>, ev: Event, st: &mut HubState) -> Result<(), ActorProcessingErr> {
@@ -204,38 +193,7 @@ impl Actor for HubActor {
                 st.each(|s| s.line(&run_id, &text));
                 st.live_line(&run_id, &line);
             }
-            Event::Output { run_id, lines } => {
-                if st.store.is_some() {
-                    st.batch.extend(lines.into_iter().map(|l| (run_id.clone(), l)));
-                    if st.full() {
-                        st.flush_all();
-                    }
-                }
-            }
-            Event::Spans { run_id, spans } => {
-                if st.store.is_some() {
-                    st.spans.push((run_id, spans));
-                    if st.full() {
-                        st.flush_all();
-                    }
-                }
-            }
-            Event::Step(rec) => {
-                if st.store.is_some() {
-                    st.steps.push(rec);
-                    if st.full() {
-                        st.flush_all();
-                    }
-                }
-            }
-            Event::Chain(scope, job, hash) => {
-                if st.store.is_some() {
-                    st.chains.push((scope, job, hash));
-                    if st.full() {
-                        st.flush_all();
-                    }
-                }
-            }
+            Event::Records => st.flush_all(),
             Event::Watch { run_id, tx } => st.watchers.watch(run_id, tx),
             Event::Unwatch(run_id) => st.watchers.unwatch(&run_id),
             Event::Flush(reply) => {
@@ -278,7 +236,26 @@ pub struct EventHub {
     /// `dropped`, said when the flood ends), never from a step's record.
     pending_lines: Arc<std::sync::atomic::AtomicUsize>,
     dropped: std::sync::atomic::AtomicU64,
+    /// Records for the store only (nothing shows them): gathered here
+    /// rather than sent through the mailbox one by one.
+    records: Arc<std::sync::Mutex<Records>>,
 }
+
+/// What waits to be stored beside the hub's own events.
+#[derive(Default)]
+pub struct Records {
+    logs: Vec<(String, LogLine)>,
+    steps: Vec<StepRecord>,
+    spans: Vec<(String, Vec<steppe_runtime::trace::SpanRecord>)>,
+    chains: Vec<(steppe_runtime::store::Scope, String, String)>,
+    /// How many of the above, lines counted apart (they are many and small).
+    count: usize,
+    lines: usize,
+}
+
+/// Records (or lines) waiting past these are written before the next tick.
+const RECORDS_FULL: usize = 256;
+const LINES_FULL: usize = 500;
 
 /// The most live lines waiting to be printed.
 const LIVE_LINES_MAX: usize = 10_000;
@@ -296,8 +273,9 @@ impl EventHub {
     /// Starts the hub with these subscribers (watchers are always there).
     pub async fn start_with(subscribers: Vec<Box<dyn Subscriber>>, store: Option<Arc<dyn Store>>) -> Result<Self, ractor::SpawnErr> {
         let pending_lines = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let (actor, _) = Actor::spawn(None, HubActor, (subscribers, store.clone(), pending_lines.clone())).await?;
-        Ok(EventHub { actor, store, pending_lines, dropped: Default::default() })
+        let records = Arc::new(std::sync::Mutex::new(Records::default()));
+        let (actor, _) = Actor::spawn(None, HubActor, (subscribers, store.clone(), pending_lines.clone(), records.clone())).await?;
+        Ok(EventHub { actor, store, pending_lines, dropped: Default::default(), records })
     }
 
     pub fn store(&self) -> Option<&Arc<dyn Store>> {
@@ -358,11 +336,30 @@ impl EventHub {
         if self.store.is_none() || (record.head.is_empty() && record.full.is_none()) {
             return;
         }
-        let lines = LogLine::from_record(step, record).into_iter().map(|mut l| {
-            l.line = masked(l.line);
-            l
+        let lines: Vec<(String, LogLine)> = LogLine::from_record(step, record)
+            .into_iter()
+            .map(|mut l| {
+                l.line = masked(l.line);
+                (run_id.to_string(), l)
+            })
+            .collect();
+        self.keep(|r| {
+            r.lines += lines.len();
+            r.logs.extend(lines);
         });
-        let _ = self.actor.cast(Event::Output { run_id: run_id.to_string(), lines: lines.collect() });
+    }
+
+    /// Adds to what waits for the store; asks the hub to write it when much waits.
+    fn keep(&self, add: impl FnOnce(&mut Records)) {
+        let full = {
+            let mut r = self.records.lock().unwrap_or_else(|p| p.into_inner());
+            let was_full = r.count >= RECORDS_FULL || r.lines >= LINES_FULL;
+            add(&mut r);
+            !was_full && (r.count >= RECORDS_FULL || r.lines >= LINES_FULL)
+        };
+        if full {
+            let _ = self.actor.cast(Event::Records);
+        }
     }
 
     /// Keeps spans of a run (credentials in their words masked).
@@ -377,13 +374,22 @@ impl EventHub {
                 *v = masked(std::mem::take(v));
             }
         }
-        let _ = self.actor.cast(Event::Spans { run_id: run_id.to_string(), spans });
+        self.keep(|r| {
+            r.count += 1;
+            r.spans.push((run_id.to_string(), spans));
+        });
     }
 
     pub fn record_step(&self, mut rec: StepRecord) {
+        if self.store.is_none() {
+            return;
+        }
         rec.message = masked(rec.message);
         rec.detail = rec.detail.map(masked);
-        let _ = self.actor.cast(Event::Step(rec));
+        self.keep(|r| {
+            r.count += 1;
+            r.steps.push(rec);
+        });
     }
 
     /// Records that a run of `job` succeeded through the chain whose leaf is
@@ -391,7 +397,10 @@ impl EventHub {
     /// run's end flushes it.
     pub fn record_chain(&self, scope: &steppe_runtime::store::Scope, job: &str, hash: &str) {
         if self.store.is_some() {
-            let _ = self.actor.cast(Event::Chain(scope.clone(), job.to_string(), hash.to_string()));
+            self.keep(|r| {
+                r.count += 1;
+                r.chains.push((scope.clone(), job.to_string(), hash.to_string()));
+            });
         }
     }
 

@@ -18,6 +18,14 @@ impl Scratch {
     /// `$TMPDIR/steppe-<kind>-<pid>`; the ones of `kind` whose process is
     /// gone are swept away on a thread of their own.
     pub fn create(kind: &str) -> io::Result<Scratch> {
+        Self::create_then(kind, |_| {})
+    }
+
+    /// As [`Scratch::create`]; `then` runs on the sweep's thread once it is
+    /// over, told whether a steppe process of any kind on this host died
+    /// leaving its directory (whatever else it left, containers, is swept
+    /// then: a host where none died has nothing to sweep).
+    pub fn create_then(kind: &str, then: impl FnOnce(bool) + Send + 'static) -> io::Result<Scratch> {
         let base = std::env::temp_dir();
         let path = base.join(format!("steppe-{kind}-{}", std::process::id()));
         std::fs::create_dir_all(&path)?;
@@ -25,7 +33,7 @@ impl Scratch {
         // nobody else's on this host, whatever modes are set inside.
         std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
         let kind = kind.to_string();
-        let sweeping = std::thread::Builder::new().name("steppe-sweep".into()).spawn(move || sweep(&base, &kind)).ok();
+        let sweeping = std::thread::Builder::new().name("steppe-sweep".into()).spawn(move || then(sweep(&base, &kind))).ok();
         Ok(Scratch { path, sweeping })
     }
 
@@ -49,17 +57,22 @@ impl Drop for Scratch {
 }
 
 /// Removes `steppe-<kind>-<pid>` directories under `base` whose process no
-/// longer exists.
-fn sweep(base: &Path, kind: &str) {
-    let prefix = format!("steppe-{kind}-");
-    let Ok(entries) = std::fs::read_dir(base) else { return };
+/// longer exists; whether any `steppe-*-<pid>` of a dead process was there.
+fn sweep(base: &Path, kind: &str) -> bool {
+    let Ok(entries) = std::fs::read_dir(base) else { return false };
+    let mut dead_seen = false;
     for e in entries.flatten() {
         let name = e.file_name();
-        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix(&prefix)).and_then(|p| p.parse::<i32>().ok()) else { continue };
+        let Some((of, pid)) = name.to_str().and_then(|n| n.strip_prefix("steppe-")).and_then(|n| n.rsplit_once('-')) else { continue };
+        let Ok(pid) = pid.parse::<i32>() else { continue };
         if pid > 0 && !alive(pid) {
-            let _ = std::fs::remove_dir_all(e.path());
+            dead_seen = true;
+            if of == kind {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
         }
     }
+    dead_seen
 }
 
 fn alive(pid: i32) -> bool {
@@ -81,8 +94,10 @@ mod tests {
         std::fs::create_dir_all(dead.join("step-1")).unwrap();
         let live = base.join(format!("steppe-{kind}-1"));
         std::fs::create_dir_all(&live).unwrap();
-        let mut s = Scratch::create(&kind).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut s = Scratch::create_then(&kind, move |dead| tx.send(dead).unwrap()).unwrap();
         s.swept();
+        assert!(rx.recv().unwrap(), "a dead process's directory was seen");
         assert!(!dead.exists(), "a dead process's scratch is removed");
         assert!(live.exists(), "pid 1 is alive: its directory stays");
         let mine = s.path().to_path_buf();

@@ -28,6 +28,21 @@ pub struct SpanRecord {
 }
 
 impl SpanRecord {
+    /// Spans as a store keeps them together: one JSON array.
+    pub fn encode_many(spans: &[&SpanRecord]) -> String {
+        serde_json::to_string(spans).unwrap_or_default()
+    }
+
+    /// What [`SpanRecord::encode_many`] wrote, or one span as stores kept
+    /// each before; nothing from what is neither.
+    pub fn decode_many(text: &str) -> Vec<SpanRecord> {
+        if text.trim_start().starts_with('[') {
+            serde_json::from_str(text).unwrap_or_default()
+        } else {
+            serde_json::from_str(text).map(|s| vec![s]).unwrap_or_default()
+        }
+    }
+
     pub fn attribute(&self, key: &str) -> Option<&str> {
         self.attributes.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
     }
@@ -131,6 +146,16 @@ pub fn timeline(spans: &[SpanRecord]) -> Option<Timeline<'_>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn spans_kept_together_read_back_as_do_spans_kept_one_by_one() {
+        let a = SpanRecord { span_id: "a".into(), name: "step x".into(), attributes: vec![("k".into(), "v".into())], ..Default::default() };
+        let b = SpanRecord { span_id: "b".into(), parent_id: "a".into(), error: Some("exit 3".into()), ..Default::default() };
+        assert_eq!(SpanRecord::decode_many(&SpanRecord::encode_many(&[&a, &b])), [a.clone(), b]);
+        assert_eq!(SpanRecord::decode_many(&serde_json::to_string(&a).unwrap()), [a], "a store written by an earlier build");
+        assert!(SpanRecord::decode_many("not json").is_empty());
+        assert!(SpanRecord::decode_many("[]").is_empty());
+    }
 
     #[test]
     fn traceparents_round_trip_and_garbage_is_refused() {

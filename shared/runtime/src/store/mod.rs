@@ -144,6 +144,20 @@ impl RunRecord {
     }
 }
 
+/// A batch's spans, each run's together (in the order they came), for one
+/// record per run: a trace is read whole, never a span at a time.
+pub(crate) fn spans_by_run(spans: &[(String, Vec<crate::trace::SpanRecord>)]) -> Vec<(&str, Vec<&crate::trace::SpanRecord>)> {
+    let mut out: Vec<(&str, Vec<&crate::trace::SpanRecord>)> = Vec::new();
+    for (run_id, list) in spans {
+        match out.iter_mut().find(|(r, _)| *r == run_id) {
+            Some((_, v)) => v.extend(list),
+            None => out.push((run_id, list.iter().collect())),
+        }
+    }
+    out.retain(|(_, v)| !v.is_empty());
+    out
+}
+
 /// What the event hub writes to the store at once, in order within each kind.
 #[derive(Debug, Clone, Default)]
 pub struct Batch {

@@ -187,16 +187,8 @@ impl Store for RedisStore {
         for (run_id, recs) in steps {
             p.hset_multiple(self.k(&["steps", run_id]), &recs).ignore();
         }
-        let mut spans: Vec<(&str, Vec<String>)> = Vec::new();
-        for (run_id, list) in &b.spans {
-            let encoded = list.iter().map(Self::encode);
-            match spans.iter_mut().find(|(r, _)| r == run_id) {
-                Some((_, v)) => v.extend(encoded),
-                None => spans.push((run_id, encoded.collect())),
-            }
-        }
-        for (run_id, list) in spans.into_iter().filter(|(_, l)| !l.is_empty()) {
-            p.rpush(self.k(&["spans", run_id]), list).ignore();
+        for (run_id, spans) in super::spans_by_run(&b.spans) {
+            p.rpush(self.k(&["spans", run_id]), crate::trace::SpanRecord::encode_many(&spans)).ignore();
         }
         for (scope, job, hash) in &b.chains {
             p.sadd(self.k(&["chains", &scope.team, &scope.pipeline, job]), hash).ignore();
@@ -285,14 +277,14 @@ impl Store for RedisStore {
             return Ok(());
         }
         let key = self.k(&["spans", run_id]);
-        let encoded: Vec<String> = spans.iter().map(Self::encode).collect();
+        let encoded = crate::trace::SpanRecord::encode_many(&spans.iter().collect::<Vec<_>>());
         self.with(|c| c.rpush(&key, &encoded))
     }
 
     fn spans(&self, run_id: &str) -> Result<Vec<crate::trace::SpanRecord>, StoreError> {
         let key = self.k(&["spans", run_id]);
         let raw: Vec<String> = self.with(|c| c.lrange(&key, 0, -1))?;
-        raw.iter().map(|r| self.decode(r)).collect()
+        Ok(raw.iter().flat_map(|r| crate::trace::SpanRecord::decode_many(r)).collect())
     }
 
     fn logs(&self, run_id: &str) -> Result<Vec<LogLine>, StoreError> {

@@ -274,10 +274,8 @@ impl Store for SqliteStore {
                     insert_step(&tx, s)?;
                 }
                 let mut st = tx.prepare_cached("INSERT INTO spans (run_id, span) VALUES (?1, ?2)")?;
-                for (run_id, spans) in &b.spans {
-                    for s in spans {
-                        st.execute(params![run_id, serde_json::to_string(s).unwrap_or_default()])?;
-                    }
+                for (run_id, spans) in super::spans_by_run(&b.spans) {
+                    st.execute(params![run_id, crate::trace::SpanRecord::encode_many(&spans)])?;
                 }
                 let mut st = tx.prepare_cached("INSERT OR IGNORE INTO chains (team, pipeline, job, hash) VALUES (?1, ?2, ?3, ?4)")?;
                 for (scope, job, hash) in &b.chains {
@@ -605,9 +603,9 @@ impl Store for SqliteStore {
         self.with(|c| {
             let tx = c.transaction()?;
             {
-                let mut st = tx.prepare_cached("INSERT INTO spans (run_id, span) VALUES (?1, ?2)")?;
-                for s in spans {
-                    st.execute(params![run_id, serde_json::to_string(s).unwrap_or_default()])?;
+                if !spans.is_empty() {
+                    let mut st = tx.prepare_cached("INSERT INTO spans (run_id, span) VALUES (?1, ?2)")?;
+                    st.execute(params![run_id, crate::trace::SpanRecord::encode_many(&spans.iter().collect::<Vec<_>>())])?;
                 }
             }
             tx.commit()
@@ -620,7 +618,7 @@ impl Store for SqliteStore {
             let rows = st.query_map(params![run_id], |r| r.get(0))?;
             rows.collect()
         })?;
-        Ok(raw.iter().filter_map(|r| serde_json::from_str(r).ok()).collect())
+        Ok(raw.iter().flat_map(|r| crate::trace::SpanRecord::decode_many(r)).collect())
     }
 
     fn logs(&self, run_id: &str) -> Result<Vec<LogLine>, StoreError> {
