@@ -14,6 +14,8 @@ use steppe_runtime::queue::{Pools, Queue};
 use steppe_worker::local::{Cancels, Reporter};
 use tokio::sync::mpsc;
 
+use crate::queue_writer::QueueWriter;
+
 pub type SessionTx = mpsc::Sender<Result<CoordinatorMessage, tonic::Status>>;
 
 pub enum DispatchMsg {
@@ -44,6 +46,8 @@ pub enum DispatchMsg {
     Whole(String, RpcReplyPort<Option<Assignment>>),
     /// Assignments no worker has begun after this long, not told before.
     LongWaits(std::time::Duration, RpcReplyPort<Vec<LongWait>>),
+    /// A push to a remote queue failed (the id, why): its step errors.
+    NotQueued(String, String),
 }
 
 /// An assignment that has waited in its queue past the time to say so.
@@ -87,6 +91,8 @@ pub struct DispatcherState {
     hub: Option<Arc<crate::event_hub::EventHub>>,
     /// The waiting assignments whose long wait was told.
     told_waiting: std::collections::HashSet<String>,
+    /// Pushes and acknowledgements of remote queues, off the actor's path.
+    writer: QueueWriter,
 }
 
 /// The assignments someone here waits for. An entry outside it (left on a
@@ -125,6 +131,15 @@ impl DispatcherState {
         self.started_at.remove(id);
         self.told_waiting.remove(id);
         self.pending.remove(id).map(|(p, _)| p)
+    }
+
+    /// Its push failed: the step waiting for it errors.
+    fn not_queued(&mut self, id: &str, why: &str) {
+        if let Some(p) = self.forget(id) {
+            let mut r = aborted(id, "");
+            r.result = Err(StepError::errored(format!("could not queue the step: {why}")));
+            let _ = p.send(r);
+        }
     }
 
     /// The queue of a pending assignment's pool.
@@ -179,8 +194,12 @@ impl Actor for DispatcherActor {
     type State = DispatcherState;
     type Arguments = (Arc<Pools>, Cancels, Wanted, Option<Arc<crate::event_hub::EventHub>>, Arc<steppe_worker::metrics::Metrics>);
 
-    async fn pre_start(&self, _me: ActorRef<Self::Msg>, (pools, local, wanted, hub, metrics): Self::Arguments) -> Result<Self::State, ActorProcessingErr> {
+    async fn pre_start(&self, me: ActorRef<Self::Msg>, (pools, local, wanted, hub, metrics): Self::Arguments) -> Result<Self::State, ActorProcessingErr> {
+        let writer = QueueWriter::start(Arc::new(move |id, why| {
+            let _ = me.cast(DispatchMsg::NotQueued(id, why));
+        }));
         Ok(DispatcherState {
+            writer,
             pools,
             pending: HashMap::new(),
             local,
@@ -206,17 +225,22 @@ impl Actor for DispatcherActor {
                     w.insert(id.clone(), a.epoch);
                 }
                 let pushed = match st.pools.get(&a.pool).await {
-                    Ok(q) => q.push(a).await,
-                    Err(e) => Err(e),
+                    // A remote queue's push is a round trip: off the actor's path.
+                    Ok(q) if q.lease().is_some() => {
+                        if st.writer.push(q, a) {
+                            Ok(())
+                        } else {
+                            Err("the coordinator is stopping".to_string())
+                        }
+                    }
+                    Ok(q) => q.push(a).await.map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
                 };
                 if let Err(e) = pushed {
-                    if let Some(p) = st.forget(&id) {
-                        let mut r = aborted(&id, "");
-                        r.result = Err(StepError::errored(format!("could not queue the step: {e}")));
-                        let _ = p.send(r);
-                    }
+                    st.not_queued(&id, &e);
                 }
             }
+            DispatchMsg::NotQueued(id, why) => st.not_queued(&id, &why),
             DispatchMsg::Complete(r) => {
                 if st.pending.get(&r.assignment_id).is_some_and(|(_, a)| a.epoch != r.epoch) {
                     // Fencing: an earlier handing-out of a requeued assignment
@@ -232,15 +256,9 @@ impl Actor for DispatcherActor {
                     st.metrics.finished(&r);
                 }
                 if let Some(q) = st.queue_of(&r.assignment_id).await {
-                    // Off the actor's path: a remote queue's ack is a round
-                    // trip, and nothing here waits on it (an entry acked late
-                    // that comes back is no longer wanted, and is dropped).
                     // An in-process queue holds nothing once taken.
                     if q.lease().is_some() {
-                        let id = r.assignment_id.clone();
-                        tokio::spawn(async move {
-                            let _ = q.ack(&id).await;
-                        });
+                        st.writer.ack(q, r.assignment_id.clone());
                     }
                 }
                 // A result nobody waits for (a cancelled race loser, a duplicate) is dropped.

@@ -13,6 +13,7 @@ pub mod engine;
 pub mod event_hub;
 pub mod history;
 pub mod liveness;
+pub mod queue_writer;
 pub mod registry;
 pub mod remote;
 pub mod run_actor;

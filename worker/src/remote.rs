@@ -186,8 +186,8 @@ impl Ledger for CoordinatorLedger {
 }
 
 impl Running {
-    /// Runs one assignment and reports its result; `_slot` is held until then.
-    async fn run_one(self, mut a: Assignment, cancel: tokio::sync::watch::Receiver<bool>, _slot: Option<tokio::sync::OwnedSemaphorePermit>) {
+    /// Runs one assignment and reports its result; `slot` is held until then.
+    async fn run_one(self, mut a: Assignment, cancel: tokio::sync::watch::Receiver<bool>, slot: Option<tokio::sync::OwnedSemaphorePermit>) {
         let Running { tx, store, work_root, cancels, queue, coordinator_host, ledger, stats } = self;
         let began = std::time::Instant::now();
         stats.metrics.steps_started.inc();
@@ -239,7 +239,11 @@ impl Running {
                 return;
             }
         };
-        if tx.send(WorkerMessage { msg: Some(worker_message::Msg::Result(wire)) }).await.is_ok() {
+        let reported = tx.send(WorkerMessage { msg: Some(worker_message::Msg::Result(wire)) }).await.is_ok();
+        // The slot is free once the result is sent: the next pop need not
+        // wait for the acknowledgement's round trip.
+        drop(slot);
+        if reported {
             if let Some(q) = queue {
                 // Reported: the entry need not come back (if the report is
                 // lost with the session, the coordinator requeues by id).

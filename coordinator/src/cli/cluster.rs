@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 
 use super::args::{parse_lease, parse_wait};
-use super::{cores, runtime, scratch};
+use super::{cores, scratch};
 use crate::remote::read_token;
 use crate::run_actor::terminated;
 use crate::server::{serve, Auth, ServeOptions};
@@ -36,6 +36,13 @@ pub struct CoordinatorArgs {
     /// Worker slots inside the coordinator itself (default 0: only remote workers).
     #[arg(long, value_name = "N", default_value_t = 0)]
     workers: usize,
+    /// Runtime threads (default: half the cores, at least one; every core
+    /// with --workers). A coordinator's work is many small tasks: on more
+    /// threads than it keeps busy, waking one task wakes an idle thread too,
+    /// and the rest of the cores are left to its store, its queue and any
+    /// workers on the same host.
+    #[arg(long, value_name = "N", env = "STEPPE_COORDINATOR_THREADS")]
+    threads: Option<usize>,
     /// Where the coordinator keeps history, artifacts and submissions.
     #[arg(long, value_name = "DIR", default_value = ".steppe-coordinator")]
     state: PathBuf,
@@ -131,7 +138,7 @@ pub struct CoordinatorArgs {
 
 impl CoordinatorArgs {
     pub fn run(self) -> Result<ExitCode> {
-        let CoordinatorArgs { listen, workers, state, token_file, auth, queue, queue_lease, no_create_queues, max_receives, store, redis_password_file, redis_prefix, worker_lease, artifacts, tls_cert, tls_key, metrics, web, watch, watch_interval, log } = self;
+        let CoordinatorArgs { listen, workers, threads, state, token_file, auth, queue, queue_lease, no_create_queues, max_receives, store, redis_password_file, redis_prefix, worker_lease, artifacts, tls_cert, tls_key, metrics, web, watch, watch_interval, log } = self;
         // Loaded now, so a mistake in one stops the coordinator before it serves.
         let mut watched = Vec::new();
         for path in &watch {
@@ -159,7 +166,8 @@ impl CoordinatorArgs {
             None => None,
         };
         let scratch = scratch()?;
-        runtime()?.block_on(async {
+        let threads = threads.unwrap_or(if workers > 0 { cores() } else { cores() / 2 }).max(1);
+        super::runtime_with(Some(threads))?.block_on(async {
             std::fs::create_dir_all(&state).with_context(|| format!("creating {}", state.display()))?;
             // Submissions of a coordinator that died: those it kept for a
             // successor are taken over (`RunService::take_over_orphans`); the
