@@ -20,6 +20,9 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::dispatch::Dispatcher;
 use crate::registry::WorkerRegistry;
 
+/// Most assignments a session's puller takes from the queue in one read.
+const PULL_BATCH: usize = 64;
+
 pub struct WorkerService {
     /// Who may serve which pools (worker and admin tokens).
     pub callers: steppe_runtime::auth::Callers,
@@ -197,33 +200,26 @@ impl Coordinator for WorkerService {
             use std::sync::atomic::Ordering;
             loop {
                 let Ok(permit) = slots_sem.clone().acquire_owned().await else { return };
+                // As many as are free, taken in one read: a worker of many
+                // slots is not filled one round trip at a time.
+                let mut permits = vec![permit];
+                while permits.len() < PULL_BATCH {
+                    match slots_sem.clone().try_acquire_owned() {
+                        Ok(p) => permits.push(p),
+                        Err(_) => break,
+                    }
+                }
                 if stop_seen.load(Ordering::SeqCst) {
                     return;
                 }
-                let a = match queue.pop_within(std::time::Duration::from_secs(1)).await {
-                    Ok(Some(a)) if stop_seen.load(Ordering::SeqCst) => {
-                        // Taken just as the session stopped taking work: back it goes.
-                        d.requeue(&a.id);
-                        return;
-                    }
-                    Ok(Some(a)) if !d.wanted(&a.id, a.epoch) => {
-                        // Left on a shared queue by a coordinator that is gone.
-                        hub.note(&format!("dropped assignment {} ({}): no run here waits for it", a.id, a.step));
-                        let _ = queue.ack(&a.id).await;
-                        continue;
-                    }
-                    Ok(Some(a)) => a,
-                    Ok(None) => {
+                let taken = match queue.pop_up_to(permits.len(), std::time::Duration::from_secs(1)).await {
+                    Ok(taken) if taken.is_empty() => {
                         if let Some(l) = steppe_runtime::outage::recovered("taking from the queue") {
                             hub.note(&format!("steppe: {l}"));
                         }
                         continue;
                     }
-                    Err(e) if !e.is_outage() => {
-                        // One entry it could not read (moved aside): on to the next.
-                        hub.note(&format!("steppe: {e}"));
-                        continue;
-                    }
+                    Ok(taken) => taken,
                     Err(e) => {
                         if let Some(l) = steppe_runtime::outage::failed("taking from the queue", &e) {
                             hub.note(&format!("steppe: {l}"));
@@ -232,15 +228,46 @@ impl Coordinator for WorkerService {
                         continue;
                     }
                 };
-                d.running_remotely(&a.id, ptx.clone());
-                if let Ok(mut m) = pflight.lock() {
-                    m.insert(a.id.clone(), Some(permit));
-                }
-                let msg = CoordinatorMessage { msg: Some(coordinator_message::Msg::Assignment(assignment_to_wire(&a))) };
-                if ptx.send(Ok(msg)).await.is_err() {
-                    if pflight.lock().ok().and_then(|mut m| m.remove(&a.id)).is_some() {
+                let mut stopped = false;
+                for a in taken {
+                    let a = match a {
+                        Ok(a) => a,
+                        Err(e) => {
+                            // One entry it could not read (moved aside): on to the next.
+                            hub.note(&format!("steppe: {e}"));
+                            continue;
+                        }
+                    };
+                    if stopped || stop_seen.load(Ordering::SeqCst) {
+                        // Taken just as the session stopped taking work: back it goes.
                         d.requeue(&a.id);
+                        stopped = true;
+                        continue;
                     }
+                    if !d.wanted(&a.id, a.epoch) {
+                        // Left on a shared queue by a coordinator that is gone.
+                        hub.note(&format!("dropped assignment {} ({}): no run here waits for it", a.id, a.step));
+                        let _ = queue.ack(&a.id).await;
+                        continue;
+                    }
+                    let Some(permit) = permits.pop() else {
+                        // More than asked for (a queue that ignores the count): back it goes.
+                        d.requeue(&a.id);
+                        continue;
+                    };
+                    d.running_remotely(&a.id, ptx.clone());
+                    if let Ok(mut m) = pflight.lock() {
+                        m.insert(a.id.clone(), Some(permit));
+                    }
+                    let msg = CoordinatorMessage { msg: Some(coordinator_message::Msg::Assignment(assignment_to_wire(&a))) };
+                    if ptx.send(Ok(msg)).await.is_err() {
+                        if pflight.lock().ok().and_then(|mut m| m.remove(&a.id)).is_some() {
+                            d.requeue(&a.id);
+                        }
+                        stopped = true;
+                    }
+                }
+                if stopped {
                     return;
                 }
             }

@@ -31,6 +31,21 @@ pub async fn basics(q: Arc<dyn Queue>) {
     q.push(a("4")).await.unwrap();
     assert_eq!(waiter.await.unwrap(), "4", "pop waits for a push");
     q.ack("4").await.unwrap();
+    // Taken several at a time: never more than asked, none lost, in order.
+    for id in ["5", "6", "7"] {
+        q.push(a(id)).await.unwrap();
+    }
+    let mut got = Vec::new();
+    while got.len() < 3 {
+        let batch = q.pop_up_to(2, Duration::from_secs(2)).await.unwrap();
+        assert!(!batch.is_empty() && batch.len() <= 2, "{batch:?}");
+        got.extend(batch.into_iter().map(|t| t.unwrap().id));
+    }
+    assert_eq!(got, ["5", "6", "7"]);
+    for id in &got {
+        q.ack(id).await.unwrap();
+    }
+    assert!(q.pop_up_to(3, Duration::from_millis(50)).await.unwrap().is_empty(), "nothing waits: none taken");
 }
 
 /// A taker that dies without acknowledging: after the lease, another gets

@@ -125,6 +125,33 @@ impl Queue for Merged {
         })
     }
 
+    fn pop_up_to(&self, max: usize, wait: Duration) -> BoxFuture<'_, Result<Vec<Result<Assignment, QueueError>>, QueueError>> {
+        Box::pin(async move {
+            if self.pop_is_cancel_safe() || max <= 1 {
+                return match self.pop_within(wait).await {
+                    Ok(a) => Ok(a.into_iter().map(Ok).collect()),
+                    Err(e) if !e.is_outage() => Ok(vec![Err(e)]),
+                    Err(e) => Err(e),
+                };
+            }
+            // As pop_within: the rarer looked at (for as many), then the busier waited on.
+            let since = *self.rare_empty_at.lock().unwrap_or_else(|p| p.into_inner());
+            let until_look = since.map_or(Duration::ZERO, |t| RARE_LOOK.saturating_sub(t.elapsed()));
+            let look = until_look.is_zero();
+            if look {
+                let rare = self.rare.pop_up_to(max, Duration::ZERO).await?;
+                if !rare.is_empty() {
+                    rare.iter().flatten().for_each(|a| self.note(a, true));
+                    return Ok(rare);
+                }
+                *self.rare_empty_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
+            }
+            let busy = self.busy.pop_up_to(max, wait.min(if look { TURN } else { until_look })).await?;
+            busy.iter().flatten().for_each(|a| self.note(a, false));
+            Ok(busy)
+        })
+    }
+
     fn ack(&self, id: &str) -> BoxFuture<'_, Result<(), QueueError>> {
         match self.came_from_rare(id, true) {
             Some(true) => self.rare.ack(id),

@@ -44,6 +44,20 @@ pub trait Queue: Send + Sync {
     /// consumer that wants to stop polls it and stops between calls. A zero
     /// `wait` looks without waiting.
     fn pop_within(&self, wait: std::time::Duration) -> BoxFuture<'_, Result<Option<Assignment>, QueueError>>;
+    /// Like `pop_within`, but takes up to `max` when that many wait (one
+    /// round trip on Redis, where a taker of many slots would otherwise pay
+    /// one per slot): none only when `wait` ran out. Each entry this build
+    /// cannot read is an `Err` among them (moved aside, as `pop_within`'s).
+    fn pop_up_to(&self, max: usize, wait: std::time::Duration) -> BoxFuture<'_, Result<Vec<Result<Assignment, QueueError>>, QueueError>> {
+        let _ = max;
+        Box::pin(async move {
+            match self.pop_within(wait).await {
+                Ok(a) => Ok(a.into_iter().map(Ok).collect()),
+                Err(e) if !e.is_outage() => Ok(vec![Err(e)]),
+                Err(e) => Err(e),
+            }
+        })
+    }
     /// The assignment is done with: it will not come back.
     fn ack(&self, id: &str) -> BoxFuture<'_, Result<(), QueueError>>;
     /// Removes an assignment nobody took yet; true if it was waiting.

@@ -140,15 +140,15 @@ impl RedisQueue {
         self.entries.lock().ok().and_then(|m| m.get(id).cloned())
     }
 
-    /// One claim-or-read: an entry whose taker's lease ran out, else a new
-    /// one, waiting up to `wait`.
-    async fn pop_once(&self, wait: std::time::Duration) -> Result<Option<Assignment>, QueueError> {
+    /// One claim-or-read: an entry whose taker's lease ran out, else up to
+    /// `max` new ones, waiting up to `wait` for the first.
+    async fn pop_once(&self, max: usize, wait: std::time::Duration) -> Result<Vec<Result<Assignment, QueueError>>, QueueError> {
         let (mut c, kept) = self.reader(wait).await?;
-        let mut r = self.pop_on(&mut c, wait).await;
-        if kept && matches!(r, Err(QueueError::Backend { .. })) {
+        let mut r = self.pop_on(&mut c, max, wait).await;
+        if kept && r.is_err() {
             // A kept connection may have gone stale (Redis restarted): once more on a new one.
             (c, _) = self.reader_new(wait).await?;
-            r = self.pop_on(&mut c, wait).await;
+            r = self.pop_on(&mut c, max, wait).await;
         }
         if r.is_ok() {
             // Answered in full: the connection is free for the next read.
@@ -158,6 +158,18 @@ impl RedisQueue {
             }
         }
         r
+    }
+
+    /// `pop_once`, making the consumer group again when a Redis that
+    /// restarted empty lost it (whoever watches `ensure` learns the queue was lost).
+    async fn pop_some(&self, max: usize, wait: std::time::Duration) -> Result<Vec<Result<Assignment, QueueError>>, QueueError> {
+        match self.pop_once(max, wait).await {
+            Err(QueueError::Backend { message, .. }) if missing_group(&message) => {
+                self.make_group().await?;
+                self.pop_once(max, wait).await
+            }
+            r => r,
+        }
     }
 
     /// Whether it is time to look for entries whose taker's lease ran out
@@ -171,7 +183,7 @@ impl RedisQueue {
         due
     }
 
-    async fn pop_on(&self, c: &mut redis::aio::MultiplexedConnection, wait: std::time::Duration) -> Result<Option<Assignment>, QueueError> {
+    async fn pop_on(&self, c: &mut redis::aio::MultiplexedConnection, max: usize, wait: std::time::Duration) -> Result<Vec<Result<Assignment, QueueError>>, QueueError> {
         let c = &mut *c;
         if self.claim_due() {
             // An entry a consumer took and held past the lease comes back first.
@@ -190,12 +202,12 @@ impl RedisQueue {
                 if let Some(entry) = parts.get(1).map(parse_entries).and_then(|v| v.into_iter().next()) {
                     // More may have run out: look again on the next pop.
                     *self.claimed_at.lock().unwrap_or_else(|p| p.into_inner()) = None;
-                    return self.take(entry).await.map(Some);
+                    return Ok(vec![self.taken_or_refused(entry).await?]);
                 }
             }
         }
         let mut read = redis::cmd("XREADGROUP");
-        read.arg("GROUP").arg(&self.group).arg(&self.consumer).arg("COUNT").arg(1);
+        read.arg("GROUP").arg(&self.group).arg(&self.consumer).arg("COUNT").arg(max.max(1));
         if !wait.is_zero() {
             // No BLOCK is a look (BLOCK 0 would wait for ever).
             read.arg("BLOCK").arg(wait.as_millis().max(1) as u64);
@@ -207,16 +219,26 @@ impl RedisQueue {
             .query_async(c)
             .await
             .map_err(|e| self.err(e))?;
+        let mut taken = Vec::new();
         if let redis::Value::Array(streams) = &read {
             for s in streams {
                 if let redis::Value::Array(kv) = s {
-                    if let Some(entry) = kv.get(1).map(parse_entries).and_then(|v| v.into_iter().next()) {
-                        return self.take(entry).await.map(Some);
+                    for entry in kv.get(1).map(parse_entries).unwrap_or_default() {
+                        taken.push(self.taken_or_refused(entry).await?);
                     }
                 }
             }
         }
-        Ok(None)
+        Ok(taken)
+    }
+
+    /// `take`, an entry refused (moved aside) kept as its error beside the
+    /// others; only a backend that is away fails the whole read.
+    async fn taken_or_refused(&self, entry: Entry) -> Result<Result<Assignment, QueueError>, QueueError> {
+        match self.take(entry).await {
+            Err(e) if e.is_outage() => Err(e),
+            r => Ok(r),
+        }
     }
 
     /// Runs a command that answers at once on the managed connection; a
@@ -411,17 +433,11 @@ impl Queue for RedisQueue {
     }
 
     fn pop_within(&self, wait: std::time::Duration) -> BoxFuture<'_, Result<Option<Assignment>, QueueError>> {
-        Box::pin(async move {
-            match self.pop_once(wait).await {
-                // The group went with a Redis that restarted empty: make it
-                // again (whoever watches `ensure` learns the queue was lost).
-                Err(QueueError::Backend { message, .. }) if missing_group(&message) => {
-                    self.make_group().await?;
-                    self.pop_once(wait).await
-                }
-                r => r,
-            }
-        })
+        Box::pin(async move { self.pop_some(1, wait).await?.into_iter().next().transpose() })
+    }
+
+    fn pop_up_to(&self, max: usize, wait: std::time::Duration) -> BoxFuture<'_, Result<Vec<Result<Assignment, QueueError>>, QueueError>> {
+        Box::pin(async move { self.pop_some(max, wait).await })
     }
 
     fn ack(&self, id: &str) -> BoxFuture<'_, Result<(), QueueError>> {
@@ -573,6 +589,27 @@ pub(crate) mod tests {
         let lease = Duration::from_millis(300);
         let q = RedisQueue::connect(&s.url, "steppe:requeue", "c1", lease).await.expect("connect");
         conformance::a_requeued_assignment_is_delivered_once(Arc::new(q), lease).await;
+    }
+
+    #[tokio::test]
+    async fn many_waiting_are_taken_in_one_read_and_a_refused_one_among_them_is_told() {
+        let s = redis_server();
+        let key = "steppe:batch";
+        let q = RedisQueue::connect(&s.url, key, "c1", Duration::from_secs(30)).await.expect("connect");
+        let mut c = redis::Client::open(s.url.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
+        q.push(a("one")).await.unwrap();
+        let _: String = redis::cmd("XADD").arg(key).arg("*").arg("enc").arg("steppe.v9.Assignment").arg("pb").arg("x").query_async(&mut c).await.unwrap();
+        q.push(a("two")).await.unwrap();
+        q.push(a("three")).await.unwrap();
+        let taken = q.pop_up_to(3, Duration::from_secs(1)).await.expect("read");
+        assert_eq!(taken.len(), 3, "three asked for, three taken in one read: {taken:?}");
+        assert_eq!(taken[0].as_ref().map(|a| a.id.as_str()).ok(), Some("one"));
+        assert!(matches!(&taken[1], Err(QueueError::Refused { .. })), "{:?}", taken[1]);
+        assert_eq!(taken[2].as_ref().map(|a| a.id.as_str()).ok(), Some("two"));
+        let rest = q.pop_up_to(8, Duration::from_secs(1)).await.expect("read");
+        assert_eq!(rest.into_iter().map(|t| t.unwrap().id).collect::<Vec<_>>(), ["three"]);
+        let moved: usize = redis::cmd("XLEN").arg("steppe:batch:refused").query_async(&mut c).await.unwrap();
+        assert_eq!(moved, 1, "the refused entry was moved aside");
     }
 
     #[tokio::test]
