@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::{BoxFuture, Queue, QueueError};
+use super::{Batch, BoxFuture, Queue, QueueError};
 use crate::assignment::Assignment;
 
 /// The container queue of a pool: a pool of its own (`<pool>.containers`),
@@ -104,37 +104,17 @@ impl Queue for Merged {
                     Err(_) => Ok(None),
                 };
             }
-            // A look, not a wait (a wait here is paid by every step taken),
-            // and not more often than RARE_LOOK while it finds nothing.
-            let since = *self.rare_empty_at.lock().unwrap_or_else(|p| p.into_inner());
-            let until_look = since.map_or(Duration::ZERO, |t| RARE_LOOK.saturating_sub(t.elapsed()));
-            let look = until_look.is_zero();
-            if look {
-                if let Some(a) = self.rare.pop_within(Duration::ZERO).await? {
-                    self.note(&a, true);
-                    return Ok(Some(a));
-                }
-                *self.rare_empty_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
-            }
-            // Waiting on the busier one: at most until the rarer is due a look.
-            let a = self.busy.pop_within(wait.min(if look { TURN } else { until_look })).await?;
-            if let Some(a) = &a {
-                self.note(a, false);
-            }
-            Ok(a)
+            self.pop_up_to(1, wait).await?.into_iter().next().transpose()
         })
     }
 
-    fn pop_up_to(&self, max: usize, wait: Duration) -> BoxFuture<'_, Result<Vec<Result<Assignment, QueueError>>, QueueError>> {
+    fn pop_up_to(&self, max: usize, wait: Duration) -> BoxFuture<'_, Result<Batch, QueueError>> {
         Box::pin(async move {
-            if self.pop_is_cancel_safe() || max <= 1 {
-                return match self.pop_within(wait).await {
-                    Ok(a) => Ok(a.into_iter().map(Ok).collect()),
-                    Err(e) if !e.is_outage() => Ok(vec![Err(e)]),
-                    Err(e) => Err(e),
-                };
+            if self.pop_is_cancel_safe() {
+                return super::as_batch(self.pop_within(wait).await);
             }
-            // As pop_within: the rarer looked at (for as many), then the busier waited on.
+            // A look, not a wait (a wait here is paid by every step taken),
+            // and not more often than RARE_LOOK while it finds nothing.
             let since = *self.rare_empty_at.lock().unwrap_or_else(|p| p.into_inner());
             let until_look = since.map_or(Duration::ZERO, |t| RARE_LOOK.saturating_sub(t.elapsed()));
             let look = until_look.is_zero();
@@ -146,6 +126,7 @@ impl Queue for Merged {
                 }
                 *self.rare_empty_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
             }
+            // Waiting on the busier one: at most until the rarer is due a look.
             let busy = self.busy.pop_up_to(max, wait.min(if look { TURN } else { until_look })).await?;
             busy.iter().flatten().for_each(|a| self.note(a, false));
             Ok(busy)

@@ -48,15 +48,9 @@ pub trait Queue: Send + Sync {
     /// round trip on Redis, where a taker of many slots would otherwise pay
     /// one per slot): none only when `wait` ran out. Each entry this build
     /// cannot read is an `Err` among them (moved aside, as `pop_within`'s).
-    fn pop_up_to(&self, max: usize, wait: std::time::Duration) -> BoxFuture<'_, Result<Vec<Result<Assignment, QueueError>>, QueueError>> {
+    fn pop_up_to(&self, max: usize, wait: std::time::Duration) -> BoxFuture<'_, Result<Batch, QueueError>> {
         let _ = max;
-        Box::pin(async move {
-            match self.pop_within(wait).await {
-                Ok(a) => Ok(a.into_iter().map(Ok).collect()),
-                Err(e) if !e.is_outage() => Ok(vec![Err(e)]),
-                Err(e) => Err(e),
-            }
-        })
+        Box::pin(async move { as_batch(self.pop_within(wait).await) })
     }
     /// The assignment is done with: it will not come back.
     fn ack(&self, id: &str) -> BoxFuture<'_, Result<(), QueueError>>;
@@ -91,6 +85,20 @@ pub trait Queue: Send + Sync {
     /// each with what to tell its step.
     fn dead_letters(&self) -> BoxFuture<'_, Result<Vec<(Assignment, String)>, QueueError>> {
         Box::pin(async { Ok(Vec::new()) })
+    }
+}
+
+/// What a `pop_up_to` took, in queue order: each an assignment, or an
+/// entry this build could not read (moved aside).
+pub type Batch = Vec<Result<Assignment, QueueError>>;
+
+/// A `pop_within`'s answer as a `pop_up_to`'s: an entry refused is one
+/// among the batch, only an outage fails it.
+pub(crate) fn as_batch(popped: Result<Option<Assignment>, QueueError>) -> Result<Batch, QueueError> {
+    match popped {
+        Ok(a) => Ok(a.into_iter().map(Ok).collect()),
+        Err(e) if !e.is_outage() => Ok(vec![Err(e)]),
+        Err(e) => Err(e),
     }
 }
 

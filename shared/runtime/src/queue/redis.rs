@@ -8,7 +8,7 @@ use std::time::Duration;
 use prost::Message;
 use steppe_proto::v1;
 
-use super::{BoxFuture, Queue, QueueError};
+use super::{Batch, BoxFuture, Queue, QueueError};
 use crate::assignment::Assignment;
 use crate::wire::{assignment_from_wire, assignment_to_wire};
 
@@ -142,7 +142,7 @@ impl RedisQueue {
 
     /// One claim-or-read: an entry whose taker's lease ran out, else up to
     /// `max` new ones, waiting up to `wait` for the first.
-    async fn pop_once(&self, max: usize, wait: std::time::Duration) -> Result<Vec<Result<Assignment, QueueError>>, QueueError> {
+    async fn pop_once(&self, max: usize, wait: std::time::Duration) -> Result<Batch, QueueError> {
         let (mut c, kept) = self.reader(wait).await?;
         let mut r = self.pop_on(&mut c, max, wait).await;
         if kept && r.is_err() {
@@ -162,7 +162,7 @@ impl RedisQueue {
 
     /// `pop_once`, making the consumer group again when a Redis that
     /// restarted empty lost it (whoever watches `ensure` learns the queue was lost).
-    async fn pop_some(&self, max: usize, wait: std::time::Duration) -> Result<Vec<Result<Assignment, QueueError>>, QueueError> {
+    async fn pop_some(&self, max: usize, wait: std::time::Duration) -> Result<Batch, QueueError> {
         match self.pop_once(max, wait).await {
             Err(QueueError::Backend { message, .. }) if missing_group(&message) => {
                 self.make_group().await?;
@@ -183,7 +183,7 @@ impl RedisQueue {
         due
     }
 
-    async fn pop_on(&self, c: &mut redis::aio::MultiplexedConnection, max: usize, wait: std::time::Duration) -> Result<Vec<Result<Assignment, QueueError>>, QueueError> {
+    async fn pop_on(&self, c: &mut redis::aio::MultiplexedConnection, max: usize, wait: std::time::Duration) -> Result<Batch, QueueError> {
         let c = &mut *c;
         if self.claim_due() {
             // An entry a consumer took and held past the lease comes back first.
@@ -436,7 +436,7 @@ impl Queue for RedisQueue {
         Box::pin(async move { self.pop_some(1, wait).await?.into_iter().next().transpose() })
     }
 
-    fn pop_up_to(&self, max: usize, wait: std::time::Duration) -> BoxFuture<'_, Result<Vec<Result<Assignment, QueueError>>, QueueError>> {
+    fn pop_up_to(&self, max: usize, wait: std::time::Duration) -> BoxFuture<'_, Result<Batch, QueueError>> {
         Box::pin(async move { self.pop_some(max, wait).await })
     }
 
@@ -591,12 +591,18 @@ pub(crate) mod tests {
         conformance::a_requeued_assignment_is_delivered_once(Arc::new(q), lease).await;
     }
 
+    /// A queue on `key` and a plain connection to write its stream directly.
+    async fn queue_and_raw(s: &Server, key: &str) -> (RedisQueue, redis::aio::MultiplexedConnection) {
+        let q = RedisQueue::connect(&s.url, key, "c1", Duration::from_secs(30)).await.expect("connect");
+        let c = redis::Client::open(s.url.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
+        (q, c)
+    }
+
     #[tokio::test]
     async fn many_waiting_are_taken_in_one_read_and_a_refused_one_among_them_is_told() {
         let s = redis_server();
         let key = "steppe:batch";
-        let q = RedisQueue::connect(&s.url, key, "c1", Duration::from_secs(30)).await.expect("connect");
-        let mut c = redis::Client::open(s.url.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
+        let (q, mut c) = queue_and_raw(&s, key).await;
         q.push(a("one")).await.unwrap();
         let _: String = redis::cmd("XADD").arg(key).arg("*").arg("enc").arg("steppe.v9.Assignment").arg("pb").arg("x").query_async(&mut c).await.unwrap();
         q.push(a("two")).await.unwrap();
@@ -616,8 +622,7 @@ pub(crate) mod tests {
     async fn entries_this_build_cannot_read_are_refused_and_moved_aside() {
         let s = redis_server();
         let key = "steppe:refuse";
-        let q = RedisQueue::connect(&s.url, key, "c1", Duration::from_secs(30)).await.expect("connect");
-        let mut c = redis::Client::open(s.url.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
+        let (q, mut c) = queue_and_raw(&s, key).await;
         let old = r#"{"id":"old","run_id":"r","step":"s","attempt":1,"command":"true"}"#;
         let writes: [&[&[u8]]; 3] = [
             &[b"a", old.as_bytes()],
