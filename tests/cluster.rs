@@ -596,3 +596,30 @@ fn two_coordinators_share_one_redis_over_tls_with_a_user() {
     assert!(text(&out).contains("SSL_CERT_FILE") && !text(&out).contains("s3cret"), "the way out, never the password: {}", text(&out));
     stop([&mut w1, &mut w2, &mut c1, &mut c2, &mut redis]);
 }
+
+/// A pulling worker of one slot takes the next entry ahead while its steps
+/// are short; one taken ahead behind a long step is handed back and runs on
+/// the other worker, not after the long step: the long step finds every
+/// short one done before it ends.
+#[test]
+fn a_step_taken_ahead_behind_a_long_one_runs_on_another_worker() {
+    let work = scratch("ahead");
+    let marks = work.join("marks");
+    std::fs::create_dir_all(&marks).expect("mkdir");
+    let m = marks.display();
+    let mut plan = format!("jobs:\n- name: j\n  plan:\n  - in_parallel:\n    - task: long\n      run: sleep 5; ls {m}; test $(ls {m} | wc -l) -eq 6\n");
+    for i in 1..=6 {
+        plan.push_str(&format!("    - task: short{i}\n      run: sleep 0.05; touch {m}/short{i}\n"));
+    }
+    std::fs::write(work.join("p.yml"), plan).expect("write");
+    let (mut redis, queue_url, queue_args) = Backend::Redis.start();
+    let mut args = vec!["coordinator", "--listen", "127.0.0.1:0", "--state", "state", "--workers", "0"];
+    args.extend(queue_args.iter().map(String::as_str));
+    let (mut coord, url, mut lines) = serving(&args, &work);
+    std::thread::spawn(move || for _ in lines.by_ref() {});
+    let mut a = spawn_worker(&url, &["--slots", "1", "--queue", &queue_url]);
+    let mut b = spawn_worker(&url, &["--slots", "1", "--queue", &queue_url]);
+    let out = steppe(&["submit", "p.yml", "--coordinator", &url, "--force"], &work);
+    assert_eq!(out.status.code(), Some(0), "a short step waited behind the long one: {}", text(&out));
+    stop([&mut a, &mut b, &mut coord, &mut redis]);
+}

@@ -103,12 +103,16 @@ pub struct Cond {
 impl Cond {
     fn holds(&self, req: &Value, raw: &str) -> bool {
         let msgs: &[Value] = req.get("messages").and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[]);
-        let content = |m: &Value| m.get("content").and_then(Value::as_str).unwrap_or_default().to_string();
-        let role = |m: &Value| m.get("role").and_then(Value::as_str).unwrap_or_default().to_string();
+        fn content(m: &Value) -> &str {
+            m.get("content").and_then(Value::as_str).unwrap_or_default()
+        }
+        fn role(m: &Value) -> &str {
+            m.get("role").and_then(Value::as_str).unwrap_or_default()
+        }
         let checks: [Option<bool>; 11] = [
             self.tool_result_contains.as_ref().map(|s| msgs.iter().any(|m| role(m) == "tool" && content(m).contains(s.as_str()))),
             self.has_tool_results.map(|want| msgs.iter().any(|m| role(m) == "tool") == want),
-            self.last_role.as_ref().map(|r| msgs.last().is_some_and(|m| &role(m) == r)),
+            self.last_role.as_ref().map(|r| msgs.last().is_some_and(|m| role(m) == r)),
             self.called.as_ref().map(|n| {
                 msgs.iter().any(|m| {
                     role(m) == "assistant"
@@ -295,6 +299,8 @@ async fn completions(State(st): State<Arc<Mutex<ServerState>>>, raw: String) -> 
             }
         }
     };
+    // Not held through the reply's delay: thousands may wait at once.
+    drop((req, raw));
     answer(reply, &model, n).await
 }
 

@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod output;
 pub mod process_group;
 pub mod provider;
+pub mod pull;
 pub mod remote;
 pub mod sandbox;
 pub mod simple_command;

@@ -186,8 +186,33 @@ impl Ledger for CoordinatorLedger {
 }
 
 impl Running {
+    /// Runs an assignment taken from the queue once it has a slot; one taken
+    /// ahead that gets none in time goes back to the coordinator (which
+    /// queues it again for any worker) unrun, and one cancelled while it
+    /// waits is reported aborted at once.
+    async fn run_when_a_slot_frees(self, a: Assignment, cancel: tokio::sync::watch::Receiver<bool>, claim: crate::pull::Claim) {
+        let mut cancelled = cancel.clone();
+        let slot = tokio::select! {
+            s = claim.slot() => s.map(Some).ok_or(()),
+            _ = crate::stop::cancelled(&mut cancelled) => Ok(None),
+        };
+        let slot = match slot {
+            Ok(None) => None,
+            Ok(Some(s)) => Some(s),
+            Err(()) => {
+                self.cancels.done(&a.id);
+                let _ = self.tx.send(WorkerMessage { msg: Some(worker_message::Msg::Release(Release { assignment_id: a.id.clone() })) }).await;
+                if let Some(q) = &self.queue {
+                    let _ = q.ack(&a.id).await;
+                }
+                return;
+            }
+        };
+        self.run_one(a, cancel, slot).await
+    }
+
     /// Runs one assignment and reports its result; `slot` is held until then.
-    async fn run_one(self, mut a: Assignment, cancel: tokio::sync::watch::Receiver<bool>, slot: Option<tokio::sync::OwnedSemaphorePermit>) {
+    async fn run_one(self, mut a: Assignment, cancel: tokio::sync::watch::Receiver<bool>, slot: Option<crate::pull::Slot>) {
         let Running { tx, store, work_root, cancels, queue, coordinator_host, ledger, stats } = self;
         let began = std::time::Instant::now();
         stats.metrics.steps_started.inc();
@@ -249,56 +274,6 @@ impl Running {
                 // lost with the session, the coordinator requeues by id).
                 let _ = q.ack(&a.id).await;
             }
-        }
-    }
-}
-
-/// Takes assignments from the shared queue while a slot is free and hands
-/// each to the run loop (which tells the coordinator it took it). Stopped by
-/// `stop` (never cut short mid-pop: the entry would sit with nobody until
-/// its lease ran out).
-async fn pull(
-    q: Arc<dyn Queue>,
-    slots: usize,
-    out: mpsc::Sender<(Assignment, tokio::sync::OwnedSemaphorePermit)>,
-    stop: Arc<std::sync::atomic::AtomicBool>,
-) {
-    use std::sync::atomic::Ordering;
-    let free = Arc::new(tokio::sync::Semaphore::new(slots.max(1)));
-    loop {
-        let Ok(permit) = free.clone().acquire_owned().await else { return };
-        if stop.load(Ordering::SeqCst) {
-            return;
-        }
-        let a = match q.pop_within(Duration::from_secs(1)).await {
-            Ok(Some(a)) => a,
-            Ok(None) => {
-                if let Some(l) = steppe_runtime::outage::recovered("taking from the queue") {
-                    tracing::warn!("steppe worker: {l}");
-                }
-                continue;
-            }
-            Err(e) if !e.is_outage() => {
-                // One entry it could not read (moved aside): on to the next.
-                tracing::warn!("steppe worker: {e}");
-                continue;
-            }
-            Err(e) => {
-                if let Some(l) = steppe_runtime::outage::failed("taking from the queue", &e) {
-                    tracing::warn!("steppe worker: {l}");
-                }
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                continue;
-            }
-        };
-        if stop.load(Ordering::SeqCst) {
-            // Taken just as the worker stopped taking work: straight back on
-            // the queue (the push retires the entry this worker took).
-            let _ = q.push(a).await;
-            return;
-        }
-        if out.send((a, permit)).await.is_err() {
-            return;
         }
     }
 }
@@ -470,7 +445,7 @@ async fn session(config: &WorkerConfig, reconnecting: bool, stats: &Arc<Stats>) 
     stats.connected.store(true, Ordering::Relaxed);
     let ctx = Running { tx: tx.clone(), store, work_root, cancels: Cancels::default(), queue: None, coordinator_host, ledger, stats: stats.clone() };
     // A worker started with --queue takes assignments from the shared queue itself.
-    let (pulled_tx, mut pulled) = mpsc::channel::<(Assignment, tokio::sync::OwnedSemaphorePermit)>(1);
+    let (pulled_tx, mut pulled) = mpsc::channel::<(Assignment, crate::pull::Claim)>(1);
     let stop_pulling = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let ctx = match &queue {
         Some(queue_url) => {
@@ -483,7 +458,7 @@ async fn session(config: &WorkerConfig, reconnecting: bool, stats: &Arc<Stats>) 
                 let boxed = steppe_cloud::queues::connect(queue_url, &welcome.container_queue_key, name, lease, &options).await.map_err(WorkerError::Queue)?;
                 q = Arc::new(steppe_runtime::queue::Merged::new(boxed, q));
             }
-            tokio::spawn(pull(q.clone(), slots as usize, pulled_tx, stop_pulling.clone()));
+            tokio::spawn(crate::pull::pull(q.clone(), crate::pull::Slots::new(slots as usize), pulled_tx, stop_pulling.clone()));
             // What this worker took stays its own while it runs.
             let renew = q.clone();
             keep_leases(
@@ -502,7 +477,7 @@ async fn session(config: &WorkerConfig, reconnecting: bool, stats: &Arc<Stats>) 
         }
     };
     let mut running = tokio::task::JoinSet::new();
-    let mut awaiting: std::collections::HashMap<String, (Assignment, tokio::sync::OwnedSemaphorePermit)> = Default::default();
+    let mut awaiting: std::collections::HashMap<String, (Assignment, crate::pull::Claim)> = Default::default();
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
     let mut draining = false;
@@ -631,7 +606,7 @@ async fn session(config: &WorkerConfig, reconnecting: bool, stats: &Arc<Stats>) 
                                 None => taken,
                             };
                             let cancel = ctx.cancels.register(&a.id);
-                            running.spawn(ctx.clone().run_one(a, cancel, Some(permit)));
+                            running.spawn(ctx.clone().run_when_a_slot_frees(a, cancel, permit));
                         }
                     }
                     Some(coordinator_message::Msg::Cancel(c)) => match awaiting.remove(&c.assignment_id) {

@@ -1,11 +1,15 @@
 //! Step directories: each step starts in an empty directory of its own; one
 //! that its step left empty and as made is kept for a later step instead of
-//! being removed and made again (most steps write nothing in it).
+//! being removed and made again (most steps write nothing in it), in this
+//! process or, past what one process keeps, in a pool under the temp dir
+//! that later steppe processes of the same user take from.
 
-use std::os::unix::fs::PermissionsExt;
+use std::ffi::OsString;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 static SEQ: AtomicU64 = AtomicU64::new(0);
 
@@ -18,6 +22,121 @@ const SPARE_MAX: usize = 256;
 /// The permission bits a directory is made with here (the umask applied),
 /// read off the first one made: a kept directory must still have them.
 static MADE_MODE: AtomicU32 = AtomicU32::new(u32::MAX);
+
+/// Empty step directories between processes: `$TMPDIR/steppe-spares.u<uid>`
+/// (0700, this user's). Making a directory is dear where the file system
+/// skips the inodes it freed lately (ext4 without a journal scans past every
+/// one: 0.35 ms a `mkdir` after a run of thousands); moving one in and out
+/// by rename neither frees nor allocates one.
+static POOL: Mutex<Pool> = Mutex::new(Pool { state: PoolState::Unopened, listed: Vec::new(), listed_at: None, held: 0 });
+
+/// At most this many wait in the pool.
+const POOL_MAX: usize = 4096;
+
+/// The pool is listed again at most this often once what was listed is used up.
+const RELIST: Duration = Duration::from_secs(1);
+
+enum PoolState {
+    Unopened,
+    Open(PathBuf),
+    /// Not ours, not a directory, or on another file system than the steps.
+    Unusable,
+}
+
+struct Pool {
+    state: PoolState,
+    /// Names seen in the pool, not yet tried.
+    listed: Vec<OsString>,
+    listed_at: Option<Instant>,
+    /// About how many wait there (as last listed, and what this process moved since).
+    held: usize,
+}
+
+impl Pool {
+    fn dir(&mut self) -> Option<PathBuf> {
+        if let PoolState::Unopened = self.state {
+            self.state = match open_pool(&std::env::temp_dir()) {
+                Some(d) => PoolState::Open(d),
+                None => PoolState::Unusable,
+            };
+            self.relist();
+        }
+        match &self.state {
+            PoolState::Open(d) => Some(d.clone()),
+            _ => None,
+        }
+    }
+
+    fn relist(&mut self) {
+        let PoolState::Open(d) = &self.state else { return };
+        self.listed = std::fs::read_dir(d).map(|es| es.flatten().map(|e| e.file_name()).collect()).unwrap_or_default();
+        self.held = self.listed.len();
+        self.listed_at = Some(Instant::now());
+    }
+
+    /// A directory moved out of the pool to `to`, checked as a made one would be.
+    fn take_into(&mut self, to: &Path) -> bool {
+        let Some(pool) = self.dir() else { return false };
+        loop {
+            if self.listed.is_empty() {
+                if self.listed_at.is_some_and(|t| t.elapsed() < RELIST) {
+                    return false;
+                }
+                self.relist();
+                if self.listed.is_empty() {
+                    return false;
+                }
+            }
+            let Some(name) = self.listed.pop() else { return false };
+            match std::fs::rename(pool.join(&name), to) {
+                Ok(()) => {
+                    self.held = self.held.saturating_sub(1);
+                    if pristine(to) {
+                        return true;
+                    }
+                    let _ = std::fs::remove_dir_all(to);
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
+                    self.state = PoolState::Unusable;
+                    return false;
+                }
+                // Taken by another process since it was listed.
+                Err(_) => {}
+            }
+        }
+    }
+
+    /// Moves `d` into the pool; false when it is full or unusable.
+    fn put(&mut self, d: &Path) -> bool {
+        if self.held >= POOL_MAX {
+            return false;
+        }
+        let Some(pool) = self.dir() else { return false };
+        let name = format!("{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed));
+        match std::fs::rename(d, pool.join(name)) {
+            Ok(()) => {
+                self.held += 1;
+                true
+            }
+            Err(_) => false,
+        }
+    }
+}
+
+/// The pool under `base`, made when missing; None unless it is a real
+/// directory of this user's that nobody else may enter.
+fn open_pool(base: &Path) -> Option<PathBuf> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    let d = base.join(format!("steppe-spares.u{uid}"));
+    match std::fs::DirBuilder::new().mode(0o700).create(&d) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(_) => return None,
+    }
+    let m = std::fs::symlink_metadata(&d).ok()?;
+    (m.is_dir() && m.uid() == uid && m.permissions().mode() & 0o077 == 0).then_some(d)
+}
 
 /// An empty directory under `root` for one step.
 pub fn take(root: &Path) -> std::io::Result<PathBuf> {
@@ -36,6 +155,9 @@ pub fn take(root: &Path) -> std::io::Result<PathBuf> {
     let n = SEQ.fetch_add(1, Ordering::Relaxed);
     let d = root.join(format!("step-{}-{n}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
+    if MADE_MODE.load(Ordering::Relaxed) != u32::MAX && POOL.lock().unwrap_or_else(|p| p.into_inner()).take_into(&d) {
+        return Ok(d);
+    }
     std::fs::create_dir_all(&d)?;
     if MADE_MODE.load(Ordering::Relaxed) == u32::MAX {
         if let Ok(m) = std::fs::symlink_metadata(&d) {
@@ -49,9 +171,14 @@ pub fn take(root: &Path) -> std::io::Result<PathBuf> {
 /// (a real directory, empty, its permissions unchanged), else removed.
 pub fn give_back(d: PathBuf) {
     if pristine(&d) {
-        let mut spare = SPARE.lock().unwrap_or_else(|p| p.into_inner());
-        if spare.len() < SPARE_MAX {
-            spare.push(d);
+        {
+            let mut spare = SPARE.lock().unwrap_or_else(|p| p.into_inner());
+            if spare.len() < SPARE_MAX {
+                spare.push(d);
+                return;
+            }
+        }
+        if POOL.lock().unwrap_or_else(|p| p.into_inner()).put(&d) {
             return;
         }
     }
@@ -70,7 +197,8 @@ pub fn give_back(d: PathBuf) {
 
 fn pristine(d: &Path) -> bool {
     let Ok(m) = std::fs::symlink_metadata(d) else { return false };
-    if !m.is_dir() || m.permissions().mode() & 0o7777 != MADE_MODE.load(Ordering::Relaxed) {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if !m.is_dir() || m.permissions().mode() & 0o7777 != MADE_MODE.load(Ordering::Relaxed) || m.uid() != unsafe { libc::geteuid() } {
         return false;
     }
     std::fs::read_dir(d).is_ok_and(|mut entries| entries.next().is_none())
@@ -126,5 +254,47 @@ mod tests {
         assert_ne!(mine.parent(), o.parent());
         let _ = std::fs::remove_dir_all(&r);
         let _ = std::fs::remove_dir_all(&other);
+    }
+
+    #[test]
+    fn a_pooled_directory_is_taken_by_rename_and_a_changed_one_is_not_handed_out() {
+        let r = root("pool");
+        let base = root("pool-base");
+        let made = take(&r).unwrap();
+        let dir = open_pool(&base).expect("a pool of our own");
+        let mut pool = Pool { state: PoolState::Open(dir.clone()), listed: Vec::new(), listed_at: None, held: 0 };
+        assert!(pool.put(&made), "an empty directory goes into the pool");
+        assert!(!made.exists());
+        let spoiled = take(&r).unwrap();
+        assert!(pool.put(&spoiled));
+        pool.relist();
+        assert_eq!(pool.held, 2);
+        // One of the two is written in while it waits: it is removed, not handed out.
+        let names: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.path()).collect();
+        std::fs::write(names[0].join("late.txt"), "x").unwrap();
+        let (a, b) = (r.join("a"), r.join("b"));
+        assert!(pool.take_into(&a), "a clean one comes out");
+        assert_eq!(std::fs::read_dir(&a).unwrap().count(), 0);
+        assert!(!pool.take_into(&b), "the spoiled one is not handed out, and the pool is then empty");
+        assert!(!b.exists());
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "the spoiled one was removed from the pool");
+        let _ = std::fs::remove_dir_all(&r);
+        let _ = std::fs::remove_dir_all(&base);
+    }
+
+    #[test]
+    fn a_pool_anyone_else_may_enter_or_a_link_is_not_used() {
+        let base = root("pool-open");
+        let uid = unsafe { libc::geteuid() };
+        let d = base.join(format!("steppe-spares.u{uid}"));
+        std::fs::create_dir(&d).unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(open_pool(&base).is_none(), "a pool others may write in is not used");
+        std::fs::remove_dir(&d).unwrap();
+        let elsewhere = root("pool-elsewhere");
+        std::os::unix::fs::symlink(&elsewhere, &d).unwrap();
+        assert!(open_pool(&base).is_none(), "a link in the pool's place is not followed");
+        let _ = std::fs::remove_dir_all(&base);
+        let _ = std::fs::remove_dir_all(&elsewhere);
     }
 }

@@ -1,0 +1,159 @@
+//! Taking from the shared queue (a worker started with `--queue`): an entry
+//! whenever a slot is free and, while the worker's steps are short, one more
+//! taken ahead, so that its pop and its confirmation's round trip overlap the
+//! step before it instead of following it. One taken ahead that finds no slot
+//! within [`HOLD`] is handed back for another worker.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use steppe_runtime::assignment::Assignment;
+use steppe_runtime::queue::Queue;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+
+/// How long an entry taken ahead waits for a slot before it is handed back;
+/// a worker whose steps run longer than half of it takes none ahead.
+pub const HOLD: Duration = Duration::from_millis(250);
+
+/// A worker's slots and its one place ahead.
+pub struct Slots {
+    free: Arc<Semaphore>,
+    ahead: Arc<Semaphore>,
+    /// Whether the last step to end ran for less than half of [`HOLD`].
+    short: AtomicBool,
+}
+
+impl Slots {
+    pub fn new(slots: usize) -> Arc<Slots> {
+        Arc::new(Slots { free: Arc::new(Semaphore::new(slots.max(1))), ahead: Arc::new(Semaphore::new(1)), short: AtomicBool::new(true) })
+    }
+}
+
+/// A slot a step runs in; when it is let go, how long the step held it
+/// decides whether the next is taken ahead.
+pub struct Slot {
+    _permit: OwnedSemaphorePermit,
+    slots: Arc<Slots>,
+    since: Instant,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.slots.short.store(self.since.elapsed() < HOLD / 2, Ordering::Relaxed);
+    }
+}
+
+/// What an entry was taken under.
+pub enum Claim {
+    /// A free slot.
+    Slot(Slot),
+    /// The place ahead, given up once the entry has a slot.
+    Ahead(OwnedSemaphorePermit, Arc<Slots>),
+}
+
+impl Claim {
+    /// The slot to run in: at once, or for an entry taken ahead the first
+    /// to free within [`HOLD`]; None when none did (it goes back).
+    pub async fn slot(self) -> Option<Slot> {
+        match self {
+            Claim::Slot(s) => Some(s),
+            Claim::Ahead(place, slots) => {
+                let Ok(Ok(permit)) = tokio::time::timeout(HOLD, slots.free.clone().acquire_owned()).await else {
+                    // None ahead again until a step ends and says it was short.
+                    slots.short.store(false, Ordering::Relaxed);
+                    return None;
+                };
+                drop(place);
+                Some(Slot { _permit: permit, slots, since: Instant::now() })
+            }
+        }
+    }
+}
+
+/// Takes assignments from the shared queue while a slot (or, for short
+/// steps, the place ahead) is free and hands each to the run loop (which
+/// tells the coordinator it took it). Stopped by `stop` (never cut short
+/// mid-pop: the entry would sit with nobody until its lease ran out).
+pub async fn pull(q: Arc<dyn Queue>, slots: Arc<Slots>, out: mpsc::Sender<(Assignment, Claim)>, stop: Arc<AtomicBool>) {
+    loop {
+        // Nothing else is taken while one taken ahead waits: the slot that
+        // frees first is its own.
+        let Ok(place) = slots.ahead.clone().acquire_owned().await else { return };
+        let slot = |p| Claim::Slot(Slot { _permit: p, slots: slots.clone(), since: Instant::now() });
+        let claim = match slots.free.clone().try_acquire_owned() {
+            Ok(p) => slot(p),
+            Err(_) if slots.short.load(Ordering::Relaxed) => Claim::Ahead(place, slots.clone()),
+            Err(_) => match slots.free.clone().acquire_owned().await {
+                Ok(p) => slot(p),
+                Err(_) => return,
+            },
+        };
+        if stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let a = match q.pop_within(Duration::from_secs(1)).await {
+            Ok(Some(a)) => a,
+            Ok(None) => {
+                if let Some(l) = steppe_runtime::outage::recovered("taking from the queue") {
+                    tracing::warn!("steppe worker: {l}");
+                }
+                continue;
+            }
+            Err(e) if !e.is_outage() => {
+                // One entry it could not read (moved aside): on to the next.
+                tracing::warn!("steppe worker: {e}");
+                continue;
+            }
+            Err(e) => {
+                if let Some(l) = steppe_runtime::outage::failed("taking from the queue", &e) {
+                    tracing::warn!("steppe worker: {l}");
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        if stop.load(Ordering::SeqCst) {
+            // Taken just as the worker stopped taking work: straight back on
+            // the queue (the push retires the entry this worker took).
+            let _ = q.push(a).await;
+            return;
+        }
+        if out.send((a, claim)).await.is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn one_taken_ahead_runs_when_a_slot_frees_and_goes_back_when_none_does() {
+        let slots = Slots::new(1);
+        let first = Claim::Slot(Slot { _permit: slots.free.clone().acquire_owned().await.unwrap(), slots: slots.clone(), since: Instant::now() });
+        let running = first.slot().await.expect("a slot's claim runs at once");
+        let ahead = slots.ahead.clone().acquire_owned().await.unwrap();
+        let waiting = tokio::spawn(Claim::Ahead(ahead, slots.clone()).slot());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(slots.ahead.available_permits(), 0, "the place ahead is held while it waits");
+        drop(running);
+        let second = waiting.await.unwrap().expect("the slot let go is the one taken ahead's");
+        assert_eq!(slots.ahead.available_permits(), 1, "the place ahead is free again once it runs");
+        assert!(slots.short.load(Ordering::Relaxed), "a step of 20 ms is short");
+        // Nothing frees within the hold: handed back, its place ahead free.
+        let ahead = slots.ahead.clone().acquire_owned().await.unwrap();
+        assert!(Claim::Ahead(ahead, slots.clone()).slot().await.is_none());
+        assert_eq!(slots.ahead.available_permits(), 1);
+        assert!(!slots.short.load(Ordering::Relaxed), "after one goes back, none is taken ahead until a step ends");
+        drop(second);
+        let slot = || async { Claim::Slot(Slot { _permit: slots.free.clone().acquire_owned().await.unwrap(), slots: slots.clone(), since: Instant::now() }).slot().await.unwrap() };
+        drop(slot().await);
+        assert!(slots.short.load(Ordering::Relaxed), "the step that ended at once was short");
+        let long = slot().await;
+        tokio::time::sleep(HOLD).await;
+        drop(long);
+        assert!(!slots.short.load(Ordering::Relaxed), "a step that held its slot past half the hold is not short");
+    }
+}
