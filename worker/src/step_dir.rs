@@ -53,8 +53,19 @@ struct Pool {
 }
 
 impl Pool {
-    fn dir(&mut self) -> Option<PathBuf> {
+    /// The pool's directory; made only when `make` (something is put in
+    /// it), so a process that never fills its own spares leaves none behind.
+    fn dir(&mut self, make: bool) -> Option<PathBuf> {
         if let PoolState::Unopened = self.state {
+            if !make {
+                if self.listed_at.is_some_and(|t| t.elapsed() < RELIST) {
+                    return None;
+                }
+                self.listed_at = Some(Instant::now());
+                if std::fs::symlink_metadata(pool_path(&std::env::temp_dir())).is_err() {
+                    return None;
+                }
+            }
             self.state = match open_pool(&std::env::temp_dir()) {
                 Some(d) => PoolState::Open(d),
                 None => PoolState::Unusable,
@@ -76,7 +87,7 @@ impl Pool {
 
     /// A directory moved out of the pool to `to`, checked as a made one would be.
     fn take_into(&mut self, to: &Path) -> bool {
-        let Some(pool) = self.dir() else { return false };
+        let Some(pool) = self.dir(false) else { return false };
         loop {
             if self.listed.is_empty() {
                 if self.listed_at.is_some_and(|t| t.elapsed() < RELIST) {
@@ -111,7 +122,7 @@ impl Pool {
         if self.held >= POOL_MAX {
             return false;
         }
-        let Some(pool) = self.dir() else { return false };
+        let Some(pool) = self.dir(true) else { return false };
         let name = format!("{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed));
         match std::fs::rename(d, pool.join(name)) {
             Ok(()) => {
@@ -123,12 +134,17 @@ impl Pool {
     }
 }
 
+fn pool_path(base: &Path) -> PathBuf {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    base.join(format!("steppe-spares.u{}", unsafe { libc::geteuid() }))
+}
+
 /// The pool under `base`, made when missing; None unless it is a real
 /// directory of this user's that nobody else may enter.
 fn open_pool(base: &Path) -> Option<PathBuf> {
     // SAFETY: geteuid has no preconditions and cannot fail.
     let uid = unsafe { libc::geteuid() };
-    let d = base.join(format!("steppe-spares.u{uid}"));
+    let d = pool_path(base);
     match std::fs::DirBuilder::new().mode(0o700).create(&d) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
