@@ -193,22 +193,19 @@ impl Running {
     async fn run_when_a_slot_frees(self, a: Assignment, cancel: tokio::sync::watch::Receiver<bool>, claim: crate::pull::Claim) {
         let mut cancelled = cancel.clone();
         let slot = tokio::select! {
-            s = claim.slot() => s.map(Some).ok_or(()),
-            _ = crate::stop::cancelled(&mut cancelled) => Ok(None),
+            s = claim.slot() => s,
+            // Reported aborted by the run itself, which finds the cancel first.
+            _ = crate::stop::cancelled(&mut cancelled) => return self.run_one(a, cancel, None).await,
         };
-        let slot = match slot {
-            Ok(None) => None,
-            Ok(Some(s)) => Some(s),
-            Err(()) => {
-                self.cancels.done(&a.id);
-                let _ = self.tx.send(WorkerMessage { msg: Some(worker_message::Msg::Release(Release { assignment_id: a.id.clone() })) }).await;
-                if let Some(q) = &self.queue {
-                    let _ = q.ack(&a.id).await;
-                }
-                return;
+        let Some(slot) = slot else {
+            self.cancels.done(&a.id);
+            let _ = self.tx.send(WorkerMessage { msg: Some(worker_message::Msg::Release(Release { assignment_id: a.id.clone() })) }).await;
+            if let Some(q) = &self.queue {
+                let _ = q.ack(&a.id).await;
             }
+            return;
         };
-        self.run_one(a, cancel, slot).await
+        self.run_one(a, cancel, Some(slot)).await
     }
 
     /// Runs one assignment and reports its result; `slot` is held until then.

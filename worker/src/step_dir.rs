@@ -134,16 +134,19 @@ impl Pool {
     }
 }
 
-fn pool_path(base: &Path) -> PathBuf {
+/// The user this process runs as: the owner of its directories and its pool.
+fn euid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
-    base.join(format!("steppe-spares.u{}", unsafe { libc::geteuid() }))
+    unsafe { libc::geteuid() }
+}
+
+fn pool_path(base: &Path) -> PathBuf {
+    base.join(format!("steppe-spares.u{}", euid()))
 }
 
 /// The pool under `base`, made when missing; None unless it is a real
 /// directory of this user's that nobody else may enter.
 fn open_pool(base: &Path) -> Option<PathBuf> {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::geteuid() };
     let d = pool_path(base);
     match std::fs::DirBuilder::new().mode(0o700).create(&d) {
         Ok(()) => {}
@@ -151,7 +154,7 @@ fn open_pool(base: &Path) -> Option<PathBuf> {
         Err(_) => return None,
     }
     let m = std::fs::symlink_metadata(&d).ok()?;
-    (m.is_dir() && m.uid() == uid && m.permissions().mode() & 0o077 == 0).then_some(d)
+    (m.is_dir() && m.uid() == euid() && m.permissions().mode() & 0o077 == 0).then_some(d)
 }
 
 /// An empty directory under `root` for one step.
@@ -213,8 +216,7 @@ pub fn give_back(d: PathBuf) {
 
 fn pristine(d: &Path) -> bool {
     let Ok(m) = std::fs::symlink_metadata(d) else { return false };
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if !m.is_dir() || m.permissions().mode() & 0o7777 != MADE_MODE.load(Ordering::Relaxed) || m.uid() != unsafe { libc::geteuid() } {
+    if !m.is_dir() || m.permissions().mode() & 0o7777 != MADE_MODE.load(Ordering::Relaxed) || m.uid() != euid() {
         return false;
     }
     std::fs::read_dir(d).is_ok_and(|mut entries| entries.next().is_none())
@@ -301,8 +303,7 @@ mod tests {
     #[test]
     fn a_pool_anyone_else_may_enter_or_a_link_is_not_used() {
         let base = root("pool-open");
-        let uid = unsafe { libc::geteuid() };
-        let d = base.join(format!("steppe-spares.u{uid}"));
+        let d = pool_path(&base);
         std::fs::create_dir(&d).unwrap();
         std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).unwrap();
         assert!(open_pool(&base).is_none(), "a pool others may write in is not used");
