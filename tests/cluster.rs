@@ -623,3 +623,44 @@ fn a_step_taken_ahead_behind_a_long_one_runs_on_another_worker() {
     assert_eq!(out.status.code(), Some(0), "a short step waited behind the long one: {}", text(&out));
     stop([&mut a, &mut b, &mut coord, &mut redis]);
 }
+
+/// What a pulling worker is the first to take from its own coordinator runs
+/// before any Confirm; `steppe cancel` still reaches it and stops its process.
+#[test]
+fn cancel_stops_a_step_a_pulling_worker_started_unconfirmed() {
+    let work = scratch("cancel-pulled");
+    let started = work.join("started");
+    std::fs::write(work.join("p.yml"), format!("jobs:\n- name: j\n  plan:\n  - task: long\n    run: echo $$ > {s}.pid; touch {s}; sleep 30\n", s = started.display())).expect("write");
+    let (mut redis, queue_url, queue_args) = Backend::Redis.start();
+    let mut args = vec!["coordinator", "--listen", "127.0.0.1:0", "--state", "state", "--workers", "0"];
+    args.extend(queue_args.iter().map(String::as_str));
+    let (mut coord, url, mut lines) = serving(&args, &work);
+    std::thread::spawn(move || for _ in lines.by_ref() {});
+    let mut worker = spawn_worker(&url, &["--slots", "1", "--queue", &queue_url]);
+    let out = steppe(&["submit", "p.yml", "--detach", "--coordinator", &url], &work);
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let t0 = Instant::now();
+    while !started.exists() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "the step never started: {}", text(&out));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = steppe(&["cancel", &id, "--coordinator", &url], &work);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let pid = std::fs::read_to_string(format!("{}.pid", started.display())).expect("pid");
+    let proc_dir = PathBuf::from(format!("/proc/{}", pid.trim()));
+    let t0 = Instant::now();
+    while proc_dir.exists() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the step's process {} still runs", pid.trim());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let t0 = Instant::now();
+    loop {
+        let shown = text(&steppe(&["runs", "--run", &id, "--coordinator", &url], &work));
+        if shown.contains("aborted") {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(15), "not aborted: {shown}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    stop([&mut worker, &mut coord, &mut redis]);
+}

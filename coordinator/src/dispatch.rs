@@ -408,6 +408,11 @@ pub struct Dispatcher {
     pub ledger: Arc<dyn steppe_runtime::budget::Ledger>,
     /// The figures `--metrics` serves.
     pub metrics: Arc<steppe_worker::metrics::Metrics>,
+    /// This dispatcher among every one that ever served its queues (the
+    /// process and when it started): what it queues carries it as
+    /// `pushed_by`, and a pulling worker runs such an entry, first taken,
+    /// without waiting for a Confirm.
+    pub incarnation: String,
 }
 
 impl Dispatcher {
@@ -418,13 +423,16 @@ impl Dispatcher {
         let metrics = Arc::new(steppe_worker::metrics::Metrics::default());
         let (actor, _) = Actor::spawn(None, DispatcherActor, (pools.clone(), local.clone(), wanted.clone(), hub, metrics.clone())).await?;
         watch_queues(pools.clone(), actor.clone());
-        Ok(Arc::new(Dispatcher { actor, pools, local, seq: AtomicU64::new(0), wanted, ledger, metrics }))
+        let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        let incarnation = format!("{}-{since}", std::process::id());
+        Ok(Arc::new(Dispatcher { actor, pools, local, seq: AtomicU64::new(0), wanted, ledger, metrics, incarnation }))
     }
 
     /// Queues the assignment and waits for its result. Dropping the returned
     /// future (a race loser) cancels the assignment wherever it runs.
     pub async fn dispatch(&self, mut a: Assignment) -> AssignmentResult {
         a.id = format!("{}-{}", a.run_id, self.seq.fetch_add(1, Ordering::Relaxed));
+        a.pushed_by.clone_from(&self.incarnation);
         let id = a.id.clone();
         let mut guard = InFlight { actor: self.actor.clone(), id: id.clone(), done: false };
         let r = self.actor.call(|reply| DispatchMsg::Submit(a, reply), None).await;

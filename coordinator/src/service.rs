@@ -180,6 +180,7 @@ impl Coordinator for WorkerService {
                     (Some((base, _)), true) => pool_key(base, &steppe_runtime::queue::container_pool(&pool)),
                     _ => String::new(),
                 },
+                incarnation: self.dispatcher.incarnation.clone(),
             })),
         };
         tx.send(Ok(welcome)).await.map_err(|_| Status::aborted("session closed"))?;
@@ -382,6 +383,9 @@ impl Coordinator for WorkerService {
                                 d.running_remotely(&t.assignment_id, session_tx.clone());
                                 if let Ok(mut m) = inflight.lock() {
                                     m.insert(t.assignment_id.clone(), None);
+                                }
+                                if t.started {
+                                    continue;
                                 }
                                 // A stand-in taken off the queue: the whole assignment goes with the Confirm.
                                 let assignment = if t.by_reference { d.whole(&t.assignment_id).await.map(|a| steppe_runtime::wire::assignment_to_wire(&a)) } else { None };

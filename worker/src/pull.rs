@@ -71,40 +71,50 @@ impl Claim {
     }
 }
 
-/// Takes assignments from the shared queue while a slot (or, for short
-/// steps, the place ahead) is free and hands each to the run loop (which
-/// tells the coordinator it took it). Stopped by `stop` (never cut short
-/// mid-pop: the entry would sit with nobody until its lease ran out).
+/// Whether what was taken runs at once, before the coordinator confirms it:
+/// the first taking of an entry queued by the coordinator of this session
+/// (`incarnation`, from its Welcome), and not a stand-in (whose whole comes
+/// with the Confirm). An entry back after its taker's lease ran out, or left
+/// by a coordinator before this one, waits: only the coordinator knows
+/// whether a run still waits for it.
+pub fn runs_unconfirmed(a: &Assignment, incarnation: &str) -> bool {
+    a.first_delivery && !a.by_reference && !incarnation.is_empty() && a.pushed_by == incarnation
+}
+
+/// Takes assignments from the shared queue while a slot is free and hands
+/// each to the run loop (which tells the coordinator it took it). While the
+/// steps are short it takes one more ahead of its slots, but only one that
+/// already waits: the second of a read that found two, or, while the queue
+/// keeps a backlog, one looked for without waiting. Waiting on the queue
+/// for it would take an entry from a worker with a free slot and hold it
+/// behind a running step. Stopped by `stop` (never cut short mid-pop: the
+/// entry would sit with nobody until its lease ran out).
 pub async fn pull(q: Arc<dyn Queue>, slots: Arc<Slots>, out: mpsc::Sender<(Assignment, Claim)>, stop: Arc<AtomicBool>) {
+    // Whether the last read found as many waiting as it asked for.
+    let mut backlog = false;
     loop {
         // Nothing else is taken while one taken ahead waits: the slot that
         // frees first is its own.
         let Ok(place) = slots.ahead.clone().acquire_owned().await else { return };
-        let slot = |p| Claim::Slot(Slot { _permit: p, slots: slots.clone(), since: Instant::now() });
-        let claim = match slots.free.clone().try_acquire_owned() {
-            Ok(p) => slot(p),
-            Err(_) if slots.short.load(Ordering::Relaxed) => Claim::Ahead(place, slots.clone()),
+        let short = slots.short.load(Ordering::Relaxed);
+        let free = match slots.free.clone().try_acquire_owned() {
+            Ok(p) => Some(p),
+            Err(_) if backlog && short => None,
             Err(_) => match slots.free.clone().acquire_owned().await {
-                Ok(p) => slot(p),
+                Ok(p) => Some(p),
                 Err(_) => return,
             },
         };
         if stop.load(Ordering::SeqCst) {
             return;
         }
-        let a = match q.pop_within(Duration::from_secs(1)).await {
-            Ok(Some(a)) => a,
-            Ok(None) => {
-                if let Some(l) = steppe_runtime::outage::recovered("taking from the queue") {
-                    tracing::warn!("steppe worker: {l}");
-                }
-                continue;
-            }
-            Err(e) if !e.is_outage() => {
-                // One entry it could not read (moved aside): on to the next.
-                tracing::warn!("steppe worker: {e}");
-                continue;
-            }
+        let (max, wait) = match free {
+            Some(_) if short => (2, Duration::from_secs(1)),
+            Some(_) => (1, Duration::from_secs(1)),
+            None => (1, Duration::ZERO),
+        };
+        let batch = match q.pop_up_to(max, wait).await {
+            Ok(b) => b,
             Err(e) => {
                 if let Some(l) = steppe_runtime::outage::failed("taking from the queue", &e) {
                     tracing::warn!("steppe worker: {l}");
@@ -113,13 +123,36 @@ pub async fn pull(q: Arc<dyn Queue>, slots: Arc<Slots>, out: mpsc::Sender<(Assig
                 continue;
             }
         };
-        if stop.load(Ordering::SeqCst) {
-            // Taken just as the worker stopped taking work: straight back on
-            // the queue (the push retires the entry this worker took).
-            let _ = q.push(a).await;
-            return;
+        if let Some(l) = steppe_runtime::outage::recovered("taking from the queue") {
+            tracing::warn!("steppe worker: {l}");
         }
-        if out.send((a, claim)).await.is_err() {
+        backlog = batch.len() == max;
+        let mut claims = free.map(|p| Claim::Slot(Slot { _permit: p, slots: slots.clone(), since: Instant::now() })).into_iter().chain([Claim::Ahead(place, slots.clone())]);
+        for taken in batch {
+            let a = match taken {
+                Ok(a) => a,
+                Err(e) => {
+                    // One entry it could not read (moved aside): on to the next.
+                    tracing::warn!("steppe worker: {e}");
+                    continue;
+                }
+            };
+            let Some(claim) = claims.next() else {
+                // More than asked for: back for another taker.
+                let _ = q.push(a).await;
+                continue;
+            };
+            if stop.load(Ordering::SeqCst) {
+                // Taken just as the worker stopped taking work: straight back on
+                // the queue (the push retires the entry this worker took).
+                let _ = q.push(a).await;
+                continue;
+            }
+            if out.send((a, claim)).await.is_err() {
+                return;
+            }
+        }
+        if stop.load(Ordering::SeqCst) {
             return;
         }
     }
@@ -128,6 +161,17 @@ pub async fn pull(q: Arc<dyn Queue>, slots: Arc<Slots>, out: mpsc::Sender<(Assig
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_first_taking_of_this_coordinators_entry_runs_unconfirmed() {
+        let mine = Assignment { pushed_by: "7-1".into(), first_delivery: true, ..Assignment::command("r", "s", "true".into()) };
+        assert!(runs_unconfirmed(&mine, "7-1"));
+        assert!(!runs_unconfirmed(&mine, "8-2"), "queued by a coordinator before this one");
+        assert!(!runs_unconfirmed(&mine, ""), "a coordinator that names no incarnation");
+        assert!(!runs_unconfirmed(&Assignment { first_delivery: false, ..mine.clone() }, "7-1"), "back after a lease ran out");
+        assert!(!runs_unconfirmed(&Assignment { by_reference: true, ..mine.clone() }, "7-1"), "a stand-in");
+        assert!(!runs_unconfirmed(&Assignment { pushed_by: String::new(), ..mine }, ""), "neither says");
+    }
 
     #[tokio::test]
     async fn one_taken_ahead_runs_when_a_slot_frees_and_goes_back_when_none_does() {

@@ -546,12 +546,20 @@ async fn session(config: &WorkerConfig, reconnecting: bool, stats: &Arc<Stats>) 
                     break;
                 }
             }
-            Some((a, permit)) = pulled.recv() => {
-                // Taken from the queue; it runs once the coordinator confirms
-                // (awaited before the coordinator hears of it, so no Confirm is missed).
-                let taken = WorkerMessage { msg: Some(worker_message::Msg::Taken(Taken { assignment_id: a.id.clone(), epoch: a.epoch, by_reference: a.by_reference })) };
-                awaiting.insert(a.id.clone(), (a, permit));
-                let _ = tx.send(taken).await;
+            Some((a, claim)) = pulled.recv() => {
+                // Taken from the queue: run at once (a Cancel stops it) or
+                // once the coordinator confirms, awaited before it hears of
+                // it, so no Confirm is missed.
+                let started = crate::pull::runs_unconfirmed(&a, &welcome.incarnation);
+                let taken = WorkerMessage { msg: Some(worker_message::Msg::Taken(Taken { assignment_id: a.id.clone(), epoch: a.epoch, by_reference: a.by_reference, started })) };
+                if started {
+                    let _ = tx.send(taken).await;
+                    let cancel = ctx.cancels.register(&a.id);
+                    running.spawn(ctx.clone().run_when_a_slot_frees(a, cancel, claim));
+                } else {
+                    awaiting.insert(a.id.clone(), (a, claim));
+                    let _ = tx.send(taken).await;
+                }
             }
             m = inbound.message() => {
                 // A session that ends, cleanly or not, means the coordinator is gone.

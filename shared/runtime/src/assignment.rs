@@ -90,6 +90,11 @@ pub struct Assignment {
     pub masked_env: Vec<String>,
     /// A resource stage served by an MCP tool (then there is no command).
     pub mcp: Option<Box<McpStage>>,
+    /// The coordinator process that queued it (its incarnation; "": not said).
+    pub pushed_by: String,
+    /// Set by the queue that delivered it, never sent: no one took this entry
+    /// before (not one come back after another taker's lease ran out).
+    pub first_delivery: bool,
 }
 
 pub use crate::agent_work::ContainerSettings;
@@ -143,6 +148,8 @@ impl Assignment {
             enqueued_unix_ns: 0,
             masked_env: Vec::new(),
             mcp: None,
+            pushed_by: String::new(),
+            first_delivery: false,
         }
     }
 

@@ -95,14 +95,15 @@ impl RedisQueue {
 
     /// The assignment of an entry just read; one this build cannot read is
     /// moved to `<key>:refused` (with a reason) and refused.
-    async fn take(&self, (entry, fields): Entry) -> Result<Assignment, QueueError> {
-        let a = match decode(&fields) {
+    async fn take(&self, (entry, fields): Entry, first_delivery: bool) -> Result<Assignment, QueueError> {
+        let mut a = match decode(&fields) {
             Ok(a) => a,
             Err(reason) => {
                 self.refuse(&entry, &fields, &reason).await?;
                 return Err(QueueError::Refused { key: self.key.clone(), entry, reason, encoding: ENCODING, aside: format!("the stream {}:refused", self.key) });
             }
         };
+        a.first_delivery = first_delivery;
         if let Ok(mut m) = self.entries.lock() {
             m.insert(a.id.clone(), entry);
         }
@@ -202,7 +203,7 @@ impl RedisQueue {
                 if let Some(entry) = parts.get(1).map(parse_entries).and_then(|v| v.into_iter().next()) {
                     // More may have run out: look again on the next pop.
                     *self.claimed_at.lock().unwrap_or_else(|p| p.into_inner()) = None;
-                    return Ok(vec![self.taken_or_refused(entry).await?]);
+                    return Ok(vec![self.taken_or_refused(entry, false).await?]);
                 }
             }
         }
@@ -224,7 +225,7 @@ impl RedisQueue {
             for s in streams {
                 if let redis::Value::Array(kv) = s {
                     for entry in kv.get(1).map(parse_entries).unwrap_or_default() {
-                        taken.push(self.taken_or_refused(entry).await?);
+                        taken.push(self.taken_or_refused(entry, true).await?);
                     }
                 }
             }
@@ -234,8 +235,8 @@ impl RedisQueue {
 
     /// `take`, an entry refused (moved aside) kept as its error beside the
     /// others; only a backend that is away fails the whole read.
-    async fn taken_or_refused(&self, entry: Entry) -> Result<Result<Assignment, QueueError>, QueueError> {
-        match self.take(entry).await {
+    async fn taken_or_refused(&self, entry: Entry, first_delivery: bool) -> Result<Result<Assignment, QueueError>, QueueError> {
+        match self.take(entry, first_delivery).await {
             Err(e) if e.is_outage() => Err(e),
             r => Ok(r),
         }
@@ -589,6 +590,19 @@ pub(crate) mod tests {
         let lease = Duration::from_millis(300);
         let q = RedisQueue::connect(&s.url, "steppe:requeue", "c1", lease).await.expect("connect");
         conformance::a_requeued_assignment_is_delivered_once(Arc::new(q), lease).await;
+    }
+
+    #[tokio::test]
+    async fn an_entry_read_for_the_first_time_says_so() {
+        let s = redis_server();
+        let q = RedisQueue::connect(&s.url, "steppe:first", "c1", Duration::from_secs(30)).await.expect("connect");
+        q.push(conformance::a("job-1")).await.unwrap();
+        let taken = q.pop().await.unwrap();
+        assert!(taken.first_delivery);
+        // Pushed back by its taker: a new entry, read for the first time.
+        q.push(taken).await.unwrap();
+        assert!(q.pop().await.unwrap().first_delivery);
+        // (One back after its taker's lease ran out is not: the conformance case.)
     }
 
     /// A queue on `key` and a plain connection to write its stream directly.

@@ -30,7 +30,7 @@ fn named_from_wire(v: Vec<v1::NamedArtifact>) -> Result<Vec<(String, ArtifactRef
 }
 
 pub fn assignment_to_wire(a: &Assignment) -> v1::Assignment {
-    let Assignment { id, run_id, step, attempt, pool, epoch, command, template, env, cwd, inputs, outputs, timeout, judge, image, stream, agent, fix, by_reference, container, trace_parent, enqueued_unix_ns, masked_env, mcp } = a;
+    let Assignment { id, run_id, step, attempt, pool, epoch, command, template, env, cwd, inputs, outputs, timeout, judge, image, stream, agent, fix, by_reference, container, trace_parent, enqueued_unix_ns, masked_env, mcp, pushed_by, first_delivery: _ } = a;
     v1::Assignment {
         id: id.clone(),
         run_id: run_id.clone(),
@@ -60,6 +60,7 @@ pub fn assignment_to_wire(a: &Assignment) -> v1::Assignment {
         trace_parent: trace_parent.clone(),
         enqueued_unix_ns: *enqueued_unix_ns,
         masked_env: masked_env.clone(),
+        pushed_by: pushed_by.clone(),
         mcp: mcp.as_deref().map(|m| v1::McpStage {
             server: Some(super::agent::mcp_server_to_wire(&m.server)),
             stage: m.stage.clone(),
@@ -84,6 +85,8 @@ pub fn assignment_from_wire(a: v1::Assignment) -> Result<Assignment, WireError> 
         trace_parent: a.trace_parent,
         enqueued_unix_ns: a.enqueued_unix_ns,
         masked_env: a.masked_env,
+        pushed_by: a.pushed_by,
+        first_delivery: false,
         mcp: match a.mcp {
             None => None,
             Some(m) => Some(Box::new(McpStage {
@@ -240,6 +243,9 @@ mod tests {
                 args: serde_json::json!({"id": 7, "repo": "acme/ci"}),
                 version: serde_json::json!({"ref": "abc"}),
             })),
+            pushed_by: "4242-1700000000000000000".into(),
+            // The queue's to say, never sent: false on the way out.
+            first_delivery: false,
         }
     }
 
