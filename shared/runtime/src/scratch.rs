@@ -56,8 +56,13 @@ impl Drop for Scratch {
     }
 }
 
-/// Removes `steppe-<kind>-<pid>` directories under `base` whose process no
-/// longer exists; whether any `steppe-*-<pid>` of a dead process was there.
+/// The kinds of scratch directory steppe's commands make.
+const KINDS: [&str; 2] = ["work", "worker"];
+
+/// Removes the `steppe-<kind>-<pid>` directories under `base` (of `kind` or
+/// any kind steppe makes) whose process no longer exists; whether there was
+/// one. Anything else named so is not steppe's and is left alone: were it
+/// counted, every later start would sweep again.
 fn sweep(base: &Path, kind: &str) -> bool {
     let Ok(entries) = std::fs::read_dir(base) else { return false };
     let mut dead_seen = false;
@@ -65,11 +70,9 @@ fn sweep(base: &Path, kind: &str) -> bool {
         let name = e.file_name();
         let Some((of, pid)) = name.to_str().and_then(|n| n.strip_prefix("steppe-")).and_then(|n| n.rsplit_once('-')) else { continue };
         let Ok(pid) = pid.parse::<i32>() else { continue };
-        if pid > 0 && !alive(pid) {
+        if (of == kind || KINDS.contains(&of)) && pid > 0 && !alive(pid) {
             dead_seen = true;
-            if of == kind {
-                let _ = std::fs::remove_dir_all(e.path());
-            }
+            let _ = std::fs::remove_dir_all(e.path());
         }
     }
     dead_seen
@@ -105,5 +108,22 @@ mod tests {
         drop(s);
         assert!(!mine.exists(), "removed when dropped");
         let _ = std::fs::remove_dir_all(live);
+    }
+
+    #[test]
+    fn what_steppe_did_not_make_is_neither_swept_nor_counted() {
+        let base = std::env::temp_dir().join(format!("sweep-base-{}", std::process::id()));
+        // Of no kind steppe makes (a test's own directory, say), its pid dead.
+        let other = base.join("steppe-run-ahead-4194305");
+        std::fs::create_dir_all(&other).unwrap();
+        assert!(!sweep(&base, "work"), "no dead steppe process: nothing else (containers) to sweep");
+        assert!(other.exists(), "not steppe's: left alone");
+        // A dead worker's, found by a `steppe run`: removed, and counted once.
+        let worker = base.join("steppe-worker-4194305");
+        std::fs::create_dir_all(worker.join("steps")).unwrap();
+        assert!(sweep(&base, "work"));
+        assert!(!worker.exists());
+        assert!(!sweep(&base, "work"), "swept once, not seen again");
+        let _ = std::fs::remove_dir_all(base);
     }
 }
