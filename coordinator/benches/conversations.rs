@@ -5,6 +5,9 @@
 //! (4 × 50 ms, every conversation overlapped), and the run's resident
 //! memory per conversation beyond its transcript (its peak less a
 //! one-conversation run's, less the mean size of a recorded transcript).
+//! The same again with the model in a process of its own (`steppe
+//! scripted-model`, the agents pointed at it, `steppe run`), as a provider
+//! is: the worker's memory without the model's side of every connection.
 //! Run: `cargo bench -p steppe-coordinator --bench conversations`
 //! (STEPPE_BENCH_CONVERSATIONS=N for another count).
 
@@ -13,7 +16,7 @@ mod support;
 use std::time::Duration;
 
 use steppe_runtime::store::{RunFilter, SqliteStore, Store};
-use support::{median, ms, peak_rss_during, steppe, Dir};
+use support::{free_port, median, ms, peak_rss_during, steppe, Dir};
 
 const SCENARIO: &str = "model:
   rules:
@@ -34,10 +37,16 @@ const SCENARIO: &str = "model:
 
 const RUNS: usize = 3;
 
-fn pipeline(n: usize) -> String {
+/// `n` conversations at once; `endpoint`: the model's address when it runs
+/// apart (else `steppe test --script` serves it).
+fn pipeline(n: usize, endpoint: Option<&str>) -> String {
     let values: Vec<String> = (0..n).map(|i| i.to_string()).collect();
+    let source = match endpoint {
+        Some(e) => format!("{{model: x/y, endpoint: \"{e}\"}}"),
+        None => "{model: openrouter/x/y}".to_string(),
+    };
     format!(
-        "agents:\n- name: a\n  source: {{model: openrouter/x/y}}\njobs:\n- name: many\n  plan:\n  - agent: a\n    across:\n    - var: i\n      values: [{}]\n    max_in_flight: {n}\n    messages: [\"Conversation {{{{ .vars.i }}}}.\"]\n",
+        "agents:\n- name: a\n  source: {source}\njobs:\n- name: many\n  plan:\n  - agent: a\n    across:\n    - var: i\n      values: [{}]\n    max_in_flight: {n}\n    messages: [\"Conversation {{{{ .vars.i }}}}.\"]\n",
         values.join(", ")
     )
 }
@@ -51,15 +60,20 @@ struct Figures {
     transcript: f64,
 }
 
-fn run(dir: &Dir, n: usize) -> Figures {
-    let file = format!("p{n}.yml");
-    dir.write(&file, &pipeline(n));
+fn run(dir: &Dir, n: usize, endpoint: Option<&str>) -> Figures {
+    let file = format!("p{n}{}.yml", if endpoint.is_some() { "-apart" } else { "" });
+    dir.write(&file, &pipeline(n, endpoint));
     let t = std::time::Instant::now();
-    let mut child = steppe().args(["test", &file, "--script", "s.yaml", "-q", "--workers", &n.to_string()]).current_dir(&dir.0).stdout(std::process::Stdio::null()).spawn().expect("spawn");
+    let workers = n.to_string();
+    let args: Vec<&str> = match endpoint {
+        Some(_) => vec!["run", &file, "-q", "--workers", &workers],
+        None => vec!["test", &file, "--script", "s.yaml", "-q", "--workers", &workers],
+    };
+    let mut child = steppe().args(&args).current_dir(&dir.0).stdout(std::process::Stdio::null()).spawn().expect("spawn");
     let pid = child.id();
     let (status, peak_kib) = peak_rss_during(pid, || child.wait().expect("wait"));
     let wall = t.elapsed();
-    assert!(status.success(), "steppe test failed for {n} conversations");
+    assert!(status.success(), "steppe {} failed for {n} conversations", args[0]);
     let store = SqliteStore::open(&steppe_runtime::store::db_path(&dir.0.join(&file))).expect("store");
     let rec = store.runs(&RunFilter { limit: 1, ..Default::default() }).expect("runs").into_iter().next().expect("a run");
     let steps = store.steps(&rec.id).expect("steps");
@@ -74,22 +88,24 @@ fn run(dir: &Dir, n: usize) -> Figures {
     Figures { wall, run, peak_kib, transcript: transcript as f64 / n as f64 }
 }
 
+/// Per conversation beyond its transcript (the median run's peak over the
+/// one-conversation baseline), KiB; and the median wall time.
+fn figures(one: &[Figures], many: &[Figures], n: usize) -> (f64, f64, Duration, Duration) {
+    let base_kib = one.iter().map(|f| f.peak_kib).min().unwrap_or(0);
+    let transcript = many.iter().map(|f| f.transcript).sum::<f64>() / many.len() as f64 / 1024.0;
+    let mut v: Vec<f64> = many.iter().map(|f| f.peak_kib.saturating_sub(base_kib) as f64 / n as f64).collect();
+    v.sort_by(f64::total_cmp);
+    (v[v.len() / 2], transcript, median(many.iter().map(|f| f.wall).collect()), median(many.iter().map(|f| f.run).collect()))
+}
+
 fn main() {
     let n: usize = std::env::var("STEPPE_BENCH_CONVERSATIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(2000);
     let dir = Dir::new("conversations");
     dir.write("s.yaml", SCENARIO);
-    run(&dir, 1);
-    let one: Vec<Figures> = (0..RUNS).map(|_| run(&dir, 1)).collect();
-    let many: Vec<Figures> = (0..RUNS).map(|_| run(&dir, n)).collect();
-    let base_kib = one.iter().map(|f| f.peak_kib).min().unwrap_or(0);
-    let transcript = many.iter().map(|f| f.transcript).sum::<f64>() / many.len() as f64;
-    let per = {
-        let mut v: Vec<f64> = many.iter().map(|f| f.peak_kib.saturating_sub(base_kib) as f64 / n as f64).collect();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let wall = median(many.iter().map(|f| f.wall).collect());
-    let run_time = median(many.iter().map(|f| f.run).collect());
+    run(&dir, 1, None);
+    let one: Vec<Figures> = (0..RUNS).map(|_| run(&dir, 1, None)).collect();
+    let many: Vec<Figures> = (0..RUNS).map(|_| run(&dir, n, None)).collect();
+    let (per, transcript, wall, run_time) = figures(&one, &many, n);
     let one_wall = median(one.iter().map(|f| f.wall).collect());
     let ideal = Duration::from_millis(4 * 50);
     println!("conversations: {n} at once on one worker, 4 turns each, the scripted model answering after 50 ms; median of {RUNS}");
@@ -98,7 +114,29 @@ fn main() {
     println!("  steppe    {n} conversations (whole test)     {:>9.0} ms", ms(wall));
     println!("  steppe    the same, the run as recorded        {:>9.0} ms", ms(run_time));
     println!("  ratio     whole test / ideal                   {:>9.2}x   (target 1.3x)", wall.as_secs_f64() / ideal.as_secs_f64());
-    println!("  memory    per conversation (peak RSS over one) {:>9.1} KiB", per);
-    println!("  memory    of which its transcript (recorded)   {:>9.1} KiB", transcript / 1024.0);
-    println!("  memory    per conversation beyond transcript   {:>9.1} KiB   (target under 100 KiB)", per - transcript / 1024.0);
+    println!("  memory    per conversation (peak RSS over one) {:>9.1} KiB   (the model in the same process)", per);
+    println!("  memory    of which its transcript (recorded)   {:>9.1} KiB", transcript);
+    println!("  memory    per conversation beyond transcript   {:>9.1} KiB", per - transcript);
+
+    // The model apart, as a provider is: what the worker itself holds.
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut model = steppe().args(["scripted-model", "--script", "s.yaml", "--listen", &addr]).current_dir(&dir.0).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().expect("spawn the model");
+    let t = std::time::Instant::now();
+    while std::net::TcpStream::connect(&addr).is_err() {
+        assert!(t.elapsed() < Duration::from_secs(30), "the scripted model did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let endpoint = format!("http://{addr}/v1/");
+    run(&dir, 1, Some(&endpoint));
+    let one: Vec<Figures> = (0..RUNS).map(|_| run(&dir, 1, Some(&endpoint))).collect();
+    let many: Vec<Figures> = (0..RUNS).map(|_| run(&dir, n, Some(&endpoint))).collect();
+    let _ = model.kill();
+    let _ = model.wait();
+    let (per, transcript, wall, _) = figures(&one, &many, n);
+    println!("  the model in a process of its own (`steppe scripted-model`; `steppe run`):");
+    println!("  steppe    {n} conversations (whole run)      {:>9.0} ms", ms(wall));
+    println!("  ratio     whole run / ideal                    {:>9.2}x   (target 1.3x)", wall.as_secs_f64() / ideal.as_secs_f64());
+    println!("  memory    the worker's, per conversation       {:>9.1} KiB", per);
+    println!("  memory    the worker's, beyond its transcript  {:>9.1} KiB   (target under 100 KiB)", per - transcript);
 }
