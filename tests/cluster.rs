@@ -664,3 +664,34 @@ fn cancel_stops_a_step_a_pulling_worker_started_unconfirmed() {
     }
     stop([&mut worker, &mut coord, &mut redis]);
 }
+
+/// A pulled entry is acknowledged once, by the worker that took it (the
+/// coordinator only forgets it), and none is left on the stream.
+#[test]
+fn a_pulled_entry_is_acknowledged_once() {
+    let work = scratch("acked-once");
+    std::fs::write(work.join("p.yml"), "jobs:\n- name: j\n  plan:\n  - task: t\n    across:\n    - var: i\n      values: [1, 2, 3, 4, 5, 6]\n    run: \"true\"\n").expect("write");
+    let (mut redis, queue_url, queue_args) = Backend::Redis.start();
+    let port = queue_url.trim_start_matches("redis://127.0.0.1:").trim_end_matches('/').to_string();
+    let redis_cli = |args: &[&str]| String::from_utf8_lossy(&Command::new("redis-cli").args(["-p", &port]).args(args).output().expect("redis-cli").stdout).to_string();
+    let mut args = vec!["coordinator", "--listen", "127.0.0.1:0", "--state", "state", "--workers", "0"];
+    args.extend(queue_args.iter().map(String::as_str));
+    let (mut coord, url, mut lines) = serving(&args, &work);
+    std::thread::spawn(move || for _ in lines.by_ref() {});
+    let mut worker = spawn_worker(&url, &["--slots", "2", "--queue", &queue_url]);
+    let out = steppe(&["submit", "p.yml", "--coordinator", &url], &work);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let calls = |cmd: &str| {
+        let stats = redis_cli(&["INFO", "commandstats"]);
+        stats.lines().find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:calls="))).and_then(|r| r.split(',').next()).and_then(|n| n.parse::<u32>().ok()).unwrap_or(0)
+    };
+    // The worker acknowledges just after it reports; a second would follow as soon.
+    let t0 = Instant::now();
+    while calls("xack") < 6 && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!((calls("xadd"), calls("xack")), (6, 6), "six entries, each acknowledged once");
+    assert_eq!(redis_cli(&["XLEN", "steppe:assignments"]).trim(), "0");
+    stop([&mut worker, &mut coord, &mut redis]);
+}

@@ -29,8 +29,9 @@ pub enum DispatchMsg {
     CancelAll,
     /// Stop what one run has in flight (its assignment ids start with `<run id>-`).
     CancelRun(String),
-    /// A remote session took this assignment (so a cancel can reach it).
-    RunningRemotely(String, SessionTx),
+    /// A remote session took this assignment (so a cancel can reach it);
+    /// true: a pulling worker took it off the queue and acknowledges it.
+    RunningRemotely(String, SessionTx, bool),
     /// A lost worker held this assignment: back on the queue (at least once).
     Requeue(String),
     /// A pool's queue lost what waited in it (a Redis that restarted
@@ -78,6 +79,9 @@ pub struct DispatcherState {
     pending: HashMap<String, (RpcReplyPort<AssignmentResult>, Assignment)>,
     local: Cancels,
     remote: HashMap<String, SessionTx>,
+    /// Taken off the queue by a pulling worker, which acknowledges its entry
+    /// itself: the coordinator only forgets it.
+    acked_by_taker: std::collections::HashSet<String>,
     /// Cancelled while a worker was taking it: the cancel is sent as soon as
     /// the worker says it took it.
     cancelled: std::collections::HashSet<String>,
@@ -130,6 +134,7 @@ impl DispatcherState {
         self.queued_at.remove(id);
         self.started_at.remove(id);
         self.told_waiting.remove(id);
+        self.acked_by_taker.remove(id);
         self.pending.remove(id).map(|(p, _)| p)
     }
 
@@ -151,6 +156,7 @@ impl DispatcherState {
     /// Back on the queue with the next epoch (a result of an earlier one is refused).
     async fn requeue(&mut self, id: &str) {
         self.remote.remove(id);
+        self.acked_by_taker.remove(id);
         let again = self.pending.get_mut(id).map(|(_, a)| {
             a.epoch += 1;
             a.clone()
@@ -204,6 +210,7 @@ impl Actor for DispatcherActor {
             pending: HashMap::new(),
             local,
             remote: HashMap::new(),
+            acked_by_taker: Default::default(),
             cancelled: Default::default(),
             wanted,
             queued_at: HashMap::new(),
@@ -255,9 +262,12 @@ impl Actor for DispatcherActor {
                 if st.pending.contains_key(&r.assignment_id) {
                     st.metrics.finished(&r);
                 }
+                let taker_acks = st.acked_by_taker.remove(&r.assignment_id);
                 if let Some(q) = st.queue_of(&r.assignment_id).await {
                     // An in-process queue holds nothing once taken.
-                    if q.lease().is_some() {
+                    if taker_acks {
+                        q.forget(&r.assignment_id);
+                    } else if q.lease().is_some() {
                         st.writer.ack(q, r.assignment_id.clone());
                     }
                 }
@@ -280,12 +290,15 @@ impl Actor for DispatcherActor {
                     st.cancel(&id).await;
                 }
             }
-            DispatchMsg::RunningRemotely(id, tx) => {
+            DispatchMsg::RunningRemotely(id, tx, taker_acks) => {
                 if st.cancelled.remove(&id) {
                     send_cancel(&tx, &id);
                 }
                 if st.pending.contains_key(&id) {
                     st.began(&id);
+                    if taker_acks {
+                        st.acked_by_taker.insert(id.clone());
+                    }
                     st.remote.insert(id, tx);
                 }
             }
@@ -458,8 +471,14 @@ impl Dispatcher {
         ractor::call!(self.actor, DispatchMsg::LongWaits, longer_than).unwrap_or_default()
     }
 
+    /// A pushed session's worker runs it (the coordinator took it off the queue).
     pub fn running_remotely(&self, id: &str, tx: SessionTx) {
-        let _ = self.actor.cast(DispatchMsg::RunningRemotely(id.to_string(), tx));
+        let _ = self.actor.cast(DispatchMsg::RunningRemotely(id.to_string(), tx, false));
+    }
+
+    /// A pulling worker took it off the queue (and acknowledges it there itself).
+    pub fn taken_by_worker(&self, id: &str, tx: SessionTx) {
+        let _ = self.actor.cast(DispatchMsg::RunningRemotely(id.to_string(), tx, true));
     }
 
     /// Puts a pending assignment back on the queue with the next epoch.

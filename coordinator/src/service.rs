@@ -380,7 +380,7 @@ impl Coordinator for WorkerService {
                                 let _ = session_tx.send(Ok(cancel)).await;
                             }
                             worker_message::Msg::Taken(t) if pulls => {
-                                d.running_remotely(&t.assignment_id, session_tx.clone());
+                                d.taken_by_worker(&t.assignment_id, session_tx.clone());
                                 if let Ok(mut m) = inflight.lock() {
                                     m.insert(t.assignment_id.clone(), None);
                                 }

@@ -140,6 +140,11 @@ impl Queue for Merged {
         }
     }
 
+    fn forget(&self, id: &str) {
+        self.rare.forget(id);
+        self.busy.forget(id);
+    }
+
     fn remove(&self, id: &str) -> BoxFuture<'_, Result<bool, QueueError>> {
         let id = id.to_string();
         Box::pin(async move { Ok(self.rare.remove(&id).await? | self.busy.remove(&id).await?) })

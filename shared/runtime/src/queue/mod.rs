@@ -56,6 +56,11 @@ pub trait Queue: Send + Sync {
     fn ack(&self, id: &str) -> BoxFuture<'_, Result<(), QueueError>>;
     /// Removes an assignment nobody took yet; true if it was waiting.
     fn remove(&self, id: &str) -> BoxFuture<'_, Result<bool, QueueError>>;
+    /// Lets go of what this process keeps of an assignment it pushed whose
+    /// taker acknowledges it itself (a pulling worker); nothing is sent.
+    fn forget(&self, id: &str) {
+        let _ = id;
+    }
     /// Renews the lease on everything this consumer took and has not
     /// acknowledged, so a step that runs longer than the lease is not handed
     /// to a second taker. Called by its holder well within every lease.

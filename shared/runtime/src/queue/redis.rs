@@ -466,6 +466,15 @@ impl Queue for RedisQueue {
         })
     }
 
+    fn forget(&self, id: &str) {
+        if let Ok(mut m) = self.entries.lock() {
+            m.remove(id);
+        }
+        if let Ok(mut t) = self.taken.lock() {
+            t.remove(id);
+        }
+    }
+
     fn remove(&self, id: &str) -> BoxFuture<'_, Result<bool, QueueError>> {
         let entry = self.entry_of(id);
         let id = id.to_string();
