@@ -597,6 +597,17 @@ fn two_coordinators_share_one_redis_over_tls_with_a_user() {
     stop([&mut w1, &mut w2, &mut c1, &mut c2, &mut redis]);
 }
 
+/// Redis and a coordinator that runs nothing itself, for pulling workers:
+/// (redis, its URL, the coordinator, the URL workers join).
+fn pulling_cluster(work: &Path) -> (std::process::Child, String, std::process::Child, String) {
+    let (redis, queue_url, queue_args) = Backend::Redis.start();
+    let mut args = vec!["coordinator", "--listen", "127.0.0.1:0", "--state", "state", "--workers", "0"];
+    args.extend(queue_args.iter().map(String::as_str));
+    let (coord, url, mut lines) = serving(&args, work);
+    std::thread::spawn(move || for _ in lines.by_ref() {});
+    (redis, queue_url, coord, url)
+}
+
 /// A pulling worker of one slot takes the next entry ahead while its steps
 /// are short; one taken ahead behind a long step is handed back and runs on
 /// the other worker, not after the long step: the long step finds every
@@ -612,11 +623,7 @@ fn a_step_taken_ahead_behind_a_long_one_runs_on_another_worker() {
         plan.push_str(&format!("    - task: short{i}\n      run: sleep 0.05; touch {m}/short{i}\n"));
     }
     std::fs::write(work.join("p.yml"), plan).expect("write");
-    let (mut redis, queue_url, queue_args) = Backend::Redis.start();
-    let mut args = vec!["coordinator", "--listen", "127.0.0.1:0", "--state", "state", "--workers", "0"];
-    args.extend(queue_args.iter().map(String::as_str));
-    let (mut coord, url, mut lines) = serving(&args, &work);
-    std::thread::spawn(move || for _ in lines.by_ref() {});
+    let (mut redis, queue_url, mut coord, url) = pulling_cluster(&work);
     let mut a = spawn_worker(&url, &["--slots", "1", "--queue", &queue_url]);
     let mut b = spawn_worker(&url, &["--slots", "1", "--queue", &queue_url]);
     let out = steppe(&["submit", "p.yml", "--coordinator", &url, "--force"], &work);
@@ -631,37 +638,17 @@ fn cancel_stops_a_step_a_pulling_worker_started_unconfirmed() {
     let work = scratch("cancel-pulled");
     let started = work.join("started");
     std::fs::write(work.join("p.yml"), format!("jobs:\n- name: j\n  plan:\n  - task: long\n    run: echo $$ > {s}.pid; touch {s}; sleep 30\n", s = started.display())).expect("write");
-    let (mut redis, queue_url, queue_args) = Backend::Redis.start();
-    let mut args = vec!["coordinator", "--listen", "127.0.0.1:0", "--state", "state", "--workers", "0"];
-    args.extend(queue_args.iter().map(String::as_str));
-    let (mut coord, url, mut lines) = serving(&args, &work);
-    std::thread::spawn(move || for _ in lines.by_ref() {});
+    let (mut redis, queue_url, mut coord, url) = pulling_cluster(&work);
     let mut worker = spawn_worker(&url, &["--slots", "1", "--queue", &queue_url]);
     let out = steppe(&["submit", "p.yml", "--detach", "--coordinator", &url], &work);
     let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    let t0 = Instant::now();
-    while !started.exists() {
-        assert!(t0.elapsed() < Duration::from_secs(20), "the step never started: {}", text(&out));
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for("the step to start", Duration::from_secs(20), || started.exists());
     let out = steppe(&["cancel", &id, "--coordinator", &url], &work);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let pid = std::fs::read_to_string(format!("{}.pid", started.display())).expect("pid");
     let proc_dir = PathBuf::from(format!("/proc/{}", pid.trim()));
-    let t0 = Instant::now();
-    while proc_dir.exists() {
-        assert!(t0.elapsed() < Duration::from_secs(10), "the step's process {} still runs", pid.trim());
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let t0 = Instant::now();
-    loop {
-        let shown = text(&steppe(&["runs", "--run", &id, "--coordinator", &url], &work));
-        if shown.contains("aborted") {
-            break;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(15), "not aborted: {shown}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_for("the step's process to be gone", Duration::from_secs(10), || !proc_dir.exists());
+    wait_for("the run to show aborted", Duration::from_secs(15), || text(&steppe(&["runs", "--run", &id, "--coordinator", &url], &work)).contains("aborted"));
     stop([&mut worker, &mut coord, &mut redis]);
 }
 
@@ -671,13 +658,9 @@ fn cancel_stops_a_step_a_pulling_worker_started_unconfirmed() {
 fn a_pulled_entry_is_acknowledged_once() {
     let work = scratch("acked-once");
     std::fs::write(work.join("p.yml"), "jobs:\n- name: j\n  plan:\n  - task: t\n    across:\n    - var: i\n      values: [1, 2, 3, 4, 5, 6]\n    run: \"true\"\n").expect("write");
-    let (mut redis, queue_url, queue_args) = Backend::Redis.start();
+    let (mut redis, queue_url, mut coord, url) = pulling_cluster(&work);
     let port = queue_url.trim_start_matches("redis://127.0.0.1:").trim_end_matches('/').to_string();
     let redis_cli = |args: &[&str]| String::from_utf8_lossy(&Command::new("redis-cli").args(["-p", &port]).args(args).output().expect("redis-cli").stdout).to_string();
-    let mut args = vec!["coordinator", "--listen", "127.0.0.1:0", "--state", "state", "--workers", "0"];
-    args.extend(queue_args.iter().map(String::as_str));
-    let (mut coord, url, mut lines) = serving(&args, &work);
-    std::thread::spawn(move || for _ in lines.by_ref() {});
     let mut worker = spawn_worker(&url, &["--slots", "2", "--queue", &queue_url]);
     let out = steppe(&["submit", "p.yml", "--coordinator", &url], &work);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));

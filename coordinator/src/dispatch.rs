@@ -436,8 +436,7 @@ impl Dispatcher {
         let metrics = Arc::new(steppe_worker::metrics::Metrics::default());
         let (actor, _) = Actor::spawn(None, DispatcherActor, (pools.clone(), local.clone(), wanted.clone(), hub, metrics.clone())).await?;
         watch_queues(pools.clone(), actor.clone());
-        let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-        let incarnation = format!("{}-{since}", std::process::id());
+        let incarnation = steppe_runtime::queue::process_mark();
         Ok(Arc::new(Dispatcher { actor, pools, local, seq: AtomicU64::new(0), wanted, ledger, metrics, incarnation }))
     }
 

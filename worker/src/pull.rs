@@ -1,8 +1,9 @@
 //! Taking from the shared queue (a worker started with `--queue`): an entry
 //! whenever a slot is free and, while the worker's steps are short, one more
-//! taken ahead, so that its pop and its confirmation's round trip overlap the
-//! step before it instead of following it. One taken ahead that finds no slot
-//! within [`HOLD`] is handed back for another worker.
+//! that already waits taken ahead, so that its pop (and its confirmation,
+//! where it needs one) overlaps the step before it instead of following it.
+//! One taken ahead that finds no slot within [`HOLD`] is handed back for
+//! another worker; [`runs_unconfirmed`] says which run before a Confirm.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -38,6 +39,12 @@ pub struct Slot {
     since: Instant,
 }
 
+impl Slot {
+    fn new(permit: OwnedSemaphorePermit, slots: Arc<Slots>) -> Slot {
+        Slot { _permit: permit, slots, since: Instant::now() }
+    }
+}
+
 impl Drop for Slot {
     fn drop(&mut self) {
         self.slots.short.store(self.since.elapsed() < HOLD / 2, Ordering::Relaxed);
@@ -65,7 +72,7 @@ impl Claim {
                     return None;
                 };
                 drop(place);
-                Some(Slot { _permit: permit, slots, since: Instant::now() })
+                Some(Slot::new(permit, slots))
             }
         }
     }
@@ -127,7 +134,7 @@ pub async fn pull(q: Arc<dyn Queue>, slots: Arc<Slots>, out: mpsc::Sender<(Assig
             tracing::warn!("steppe worker: {l}");
         }
         backlog = batch.len() == max;
-        let mut claims = free.map(|p| Claim::Slot(Slot { _permit: p, slots: slots.clone(), since: Instant::now() })).into_iter().chain([Claim::Ahead(place, slots.clone())]);
+        let mut claims = free.map(|p| Claim::Slot(Slot::new(p, slots.clone()))).into_iter().chain([Claim::Ahead(place, slots.clone())]);
         for taken in batch {
             let a = match taken {
                 Ok(a) => a,
@@ -176,7 +183,7 @@ mod tests {
     #[tokio::test]
     async fn one_taken_ahead_runs_when_a_slot_frees_and_goes_back_when_none_does() {
         let slots = Slots::new(1);
-        let first = Claim::Slot(Slot { _permit: slots.free.clone().acquire_owned().await.unwrap(), slots: slots.clone(), since: Instant::now() });
+        let first = Claim::Slot(Slot::new(slots.free.clone().acquire_owned().await.unwrap(), slots.clone()));
         let running = first.slot().await.expect("a slot's claim runs at once");
         let ahead = slots.ahead.clone().acquire_owned().await.unwrap();
         let waiting = tokio::spawn(Claim::Ahead(ahead, slots.clone()).slot());
@@ -192,7 +199,7 @@ mod tests {
         assert_eq!(slots.ahead.available_permits(), 1);
         assert!(!slots.short.load(Ordering::Relaxed), "after one goes back, none is taken ahead until a step ends");
         drop(second);
-        let slot = || async { Claim::Slot(Slot { _permit: slots.free.clone().acquire_owned().await.unwrap(), slots: slots.clone(), since: Instant::now() }).slot().await.unwrap() };
+        let slot = || async { Claim::Slot(Slot::new(slots.free.clone().acquire_owned().await.unwrap(), slots.clone())).slot().await.unwrap() };
         drop(slot().await);
         assert!(slots.short.load(Ordering::Relaxed), "the step that ended at once was short");
         let long = slot().await;

@@ -588,7 +588,7 @@ async fn session(config: &WorkerConfig, reconnecting: bool, stats: &Arc<Stats>) 
                         }
                     }
                     Some(coordinator_message::Msg::Confirm(c)) => {
-                        if let Some((taken, permit)) = awaiting.remove(&c.assignment_id) {
+                        if let Some((taken, claim)) = awaiting.remove(&c.assignment_id) {
                             // A stand-in is run as the whole the coordinator sent with the Confirm.
                             let a = match c.assignment.map(assignment_from_wire) {
                                 Some(Ok(whole)) => whole,
@@ -611,7 +611,7 @@ async fn session(config: &WorkerConfig, reconnecting: bool, stats: &Arc<Stats>) 
                                 None => taken,
                             };
                             let cancel = ctx.cancels.register(&a.id);
-                            running.spawn(ctx.clone().run_when_a_slot_frees(a, cancel, permit));
+                            running.spawn(ctx.clone().run_when_a_slot_frees(a, cancel, claim));
                         }
                     }
                     Some(coordinator_message::Msg::Cancel(c)) => match awaiting.remove(&c.assignment_id) {

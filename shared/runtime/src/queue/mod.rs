@@ -110,6 +110,14 @@ pub(crate) fn as_batch(popped: Result<Option<Assignment>, QueueError>) -> Result
 /// The pool a step goes to unless its run names another.
 pub const DEFAULT_POOL: &str = "default";
 
+/// This process and this moment (`<pid>-<Unix ns>`): a mark no other
+/// process that ever used a queue makes (a stream's generation, a
+/// coordinator's incarnation).
+pub fn process_mark() -> String {
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    format!("{}-{t}", std::process::id())
+}
+
 /// A pool name: letters, digits, `-`, `_`, `.`; at most 64 characters;
 /// not `refused` (the default pool's stream of refused entries is `base:refused`).
 pub fn check_pool_name(name: &str) -> Result<(), String> {

@@ -47,12 +47,6 @@ pub struct RedisQueue {
     claimed_at: Mutex<Option<std::time::Instant>>,
 }
 
-/// A new generation mark for a stream.
-fn new_generation() -> String {
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-    format!("{}-{t}", std::process::id())
-}
-
 impl RedisQueue {
     /// Connects and makes sure the stream and its consumer group exist.
     pub async fn connect(url: &str, key: &str, consumer: &str, lease: Duration) -> Result<Self, QueueError> {
@@ -69,9 +63,9 @@ impl RedisQueue {
         let group = "steppe-workers".to_string();
         let gen_key = format!("{key}:generation");
         if create_group(&mut conn, key, &group).await.map_err(err)? {
-            let _: () = redis::cmd("SET").arg(&gen_key).arg(new_generation()).query_async(&mut conn).await.map_err(err)?;
+            let _: () = redis::cmd("SET").arg(&gen_key).arg(super::process_mark()).query_async(&mut conn).await.map_err(err)?;
         }
-        let _: () = redis::cmd("SET").arg(&gen_key).arg(new_generation()).arg("NX").query_async(&mut conn).await.map_err(err)?;
+        let _: () = redis::cmd("SET").arg(&gen_key).arg(super::process_mark()).arg("NX").query_async(&mut conn).await.map_err(err)?;
         let seen: Option<String> = redis::cmd("GET").arg(&gen_key).query_async(&mut conn).await.map_err(err)?;
         Ok(RedisQueue {
             url: shown.clone(),
@@ -268,7 +262,7 @@ impl RedisQueue {
     async fn make_group(&self) -> Result<bool, QueueError> {
         let created = self.retry(|mut c| async move { create_group(&mut c, &self.key, &self.group).await }).await?;
         if created {
-            let (gen_key, generation) = (format!("{}:generation", self.key), new_generation());
+            let (gen_key, generation) = (format!("{}:generation", self.key), super::process_mark());
             let _: () = self
                 .retry(|mut c| {
                     let (gen_key, generation) = (&gen_key, &generation);
@@ -456,12 +450,7 @@ impl Queue for RedisQueue {
                         .await
                 })
                 .await?;
-            if let Ok(mut m) = self.entries.lock() {
-                m.remove(&id);
-            }
-            if let Ok(mut t) = self.taken.lock() {
-                t.remove(&id);
-            }
+            self.forget(&id);
             Ok(())
         })
     }
