@@ -4,11 +4,13 @@
 //! ends) and to its
 //! subscribers — the terminal ([`terminal::Terminal`], unless quiet) and
 //! whoever follows a run ([`watchers::Watchers`]). One mailbox keeps them all
-//! in order. [`EventHub`] is the handle every part of the process holds.
+//! in order; the store's writes leave it for a thread of their own
+//! ([`writer::Writer`]). [`EventHub`] is the handle every part of the process holds.
 
 mod log;
 mod terminal;
 mod watchers;
+mod writer;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -77,7 +79,7 @@ pub enum Event {
 struct HubActor;
 
 pub struct HubState {
-    store: Option<Arc<dyn Store>>,
+    store: Option<writer::Writer>,
     /// Events not yet in the store, in order.
     events: Vec<(String, RunEvent)>,
     /// What the handle gathered for the store beside the mailbox; written
@@ -103,9 +105,6 @@ impl HubState {
     fn event(&mut self, run_id: &str, kind: &str, step: &str, message: &str) {
         if self.store.is_some() {
             self.events.push((run_id.to_string(), RunEvent::now(kind, step, message)));
-            if self.events.len() >= 500 {
-                self.flush_all();
-            }
         }
     }
 
@@ -125,20 +124,19 @@ impl HubState {
         }
     }
 
-    /// Writes everything gathered in one batch (one transaction where the store can).
-    fn flush_all(&mut self) {
+    /// Everything gathered, as one batch (one transaction where the store can).
+    fn batch(&mut self) -> steppe_runtime::store::Batch {
         let r = std::mem::take(&mut *self.records.lock().unwrap_or_else(|p| p.into_inner()));
-        let batch = steppe_runtime::store::Batch { events: std::mem::take(&mut self.events), logs: r.logs, steps: r.steps, spans: r.spans, chains: r.chains };
-        let Some(s) = &self.store else { return };
-        if batch.is_empty() {
-            return;
-        }
-        match s.record_batch(&batch) {
-            Err(e) => store_failed(&e),
-            Ok(()) => store_ok(),
-        }
+        steppe_runtime::store::Batch { events: std::mem::take(&mut self.events), logs: r.logs, steps: r.steps, spans: r.spans, chains: r.chains }
     }
 
+    /// Hands everything gathered to the store's writer.
+    async fn flush_all(&mut self) {
+        let batch = self.batch();
+        if let Some(w) = &mut self.store {
+            w.write(batch).await;
+        }
+    }
 }
 
 impl Actor for HubActor {
@@ -150,7 +148,7 @@ impl Actor for HubActor {
         if store.is_some() || subscribers.iter().any(|s| s.wants_ticks()) {
             let _ = me.send_interval(Duration::from_millis(500), || Event::Tick);
         }
-        Ok(HubState { store, events: Vec::new(), records, live_kept: Default::default(), watchers: Watchers::default(), subscribers, pending_lines })
+        Ok(HubState { store: store.map(writer::Writer::new), events: Vec::new(), records, live_kept: Default::default(), watchers: Watchers::default(), subscribers, pending_lines })
     }
 
     async fn handle(&self, _me: ActorRef<Event>, ev: Event, st: &mut HubState) -> Result<(), ActorProcessingErr> {
@@ -180,7 +178,7 @@ impl Actor for HubActor {
                 });
             }
             Event::Tick => {
-                st.flush_all();
+                st.flush_all().await;
                 st.each(|s| {
                     if s.wants_ticks() {
                         s.tick()
@@ -193,29 +191,22 @@ impl Actor for HubActor {
                 st.each(|s| s.line(&run_id, &text));
                 st.live_line(&run_id, &line);
             }
-            Event::Records => st.flush_all(),
+            Event::Records => st.flush_all().await,
             Event::Watch { run_id, tx } => st.watchers.watch(run_id, tx),
             Event::Unwatch(run_id) => st.watchers.unwatch(&run_id),
             Event::Flush(reply) => {
                 st.each(|s| s.flush());
-                st.flush_all();
+                let batch = st.batch();
+                if let Some(w) = &mut st.store {
+                    w.write_and_wait(batch).await;
+                }
                 let _ = reply.send(());
             }
         }
+        if st.events.len() >= EVENTS_FULL {
+            st.flush_all().await;
+        }
         Ok(())
-    }
-}
-
-/// The store failing (Redis down) is said once, and its return once.
-fn store_failed(e: &dyn std::fmt::Display) {
-    if let Some(l) = steppe_runtime::outage::failed("recording history in the store", e) {
-        eprintln!("steppe: {l}");
-    }
-}
-
-fn store_ok() {
-    if let Some(l) = steppe_runtime::outage::recovered("recording history in the store") {
-        eprintln!("steppe: {l}");
     }
 }
 
@@ -256,6 +247,8 @@ pub struct Records {
 /// Records (or lines) waiting past these are written before the next tick.
 const RECORDS_FULL: usize = 256;
 const LINES_FULL: usize = 500;
+/// The hub's own events waiting past this are written before the next tick.
+const EVENTS_FULL: usize = 500;
 
 /// The most live lines waiting to be printed.
 const LIVE_LINES_MAX: usize = 10_000;
