@@ -126,14 +126,13 @@ async fn execute_untraced(
             a.step
         )));
     }
-    let dir = match &a.cwd {
-        Cwd::Host(p) => p.clone(),
+    let (dir, owned) = match &a.cwd {
+        Cwd::Host(p) => (p.clone(), None),
         _ => match crate::step_dir::take(work_root) {
-            Ok(d) => d,
+            Ok(d) => (d.path().to_path_buf(), Some(d)),
             Err(e) => return fail(StepError::errored(format!("{}: cannot create a step directory: {e}", a.step))),
         },
     };
-    let owned = !matches!(a.cwd, Cwd::Host(_));
     // What the step writes is recorded as it arrives (resource checks,
     // which print only their answer, are not).
     let recorder = a.stream.then(|| crate::output::Recorder::new(work_root, &format!("{}-{}", a.id, a.epoch), sink.clone()));
@@ -142,10 +141,8 @@ async fn execute_untraced(
         None => sink,
     };
     let mut result = run_in(a, &dir, store.clone(), sink, ledger, cancel).await;
-    if owned {
-        // Most step directories are small: removing them inline is cheaper
-        // than a round trip to the blocking pool.
-        crate::step_dir::give_back(dir);
+    if let Some(d) = owned {
+        crate::step_dir::give_back(d);
     }
     if let Some(r) = recorder {
         if !r.stores() {

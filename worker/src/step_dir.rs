@@ -16,6 +16,36 @@ static SEQ: AtomicU64 = AtomicU64::new(0);
 /// Directories kept for reuse, each under the work root it was made in.
 static SPARE: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
+/// A step's directory, with what it looked like when handed out: a step
+/// that leaves it as it found it leaves its status unchanged.
+#[derive(Debug)]
+pub struct StepDir {
+    path: PathBuf,
+    found: Option<Stamp>,
+}
+
+impl StepDir {
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// What changes when anything is made or removed in a directory (or its
+/// mode or owner is changed): only a hint of where a step wrote, never what
+/// decides a directory is empty (the check before it is handed out does).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    ino: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Stamp {
+    fn of(m: &std::fs::Metadata) -> Stamp {
+        Stamp { ino: m.ino(), mtime: (m.mtime(), m.mtime_nsec()), ctime: (m.ctime(), m.ctime_nsec()) }
+    }
+}
+
 /// At most this many are kept (about the slots of one process).
 const SPARE_MAX: usize = 256;
 
@@ -85,31 +115,32 @@ impl Pool {
         self.listed_at = Some(Instant::now());
     }
 
-    /// A directory moved out of the pool to `to`, checked as a made one would be.
-    fn take_into(&mut self, to: &Path) -> bool {
-        let Some(pool) = self.dir(false) else { return false };
+    /// A directory moved out of the pool to `to`, checked as a made one
+    /// would be; its status then.
+    fn take_into(&mut self, to: &Path) -> Option<Stamp> {
+        let pool = self.dir(false)?;
         loop {
             if self.listed.is_empty() {
                 if self.listed_at.is_some_and(|t| t.elapsed() < RELIST) {
-                    return false;
+                    return None;
                 }
                 self.relist();
                 if self.listed.is_empty() {
-                    return false;
+                    return None;
                 }
             }
-            let Some(name) = self.listed.pop() else { return false };
+            let name = self.listed.pop()?;
             match std::fs::rename(pool.join(&name), to) {
                 Ok(()) => {
                     self.held = self.held.saturating_sub(1);
-                    if pristine(to) {
-                        return true;
+                    if let Some(found) = pristine(to) {
+                        return Some(found);
                     }
                     let _ = std::fs::remove_dir_all(to);
                 }
                 Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
                     self.state = PoolState::Unusable;
-                    return false;
+                    return None;
                 }
                 // Taken by another process since it was listed.
                 Err(_) => {}
@@ -158,38 +189,45 @@ fn open_pool(base: &Path) -> Option<PathBuf> {
 }
 
 /// An empty directory under `root` for one step.
-pub fn take(root: &Path) -> std::io::Result<PathBuf> {
-    let kept = {
-        let mut spare = SPARE.lock().unwrap_or_else(|p| p.into_inner());
-        spare.iter().rposition(|d| d.parent() == Some(root)).map(|i| spare.swap_remove(i))
-    };
-    if let Some(d) = kept {
-        // Nothing may have reached it since (a process that left the step's
-        // group): it is checked again before it is handed out.
-        if pristine(&d) {
-            return Ok(d);
+pub fn take(root: &Path) -> std::io::Result<StepDir> {
+    loop {
+        let kept = {
+            let mut spare = SPARE.lock().unwrap_or_else(|p| p.into_inner());
+            spare.iter().rposition(|d| d.parent() == Some(root)).map(|i| spare.swap_remove(i))
+        };
+        let Some(d) = kept else { break };
+        // Kept unchecked when its step seemed to leave it as found, and
+        // anything may have reached it since (a process that left the
+        // step's group): checked before it is handed out.
+        if let Some(found) = pristine(&d) {
+            return Ok(StepDir { path: d, found: Some(found) });
         }
-        let _ = std::fs::remove_dir_all(&d);
+        remove_aside(d);
     }
     let n = SEQ.fetch_add(1, Ordering::Relaxed);
     let d = root.join(format!("step-{}-{n}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    if MADE_MODE.load(Ordering::Relaxed) != u32::MAX && POOL.lock().unwrap_or_else(|p| p.into_inner()).take_into(&d) {
-        return Ok(d);
+    if MADE_MODE.load(Ordering::Relaxed) != u32::MAX {
+        if let Some(found) = POOL.lock().unwrap_or_else(|p| p.into_inner()).take_into(&d) {
+            return Ok(StepDir { path: d, found: Some(found) });
+        }
     }
     std::fs::create_dir_all(&d)?;
-    if MADE_MODE.load(Ordering::Relaxed) == u32::MAX {
-        if let Ok(m) = std::fs::symlink_metadata(&d) {
+    let made = std::fs::symlink_metadata(&d).ok();
+    if let Some(m) = &made {
+        if MADE_MODE.load(Ordering::Relaxed) == u32::MAX {
             MADE_MODE.store(m.permissions().mode() & 0o7777, Ordering::Relaxed);
         }
     }
-    Ok(d)
+    Ok(StepDir { found: made.as_ref().map(Stamp::of), path: d })
 }
 
-/// The step is over: its directory is kept when it is as it was made
-/// (a real directory, empty, its permissions unchanged), else removed.
-pub fn give_back(d: PathBuf) {
-    if pristine(&d) {
+/// The step is over: its directory is kept when its status is as it was
+/// handed out (nothing made or removed in it since, its mode and owner
+/// unchanged), else removed.
+pub fn give_back(d: StepDir) {
+    let StepDir { path: d, found } = d;
+    let unchanged = found.is_some() && std::fs::symlink_metadata(&d).is_ok_and(|m| m.is_dir() && Some(Stamp::of(&m)) == found);
+    if unchanged {
         {
             let mut spare = SPARE.lock().unwrap_or_else(|p| p.into_inner());
             if spare.len() < SPARE_MAX {
@@ -197,15 +235,20 @@ pub fn give_back(d: PathBuf) {
                 return;
             }
         }
-        if POOL.lock().unwrap_or_else(|p| p.into_inner()).put(&d) {
+        // Another process may take it from the pool: checked first.
+        if pristine(&d).is_some() && POOL.lock().unwrap_or_else(|p| p.into_inner()).put(&d) {
             return;
         }
     }
     if std::fs::remove_dir(&d).is_ok() {
         return;
     }
-    // What the step left may be large: removed on a blocking thread, so a
-    // runtime of one thread goes on (its heartbeats with it).
+    remove_aside(d);
+}
+
+/// Removes what a step left (it may be large) on a blocking thread, so a
+/// runtime of one thread goes on (its heartbeats with it).
+fn remove_aside(d: PathBuf) {
     match tokio::runtime::Handle::try_current() {
         Ok(rt) => drop(rt.spawn_blocking(move || std::fs::remove_dir_all(&d))),
         Err(_) => {
@@ -214,12 +257,14 @@ pub fn give_back(d: PathBuf) {
     }
 }
 
-fn pristine(d: &Path) -> bool {
-    let Ok(m) = std::fs::symlink_metadata(d) else { return false };
+/// Whether `d` is as a step directory is made here: a real directory, its
+/// mode as made, this user's, and empty; its status then.
+fn pristine(d: &Path) -> Option<Stamp> {
+    let m = std::fs::symlink_metadata(d).ok()?;
     if !m.is_dir() || m.permissions().mode() & 0o7777 != MADE_MODE.load(Ordering::Relaxed) || m.uid() != euid() {
-        return false;
+        return None;
     }
-    std::fs::read_dir(d).is_ok_and(|mut entries| entries.next().is_none())
+    std::fs::read_dir(d).ok()?.next().is_none().then(|| Stamp::of(&m))
 }
 
 #[cfg(test)]
@@ -237,15 +282,17 @@ mod tests {
     fn a_directory_left_empty_is_used_again_and_one_written_in_is_not() {
         let r = root("reuse");
         let a = take(&r).unwrap();
-        give_back(a.clone());
+        let first = a.path().to_path_buf();
+        give_back(a);
         let b = take(&r).unwrap();
-        assert_eq!(a, b, "an empty directory is kept for the next step");
-        std::fs::write(b.join("left.txt"), "x").unwrap();
-        give_back(b.clone());
-        assert!(!b.exists(), "a directory with something left in it is removed");
+        assert_eq!(b.path(), first, "an empty directory is kept for the next step");
+        std::fs::write(b.path().join("left.txt"), "x").unwrap();
+        give_back(b);
         let c = take(&r).unwrap();
-        assert_ne!(c, b);
-        assert_eq!(std::fs::read_dir(&c).unwrap().count(), 0, "every step starts empty");
+        assert_ne!(c.path(), first, "a directory written in is not handed out again");
+        assert!(!first.exists(), "a directory with something left in it is removed");
+        assert_eq!(std::fs::read_dir(c.path()).unwrap().count(), 0, "every step starts empty");
+        give_back(c);
         let _ = std::fs::remove_dir_all(&r);
     }
 
@@ -253,23 +300,35 @@ mod tests {
     fn a_kept_directory_that_changed_is_not_handed_out() {
         let r = root("changed");
         let a = take(&r).unwrap();
-        give_back(a.clone());
+        let first = a.path().to_path_buf();
+        give_back(a);
         // Written in after it was given back (a process the step left behind).
-        std::fs::write(a.join("late.txt"), "x").unwrap();
+        std::fs::write(first.join("late.txt"), "x").unwrap();
         let b = take(&r).unwrap();
-        assert_ne!(a, b);
-        assert_eq!(std::fs::read_dir(&b).unwrap().count(), 0);
+        assert_ne!(b.path(), first);
+        assert!(!first.exists(), "what was written in it is removed");
+        assert_eq!(std::fs::read_dir(b.path()).unwrap().count(), 0);
         // Its permissions changed: not kept.
         let changed = MADE_MODE.load(Ordering::Relaxed) ^ 0o010;
-        std::fs::set_permissions(&b, std::fs::Permissions::from_mode(changed)).unwrap();
-        give_back(b.clone());
-        assert!(!b.exists());
+        std::fs::set_permissions(b.path(), std::fs::Permissions::from_mode(changed)).unwrap();
+        let second = b.path().to_path_buf();
+        give_back(b);
+        assert!(!second.exists());
+        // Made empty again in its place after it was given back: not handed out unchecked.
+        let c = take(&r).unwrap();
+        let third = c.path().to_path_buf();
+        give_back(c);
+        std::fs::set_permissions(&third, std::fs::Permissions::from_mode(changed)).unwrap();
+        let d = take(&r).unwrap();
+        assert_ne!(d.path(), third, "a kept directory whose mode changed is not handed out");
+        give_back(d);
         // Another work root's directory is not handed out here.
         let other = root("other");
         let o = take(&other).unwrap();
-        give_back(o.clone());
+        let theirs = o.path().parent().map(Path::to_path_buf);
+        give_back(o);
         let mine = take(&r).unwrap();
-        assert_ne!(mine.parent(), o.parent());
+        assert_ne!(mine.path().parent().map(Path::to_path_buf), theirs);
         let _ = std::fs::remove_dir_all(&r);
         let _ = std::fs::remove_dir_all(&other);
     }
@@ -278,12 +337,12 @@ mod tests {
     fn a_pooled_directory_is_taken_by_rename_and_a_changed_one_is_not_handed_out() {
         let r = root("pool");
         let base = root("pool-base");
-        let made = take(&r).unwrap();
+        let made = take(&r).unwrap().path;
         let dir = open_pool(&base).expect("a pool of our own");
         let mut pool = Pool { state: PoolState::Open(dir.clone()), listed: Vec::new(), listed_at: None, held: 0 };
         assert!(pool.put(&made), "an empty directory goes into the pool");
         assert!(!made.exists());
-        let spoiled = take(&r).unwrap();
+        let spoiled = take(&r).unwrap().path;
         assert!(pool.put(&spoiled));
         pool.relist();
         assert_eq!(pool.held, 2);
@@ -291,9 +350,9 @@ mod tests {
         let names: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.path()).collect();
         std::fs::write(names[0].join("late.txt"), "x").unwrap();
         let (a, b) = (r.join("a"), r.join("b"));
-        assert!(pool.take_into(&a), "a clean one comes out");
+        assert!(pool.take_into(&a).is_some(), "a clean one comes out");
         assert_eq!(std::fs::read_dir(&a).unwrap().count(), 0);
-        assert!(!pool.take_into(&b), "the spoiled one is not handed out, and the pool is then empty");
+        assert!(pool.take_into(&b).is_none(), "the spoiled one is not handed out, and the pool is then empty");
         assert!(!b.exists());
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "the spoiled one was removed from the pool");
         let _ = std::fs::remove_dir_all(&r);
