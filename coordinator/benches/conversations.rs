@@ -8,6 +8,10 @@
 //! The same again with the model in a process of its own (`steppe
 //! scripted-model`, the agents pointed at it, `steppe run`), as a provider
 //! is: the worker's memory without the model's side of every connection.
+//! Beside both, the floor of the wire itself: the very requests a
+//! conversation sends (recorded from a run), each conversation's four in
+//! turn, made by a bare HTTP client (reqwest, as steppe's) with as many
+//! runtime threads as cores, against that same model process.
 //! Run: `cargo bench -p steppe-coordinator --bench conversations`
 //! (STEPPE_BENCH_CONVERSATIONS=N for another count).
 
@@ -61,14 +65,22 @@ struct Figures {
 }
 
 fn run(dir: &Dir, n: usize, endpoint: Option<&str>) -> Figures {
+    run_keeping(dir, n, endpoint, None)
+}
+
+/// As [`run`]; `requests`: the scripted model's requests are written there.
+fn run_keeping(dir: &Dir, n: usize, endpoint: Option<&str>, requests: Option<&str>) -> Figures {
     let file = format!("p{n}{}.yml", if endpoint.is_some() { "-apart" } else { "" });
     dir.write(&file, &pipeline(n, endpoint));
     let t = std::time::Instant::now();
     let workers = n.to_string();
-    let args: Vec<&str> = match endpoint {
+    let mut args: Vec<&str> = match endpoint {
         Some(_) => vec!["run", &file, "-q", "--workers", &workers],
         None => vec!["test", &file, "--script", "s.yaml", "-q", "--workers", &workers],
     };
+    if let Some(r) = requests {
+        args.extend(["--dump-requests", r]);
+    }
     let mut child = steppe().args(&args).current_dir(&dir.0).stdout(std::process::Stdio::null()).spawn().expect("spawn");
     let pid = child.id();
     let (status, peak_kib) = peak_rss_during(pid, || child.wait().expect("wait"));
@@ -98,11 +110,46 @@ fn figures(one: &[Figures], many: &[Figures], n: usize) -> (f64, f64, Duration, 
     (v[v.len() / 2], transcript, median(many.iter().map(|f| f.wall).collect()), median(many.iter().map(|f| f.run).collect()))
 }
 
+/// The wire's floor: `n` conversations at once, each sending `bodies` in
+/// turn to `url`, by a bare client on a runtime of as many threads as cores.
+fn bare_requests(url: &str, bodies: &[String], n: usize) -> Duration {
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let client = reqwest::Client::new();
+        let bodies = std::sync::Arc::new(bodies.to_vec());
+        let t = std::time::Instant::now();
+        let conversations: Vec<_> = (0..n)
+            .map(|_| {
+                let (client, url, bodies) = (client.clone(), url.to_string(), bodies.clone());
+                tokio::spawn(async move {
+                    for b in bodies.iter() {
+                        let r = client.post(&url).header("content-type", "application/json").body(b.clone()).send().await.expect("request");
+                        assert!(r.status().is_success(), "the model answered {}", r.status());
+                        let v: serde_json::Value = serde_json::from_str(&r.text().await.expect("body")).expect("a JSON answer");
+                        assert!(v.pointer("/choices/0/message").is_some(), "a completion: {v}");
+                    }
+                })
+            })
+            .collect();
+        for c in conversations {
+            c.await.expect("a conversation");
+        }
+        t.elapsed()
+    })
+}
+
 fn main() {
     let n: usize = std::env::var("STEPPE_BENCH_CONVERSATIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(2000);
     let dir = Dir::new("conversations");
     dir.write("s.yaml", SCENARIO);
-    run(&dir, 1, None);
+    // One conversation's requests, as sent: the floor sends the same.
+    run_keeping(&dir, 1, None, Some("requests.jsonl"));
+    let bodies: Vec<String> = std::fs::read_to_string(dir.0.join("requests.jsonl"))
+        .expect("the recorded requests")
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("a recorded request")["raw"].as_str().expect("its body").to_string())
+        .collect();
+    assert_eq!(bodies.len(), 4, "a conversation of four turns");
     let one: Vec<Figures> = (0..RUNS).map(|_| run(&dir, 1, None)).collect();
     let many: Vec<Figures> = (0..RUNS).map(|_| run(&dir, n, None)).collect();
     let (per, transcript, wall, run_time) = figures(&one, &many, n);
@@ -128,15 +175,21 @@ fn main() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let endpoint = format!("http://{addr}/v1/");
+    bare_requests(&format!("{endpoint}chat/completions"), &bodies, 1);
+    let floor = median((0..RUNS).map(|_| bare_requests(&format!("{endpoint}chat/completions"), &bodies, n)).collect());
     run(&dir, 1, Some(&endpoint));
     let one: Vec<Figures> = (0..RUNS).map(|_| run(&dir, 1, Some(&endpoint))).collect();
     let many: Vec<Figures> = (0..RUNS).map(|_| run(&dir, n, Some(&endpoint))).collect();
     let _ = model.kill();
     let _ = model.wait();
-    let (per, transcript, wall, _) = figures(&one, &many, n);
+    let (per, transcript, apart, _) = figures(&one, &many, n);
     println!("  the model in a process of its own (`steppe scripted-model`; `steppe run`):");
-    println!("  steppe    {n} conversations (whole run)      {:>9.0} ms", ms(wall));
-    println!("  ratio     whole run / ideal                    {:>9.2}x   (target 1.3x)", wall.as_secs_f64() / ideal.as_secs_f64());
+    println!("  floor     the same {}x4 requests, a bare client {:>9.0} ms", n, ms(floor));
+    println!("  steppe    {n} conversations (whole run)      {:>9.0} ms", ms(apart));
+    println!("  ratio     whole run / ideal                    {:>9.2}x   (target 1.3x)", apart.as_secs_f64() / ideal.as_secs_f64());
+    println!("  ratio     floor / ideal                        {:>9.2}x   (the wire alone)", floor.as_secs_f64() / ideal.as_secs_f64());
+    println!("  ratio     whole run / floor                    {:>9.2}x", apart.as_secs_f64() / floor.as_secs_f64());
+    println!("  ratio     whole test (model inside) / floor    {:>9.2}x", wall.as_secs_f64() / floor.as_secs_f64());
     println!("  memory    the worker's, per conversation       {:>9.1} KiB", per);
     println!("  memory    the worker's, beyond its transcript  {:>9.1} KiB   (target under 100 KiB)", per - transcript);
 }
