@@ -29,6 +29,9 @@ fn run(pipeline: &Path, scenario: &Path, tag: &str) -> (i32, String) {
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     let dumped = std::fs::read_to_string(work.join("requests.jsonl")).unwrap_or_default();
     assert!(dumped.lines().all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok()), "--dump-requests writes JSON lines");
+    // Conversations speak HTTP/2 to the scripted model, as to a provider that offers it.
+    let versions: Vec<String> = dumped.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()).map(|r| r["http"].as_str().unwrap_or("none").to_string()).collect();
+    assert!(versions.iter().all(|v| v == "HTTP/2.0"), "{}: requests made over {versions:?}", pipeline.display());
     (out.status.code().unwrap_or(-1), text)
 }
 

@@ -11,7 +11,10 @@
 //! Beside both, the floor of the wire itself: the very requests a
 //! conversation sends (recorded from a run), each conversation's four in
 //! turn, made by a bare HTTP client (reqwest, as steppe's) with as many
-//! runtime threads as cores, against that same model process.
+//! runtime threads as cores, against that same model process: over HTTP/2
+//! as `steppe test` speaks to its scripted model (a client per 64
+//! conversations, as steppe's), and over HTTP/1.1 as `steppe run` speaks to
+//! a plain-http endpoint it does not serve itself.
 //! Run: `cargo bench -p steppe-coordinator --bench conversations`
 //! (STEPPE_BENCH_CONVERSATIONS=N for another count).
 
@@ -111,16 +114,23 @@ fn figures(one: &[Figures], many: &[Figures], n: usize) -> (f64, f64, Duration, 
 }
 
 /// The wire's floor: `n` conversations at once, each sending `bodies` in
-/// turn to `url`, by a bare client on a runtime of as many threads as cores.
-fn bare_requests(url: &str, bodies: &[String], n: usize) -> Duration {
+/// turn to `url`, by bare clients on a runtime of as many threads as cores;
+/// `http2`: from the first byte, a client per 64 conversations.
+fn bare_requests(url: &str, bodies: &[String], n: usize, http2: bool) -> Duration {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     rt.block_on(async {
-        let client = reqwest::Client::new();
+        let per_client = if http2 { steppe_worker::provider::CONVERSATIONS_PER_CLIENT } else { n.max(1) };
+        let clients: Vec<reqwest::Client> = (0..n.div_ceil(per_client).max(1))
+            .map(|_| {
+                let b = reqwest::Client::builder();
+                if http2 { b.http2_prior_knowledge() } else { b }.build().expect("a client")
+            })
+            .collect();
         let bodies = std::sync::Arc::new(bodies.to_vec());
         let t = std::time::Instant::now();
         let conversations: Vec<_> = (0..n)
-            .map(|_| {
-                let (client, url, bodies) = (client.clone(), url.to_string(), bodies.clone());
+            .map(|i| {
+                let (client, url, bodies) = (clients[i / per_client].clone(), url.to_string(), bodies.clone());
                 tokio::spawn(async move {
                     for b in bodies.iter() {
                         let r = client.post(&url).header("content-type", "application/json").body(b.clone()).send().await.expect("request");
@@ -175,21 +185,25 @@ fn main() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let endpoint = format!("http://{addr}/v1/");
-    bare_requests(&format!("{endpoint}chat/completions"), &bodies, 1);
-    let floor = median((0..RUNS).map(|_| bare_requests(&format!("{endpoint}chat/completions"), &bodies, n)).collect());
+    let url = format!("{endpoint}chat/completions");
+    bare_requests(&url, &bodies, 1, false);
+    let floor = median((0..RUNS).map(|_| bare_requests(&url, &bodies, n, false)).collect());
+    let floor_h2 = median((0..RUNS).map(|_| bare_requests(&url, &bodies, n, true)).collect());
     run(&dir, 1, Some(&endpoint));
     let one: Vec<Figures> = (0..RUNS).map(|_| run(&dir, 1, Some(&endpoint))).collect();
     let many: Vec<Figures> = (0..RUNS).map(|_| run(&dir, n, Some(&endpoint))).collect();
     let _ = model.kill();
     let _ = model.wait();
     let (per, transcript, apart, _) = figures(&one, &many, n);
-    println!("  the model in a process of its own (`steppe scripted-model`; `steppe run`):");
-    println!("  floor     the same {}x4 requests, a bare client {:>9.0} ms", n, ms(floor));
+    println!("  the model in a process of its own (`steppe scripted-model`; `steppe run`, HTTP/1.1):");
+    println!("  floor     the same {n}x4 requests, HTTP/2      {:>9.0} ms   (as `steppe test` speaks)", ms(floor_h2));
+    println!("  floor     the same {n}x4 requests, HTTP/1.1    {:>9.0} ms   (as `steppe run` speaks here)", ms(floor));
     println!("  steppe    {n} conversations (whole run)      {:>9.0} ms", ms(apart));
     println!("  ratio     whole run / ideal                    {:>9.2}x   (target 1.3x)", apart.as_secs_f64() / ideal.as_secs_f64());
-    println!("  ratio     floor / ideal                        {:>9.2}x   (the wire alone)", floor.as_secs_f64() / ideal.as_secs_f64());
-    println!("  ratio     whole run / floor                    {:>9.2}x", apart.as_secs_f64() / floor.as_secs_f64());
-    println!("  ratio     whole test (model inside) / floor    {:>9.2}x", wall.as_secs_f64() / floor.as_secs_f64());
+    println!("  ratio     HTTP/2 floor / ideal                 {:>9.2}x   (the wire alone)", floor_h2.as_secs_f64() / ideal.as_secs_f64());
+    println!("  ratio     HTTP/1.1 floor / ideal               {:>9.2}x   (the wire alone)", floor.as_secs_f64() / ideal.as_secs_f64());
+    println!("  ratio     whole test (model inside) / HTTP/2 floor {:>5.2}x", wall.as_secs_f64() / floor_h2.as_secs_f64());
+    println!("  ratio     whole run / HTTP/1.1 floor           {:>9.2}x", apart.as_secs_f64() / floor.as_secs_f64());
     println!("  memory    the worker's, per conversation       {:>9.1} KiB", per);
     println!("  memory    the worker's, beyond its transcript  {:>9.1} KiB   (target under 100 KiB)", per - transcript);
 }

@@ -174,11 +174,15 @@ pub struct ScriptedModel {
     _stop: Arc<StopOnDrop>,
 }
 
-struct StopOnDrop(Option<tokio::sync::oneshot::Sender<()>>);
+struct StopOnDrop {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    /// Conversations speak HTTP/2 to it while it serves.
+    _http2: steppe_worker::provider::Http2Served,
+}
 
 impl Drop for StopOnDrop {
     fn drop(&mut self) {
-        if let Some(tx) = self.0.take() {
+        if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
         }
     }
@@ -256,7 +260,7 @@ async fn answer(reply: Reply, model: &str, n: usize) -> Response {
     (StatusCode::OK, axum::Json(body)).into_response()
 }
 
-async fn completions(State(st): State<Arc<Mutex<ServerState>>>, raw: String) -> Response {
+async fn completions(State(st): State<Arc<Mutex<ServerState>>>, version: axum::http::Version, raw: String) -> Response {
     let req: Value = match serde_json::from_str(&raw) {
         Ok(v) => v,
         Err(e) => return (StatusCode::BAD_REQUEST, axum::Json(json!({"error": format!("not JSON: {e}")}))).into_response(),
@@ -268,7 +272,7 @@ async fn completions(State(st): State<Arc<Mutex<ServerState>>>, raw: String) -> 
     let (reply, n) = {
         let Ok(mut s) = st.lock() else { return StatusCode::INTERNAL_SERVER_ERROR.into_response() };
         if s.keep_requests {
-            s.requests.push(json!({"model": model, "messages": req.get("messages"), "tools": req.get("tools"), "tool_choice": req.get("tool_choice"), "raw": raw}));
+            s.requests.push(json!({"model": model, "messages": req.get("messages"), "tools": req.get("tools"), "tool_choice": req.get("tool_choice"), "raw": raw, "http": format!("{version:?}")}));
         }
         s.served += 1;
         let n = s.served;
@@ -306,6 +310,9 @@ async fn completions(State(st): State<Arc<Mutex<ServerState>>>, raw: String) -> 
 
 /// Starts a scripted model on `addr` (port 0 for any free port);
 /// `keep_requests`: every request is kept for [`ScriptedModel::requests`].
+/// It speaks HTTP/1.1 and HTTP/2 without TLS (told apart by the first bytes
+/// a connection sends), and this process's conversations speak HTTP/2 to
+/// it, as they do to a provider that offers it over TLS.
 pub async fn serve(script: Option<Script>, addr: std::net::SocketAddr, keep_requests: bool) -> anyhow::Result<ScriptedModel> {
     let state = Arc::new(Mutex::new(ServerState { script, next_turn: 0, served: 0, keep_requests, requests: Vec::new(), failures: Vec::new() }));
     let app = Router::new()
@@ -314,9 +321,30 @@ pub async fn serve(script: Option<Script>, addr: std::net::SocketAddr, keep_requ
         .with_state(state.clone());
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("scripted model: binding {addr}: {e}"))?;
     let bound = listener.local_addr()?;
-    let (tx, rx) = tokio::sync::oneshot::channel();
+    let base_url = format!("http://{bound}/v1/");
+    let (tx, mut rx) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
-        let _ = axum::serve(listener, app).with_graceful_shutdown(async move { drop(rx.await) }).await;
+        let http = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+        loop {
+            let accepted = tokio::select! {
+                a = listener.accept() => a,
+                _ = &mut rx => break,
+            };
+            let stream = match accepted {
+                Ok((stream, _)) => stream,
+                // Out of descriptors, say: a moment before the next.
+                Err(_) => {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            let (http, service) = (http.clone(), hyper_util::service::TowerToHyperService::new(app.clone()));
+            tokio::spawn(async move {
+                let _ = http.serve_connection(hyper_util::rt::TokioIo::new(stream), service).await;
+            });
+        }
     });
-    Ok(ScriptedModel { base_url: format!("http://{bound}/v1/"), state, _stop: Arc::new(StopOnDrop(Some(tx))) })
+    let _http2 = steppe_worker::provider::serving_http2(&base_url);
+    Ok(ScriptedModel { base_url, state, _stop: Arc::new(StopOnDrop { stop: Some(tx), _http2 }) })
 }

@@ -2,6 +2,8 @@
 //! errors and 408/409/429/5xx (backoff attempt × 500 ms), nothing retried
 //! underneath; 4xx other than those is final.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -24,17 +26,110 @@ impl std::fmt::Display for ProviderError {
     }
 }
 
-/// The process-wide client: no retries of its own, 10-minute response timeout.
-pub fn client() -> reqwest::Client {
-    static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
-    CLIENT
-        .get_or_init(|| {
-            reqwest::Client::builder()
-                .timeout(Duration::from_secs(600))
-                .build()
-                .unwrap_or_else(|_| reqwest::Client::new())
-        })
-        .clone()
+/// The client a conversation talks to its model with, held for as long as
+/// it talks: no retries of its own, a 10-minute response timeout. Over TLS a
+/// provider that offers HTTP/2 gets it, and the conversations holding one
+/// client share its one connection per host; a base URL this process itself
+/// serves with HTTP/2 (its scripted model, [`serving_http2`]) is spoken to so
+/// from the first byte; any other is HTTP/1.1, a connection per request in
+/// flight.
+pub struct Lease {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    client: reqwest::Client,
+    http2_only: bool,
+    holders: AtomicUsize,
+}
+
+impl Lease {
+    pub fn client(&self) -> &reqwest::Client {
+        &self.shared.client
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.shared.holders.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Conversations on one client at most: its HTTP/2 connection carries a
+/// stream for each one's request in flight, and a server allows some number
+/// at once (100 is common); past it requests would wait for another's to
+/// end, so the next conversations get a client (a connection) of their own,
+/// as Go's transport opens another connection where a server's limit is met.
+pub const CONVERSATIONS_PER_CLIENT: usize = 64;
+
+/// The clients conversations hold, made as more are needed at once.
+pub struct Clients {
+    per_client: usize,
+    made: Mutex<Vec<Arc<Shared>>>,
+}
+
+impl Clients {
+    pub const fn new(per_client: usize) -> Clients {
+        Clients { per_client, made: Mutex::new(Vec::new()) }
+    }
+
+    /// A client for talking to `base_url`: one that fewer than its share of
+    /// conversations hold, or a new one.
+    pub fn lease(&self, base_url: &str) -> Lease {
+        let http2_only = served_with_http2(base_url);
+        let mut made = self.made.lock().unwrap_or_else(|p| p.into_inner());
+        let free = made.iter().find(|s| s.http2_only == http2_only && s.holders.load(Ordering::Relaxed) < self.per_client).cloned();
+        let shared = free.unwrap_or_else(|| {
+            let s = Arc::new(Shared { client: build(http2_only), http2_only, holders: AtomicUsize::new(0) });
+            made.push(s.clone());
+            s
+        });
+        shared.holders.fetch_add(1, Ordering::Relaxed);
+        Lease { shared }
+    }
+
+    /// How many clients have been made (each its own connections).
+    pub fn made(&self) -> usize {
+        self.made.lock().map(|m| m.len()).unwrap_or(0)
+    }
+}
+
+fn build(http2_only: bool) -> reqwest::Client {
+    let b = reqwest::Client::builder().timeout(Duration::from_secs(600));
+    let b = if http2_only { b.http2_prior_knowledge() } else { b };
+    b.build().unwrap_or_else(|_| reqwest::Client::new())
+}
+
+/// The process's clients for models.
+pub fn lease(base_url: &str) -> Lease {
+    static CLIENTS: Clients = Clients::new(CONVERSATIONS_PER_CLIENT);
+    CLIENTS.lease(base_url)
+}
+
+/// Base URLs this process serves with HTTP/2 from the first byte.
+static HTTP2_SERVED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// Says that this process serves `base_url` with HTTP/2 without TLS (its
+/// scripted model): conversations here speak HTTP/2 to it, as they do to a
+/// provider that negotiates it, until the guard is dropped.
+pub fn serving_http2(base_url: &str) -> Http2Served {
+    HTTP2_SERVED.lock().unwrap_or_else(|p| p.into_inner()).push(base_url.to_string());
+    Http2Served(base_url.to_string())
+}
+
+fn served_with_http2(base_url: &str) -> bool {
+    HTTP2_SERVED.lock().unwrap_or_else(|p| p.into_inner()).iter().any(|u| u == base_url)
+}
+
+pub struct Http2Served(String);
+
+impl Drop for Http2Served {
+    fn drop(&mut self) {
+        let mut served = HTTP2_SERVED.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = served.iter().position(|u| *u == self.0) {
+            served.swap_remove(i);
+        }
+    }
 }
 
 /// Whether `base_url` is OpenRouter's (its host or a subdomain), whose
@@ -50,16 +145,24 @@ fn retryable(status: u16) -> bool {
 /// POSTs `body` to `<base_url>chat/completions`; returns the parsed response.
 /// `retrying` hears each retry: why, and how long it waits first.
 pub async fn chat(base_url: &str, key: Option<&str>, body: &Value, attempts: u32, retrying: &(dyn Fn(&str) + Sync)) -> Result<Value, ProviderError> {
-    chat_with(base_url, key, &[], body, attempts, retrying).await
+    chat_with(&lease(base_url), base_url, key, &[], body, attempts, retrying).await
 }
 
-/// As [`chat`], with extra request headers.
-pub async fn chat_with<B: serde::Serialize + ?Sized + Sync>(base_url: &str, key: Option<&str>, headers: &[(&str, &str)], body: &B, attempts: u32, retrying: &(dyn Fn(&str) + Sync)) -> Result<Value, ProviderError> {
+/// As [`chat`], on a client the caller holds, with extra request headers.
+pub async fn chat_with<B: serde::Serialize + ?Sized + Sync>(
+    client: &Lease,
+    base_url: &str,
+    key: Option<&str>,
+    headers: &[(&str, &str)],
+    body: &B,
+    attempts: u32,
+    retrying: &(dyn Fn(&str) + Sync),
+) -> Result<Value, ProviderError> {
     let url = format!("{base_url}chat/completions");
     let attempts = attempts.max(1);
     let mut last = String::new();
     for n in 1..=attempts {
-        let mut req = client().post(&url).json(body);
+        let mut req = client.client().post(&url).json(body);
         for (name, value) in headers {
             req = req.header(*name, *value);
         }
@@ -179,6 +282,72 @@ fn repair_json(s: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_client_is_shared_by_its_share_of_conversations_and_no_more() {
+        let clients = super::Clients::new(2);
+        let url = "http://127.0.0.1:9/v1/";
+        let (a, b) = (clients.lease(url), clients.lease(url));
+        assert_eq!(clients.made(), 1, "two conversations share a client");
+        let c = clients.lease(url);
+        assert_eq!(clients.made(), 2, "the third gets one of its own");
+        drop(a);
+        let d = clients.lease(url);
+        assert_eq!(clients.made(), 2, "a place given back is taken again");
+        assert!(std::ptr::eq(d.client(), b.client()) || std::ptr::eq(d.client(), c.client()));
+        // A base URL served with HTTP/2 from the first byte gets clients of its own kind.
+        let served = super::serving_http2(url);
+        let e = clients.lease(url);
+        assert_eq!(clients.made(), 3);
+        drop((b, c, d, e, served));
+    }
+
+    /// Six conversations at once, two per client, against an HTTP/2 server
+    /// that allows two streams at once on a connection: three connections,
+    /// every request answered.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn conversations_past_a_clients_share_talk_over_connections_of_their_own() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/v1/", listener.local_addr().unwrap());
+        let (connections, versions) = (Arc::new(AtomicUsize::new(0)), Arc::new(std::sync::Mutex::new(Vec::new())));
+        let (seen, heard) = (connections.clone(), versions.clone());
+        tokio::spawn(async move {
+            loop {
+                let (stream, _) = listener.accept().await.unwrap();
+                seen.fetch_add(1, Ordering::SeqCst);
+                let heard = heard.clone();
+                let app = axum::Router::new().route(
+                    "/v1/chat/completions",
+                    axum::routing::post(move |version: axum::http::Version| {
+                        let heard = heard.clone();
+                        async move {
+                            heard.lock().unwrap().push(version);
+                            // Long enough that all six are in flight at once.
+                            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                            r#"{"choices":[{"message":{"role":"assistant","content":"ok"}}]}"#
+                        }
+                    }),
+                );
+                tokio::spawn(async move {
+                    let mut http = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new()).http2_only();
+                    http.http2().max_concurrent_streams(2);
+                    let _ = http.serve_connection(hyper_util::rt::TokioIo::new(stream), hyper_util::service::TowerToHyperService::new(app)).await;
+                });
+            }
+        });
+        let _served = super::serving_http2(&url);
+        let clients = super::Clients::new(2);
+        let leases: Vec<super::Lease> = (0..6).map(|_| clients.lease(&url)).collect();
+        let body = serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+        let answers = futures::future::join_all(leases.iter().map(|l| super::chat_with(l, &url, None, &[], &body, 1, &|_| {}))).await;
+        for a in &answers {
+            assert_eq!(a.as_ref().ok().and_then(|v| v.pointer("/choices/0/message/content")).and_then(|c| c.as_str()), Some("ok"), "{a:?}");
+        }
+        assert_eq!(connections.load(Ordering::SeqCst), 3, "a connection per client");
+        assert!(versions.lock().unwrap().iter().all(|v| *v == axum::http::Version::HTTP_2));
+    }
+
     #[test]
     fn openrouter_is_its_host_or_a_subdomain() {
         assert!(super::is_openrouter("https://openrouter.ai/api/v1/"));

@@ -80,6 +80,8 @@ struct Conversation<'a> {
     /// The source serving the conversation now (the primary, or a fallback after a failover).
     model: String,
     base_url: String,
+    /// The HTTP client it talks to `base_url` with.
+    client: crate::provider::Lease,
     string_tool_choice: bool,
     next_fallback: usize,
     /// The compaction budget of the fallback the conversation failed over to, not yet adopted.
@@ -224,6 +226,7 @@ async fn converse_boxed(work: &AgentWork, root: &Path, run_id: &str, sink: Arc<d
         work,
         model: work.model.clone(),
         base_url: work.base_url.clone(),
+        client: crate::provider::lease(&work.base_url),
         string_tool_choice: work.string_tool_choice,
         next_fallback: 0,
         adopted_compact_budget: None,

@@ -40,7 +40,7 @@ impl Conversation<'_> {
             let headers: Vec<(&str, &str)> = if openrouter && !self.work.session.is_empty() { vec![("x-session-id", self.work.session.as_str())] } else { Vec::new() };
             let say = |line: &str| self.say(line);
             let body = Body { model: &self.model, messages: &self.messages, tools: with_tools.then_some(self.tools.as_slice()), extra: &extra };
-            let answer = crate::provider::chat_with(&self.base_url, self.key.as_deref(), &headers, &body, self.work.attempts, &say).await;
+            let answer = crate::provider::chat_with(&self.client, &self.base_url, self.key.as_deref(), &headers, &body, self.work.attempts, &say).await;
             match answer {
                 Ok(r) => break r,
                 // A CLI entry ends the cascade: a conversation cannot move into a CLI.
@@ -51,6 +51,7 @@ impl Conversation<'_> {
                     self.say(&format!("agent: {} failed over mid-run to {} ({m})", self.work.agent, fb.model));
                     self.model = fb.model.clone();
                     self.base_url = fb.base_url.clone();
+                    self.client = crate::provider::lease(&self.base_url);
                     self.string_tool_choice = fb.string_tool_choice;
                     if fb.compact_budget > 0 {
                         self.adopted_compact_budget = Some(fb.compact_budget);
