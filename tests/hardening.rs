@@ -338,15 +338,17 @@ fn scratch_directories_go_when_runs_end_or_die() {
     let tmp = work.join("tmp");
     std::fs::create_dir_all(&tmp).expect("mkdir");
     std::fs::write(work.join("p.yml"), "jobs:\n- name: j\n  plan:\n  - task: a\n    outputs: [o]\n    run: echo x > o/f\n  - load_var: v\n    file: o/f\n    inputs: [o]\n  - task: b\n    inputs: [o]\n    run: sleep ((nap)); cat o/f\n").expect("write");
-    // The pool of spare step directories may stay, holding only empty ones.
+    // The pool of spare step directories may stay: shelves holding only empty ones.
     let leftovers = || {
         let entries = std::fs::read_dir(&tmp).expect("tmp").filter_map(|e| e.ok());
         let mut left = Vec::new();
         for e in entries {
             let name = e.file_name().to_string_lossy().into_owned();
             if name.starts_with("steppe-spares.") {
-                for spare in std::fs::read_dir(e.path()).expect("the pool").filter_map(|s| s.ok()) {
-                    assert_eq!(std::fs::read_dir(spare.path()).map(|d| d.count()).ok(), Some(0), "a spare step directory holds something: {}", spare.path().display());
+                for shelf in std::fs::read_dir(e.path()).expect("the pool").filter_map(|s| s.ok()) {
+                    for spare in std::fs::read_dir(shelf.path()).expect("a shelf").filter_map(|s| s.ok()) {
+                        assert_eq!(std::fs::read_dir(spare.path()).map(|d| d.count()).ok(), Some(0), "a spare step directory holds something: {}", spare.path().display());
+                    }
                 }
             } else if name.starts_with("steppe-") {
                 left.push(name);

@@ -167,14 +167,14 @@ pub fn load_reporting(path: &Path, opts: &LoadOptions) -> Result<steppe_language
 
 /// This process's scratch directory, removed when the command returns (and
 /// swept by the next steppe to start, if this one is killed).
-fn scratch() -> Result<steppe_runtime::scratch::Scratch> {
+fn scratch() -> Result<WorkScratch> {
     scratch_of("work")
 }
 
 /// As [`scratch`], of `kind`: when a steppe process on this host died (its
 /// scratch directory left behind), the containers dead processes left on
 /// the Docker engine are swept too, beside the command.
-fn scratch_of(kind: &str) -> Result<steppe_runtime::scratch::Scratch> {
+fn scratch_of(kind: &str) -> Result<WorkScratch> {
     steppe_runtime::scratch::Scratch::create_then(kind, |dead_seen| {
         if dead_seen {
             if let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() {
@@ -183,7 +183,32 @@ fn scratch_of(kind: &str) -> Result<steppe_runtime::scratch::Scratch> {
             }
         }
     })
+    .map(WorkScratch)
     .context("creating a scratch directory under the system's temp dir")
+}
+
+/// A command's scratch directory, where its steps' directories are made:
+/// the empty ones it kept go on a shelf for later processes
+/// (`steppe_worker::step_dir::shelve`) before the rest is removed.
+struct WorkScratch(steppe_runtime::scratch::Scratch);
+
+impl std::ops::Deref for WorkScratch {
+    type Target = steppe_runtime::scratch::Scratch;
+    fn deref(&self) -> &steppe_runtime::scratch::Scratch {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for WorkScratch {
+    fn deref_mut(&mut self) -> &mut steppe_runtime::scratch::Scratch {
+        &mut self.0
+    }
+}
+
+impl Drop for WorkScratch {
+    fn drop(&mut self) {
+        steppe_worker::step_dir::shelve();
+    }
 }
 
 /// The command's async runtime, with this process's tracing started on it
