@@ -110,11 +110,11 @@ impl Pool {
                     return None;
                 }
                 self.listed_at = Some(Instant::now());
-                if std::fs::symlink_metadata(pool_path(&std::env::temp_dir())).is_err() {
+                if std::fs::symlink_metadata(pool_path(&pool_base())).is_err() {
                     return None;
                 }
             }
-            self.state = match open_pool(&std::env::temp_dir()) {
+            self.state = match open_pool(&pool_base()) {
                 Some(d) => PoolState::Open(d),
                 None => PoolState::Unusable,
             };
@@ -126,9 +126,12 @@ impl Pool {
         }
     }
 
+    /// The shelves in the pool, the smallest last (the first taken: a
+    /// process that needs one directory reads the names of few).
     fn relist(&mut self) {
         let PoolState::Open(d) = &self.state else { return };
         self.listed = std::fs::read_dir(d).map(|es| es.flatten().map(|e| e.file_name()).collect()).unwrap_or_default();
+        self.listed.sort_by_key(|n| std::cmp::Reverse(shelf_count(n)));
         self.listed_at = Some(Instant::now());
     }
 
@@ -202,6 +205,16 @@ fn shelf_count(name: &OsString) -> usize {
 fn euid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() }
+}
+
+/// Where the pool is: the temp dir (in unit tests a directory nobody makes,
+/// so that they neither take from nor add to the user's pool).
+fn pool_base() -> PathBuf {
+    let tmp = std::env::temp_dir();
+    if cfg!(test) {
+        return tmp.join(format!("steppe-stepdir-no-pool-{}", std::process::id()));
+    }
+    tmp
 }
 
 fn pool_path(base: &Path) -> PathBuf {
@@ -424,6 +437,26 @@ mod tests {
         handed.sort();
         assert_eq!(handed, ["a", "c"], "the spoiled one is not handed out");
         let _ = [base, from, to].map(std::fs::remove_dir_all);
+    }
+
+    #[test]
+    fn the_smallest_shelf_is_taken_first() {
+        let (base, to) = (root("pool-small"), root("pool-small-to"));
+        let dir = open_pool(&base).expect("a pool of our own");
+        for (name, n) in [("1-1-3", 3), ("1-2-1", 1), ("1-3-2", 2)] {
+            std::fs::create_dir(dir.join(name)).unwrap();
+            for i in 0..n {
+                std::fs::create_dir(dir.join(name).join(format!("d{i}"))).unwrap();
+            }
+        }
+        let mut pool = Pool { state: PoolState::Open(dir.clone()), listed: Vec::new(), listed_at: None };
+        pool.relist();
+        assert!(pool.adopt(&to));
+        let mut left: Vec<String> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+        left.sort();
+        assert_eq!(left, ["1-1-3", "1-3-2"], "the shelf of one was taken");
+        while kept(&to).is_some() {}
+        let _ = [base, to].map(std::fs::remove_dir_all);
     }
 
     #[test]
