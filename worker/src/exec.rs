@@ -140,7 +140,9 @@ async fn execute_untraced(
         Some(r) => r.clone(),
         None => sink,
     };
-    let mut result = run_in(a, &dir, store.clone(), sink, ledger, cancel).await;
+    // Each kind's future is boxed apart (here and in run_in): a slot's task
+    // holds only what the kind it runs needs, and an idle slot almost nothing.
+    let mut result = Box::pin(run_in(a, &dir, store.clone(), sink, ledger, cancel)).await;
     if let Some(d) = owned {
         crate::step_dir::give_back(d);
     }
@@ -183,7 +185,7 @@ async fn run_in(
         }
     }
     if let Some(work) = &a.agent {
-        let (r, outcome) = crate::agent::run(work, dir, &a.run_id, sink.clone(), ledger.clone(), cancel.clone()).await;
+        let (r, outcome) = Box::pin(crate::agent::run(work, dir, &a.run_id, sink.clone(), ledger.clone(), cancel.clone())).await;
         let r = r.and_then(|()| crate::agent::judge(work, dir, &outcome));
         let mut res = AssignmentResult { stdout: outcome.response.clone(), agent: Some(outcome), ..AssignmentResult::of(a, r) };
         if res.result.is_ok() {
@@ -192,7 +194,7 @@ async fn run_in(
         return res;
     }
     if let Some(stage) = &a.mcp {
-        let mut res = match crate::tools::mcp::run_stage(stage, dir).await {
+        let mut res = match Box::pin(crate::tools::mcp::run_stage(stage, dir)).await {
             Ok(stdout) => AssignmentResult { exit_code: Some(0), stdout, ..AssignmentResult::of(a, Ok(())) },
             Err(e) => return fail(StepError::errored(format!("{}: {e}", a.step))),
         };
@@ -213,7 +215,7 @@ async fn run_in(
         }
         _ => dir.to_path_buf(),
     };
-    let mut res = match run_command(a, &workdir, &sink, &cancel).await {
+    let mut res = match Box::pin(run_command(a, &workdir, &sink, &cancel)).await {
         Ok(r) => r,
         Err(r) => return *r,
     };
@@ -223,7 +225,7 @@ async fn run_in(
     res.result = judge(a, &a.judge, dir, res.exit_code, &res.stdout);
     if let (Err(e), Some(fix)) = (&res.result, &a.fix) {
         if e.class == steppe_runtime::outcome::Class::Failed {
-            res = repair(a, fix, dir, res, &sink, &ledger, &cancel).await;
+            res = Box::pin(repair(a, fix, dir, res, &sink, &ledger, &cancel)).await;
         }
     }
     if res.result.is_ok() {

@@ -268,7 +268,7 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
         Some(image) => {
             let host_root = root.canonicalize().unwrap_or(root.to_path_buf());
             let say = |line: &str| conv.say(line);
-            let tb = crate::container::toolbox::Toolbox::start(&label, &conv.run_id, image, &work.container, &work.env, &host_root, &say).await;
+            let tb = Box::pin(crate::container::toolbox::Toolbox::start(&label, &conv.run_id, image, &work.container, &work.env, &host_root, &say)).await;
             Some(std::sync::Arc::new(tb.map_err(|e| StepError::errored(format!("{label}: {e}")))?))
         }
         None => None,
@@ -307,7 +307,7 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
     let mcp = if mcp_grants.is_empty() {
         crate::tools::mcp::McpSessions::default()
     } else {
-        let mut sessions = crate::tools::mcp::McpSessions::open(&work.mcp_servers, &mcp_grants, &space.cwd).await.map_err(|e| StepError::errored(format!("{label}: {e}")))?;
+        let mut sessions = Box::pin(crate::tools::mcp::McpSessions::open(&work.mcp_servers, &mcp_grants, &space.cwd)).await.map_err(|e| StepError::errored(format!("{label}: {e}")))?;
         sessions.keep_ledgers(conv.gate_ledgers.clone());
         sessions
     };
@@ -391,7 +391,7 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
         let mut prompts = vec![first];
         prompts.extend(pending_messages);
         let cx = opentelemetry::Context::current();
-        return cli::converse(conv, &mut toolset, cli, &system, prompts, &cx).await;
+        return Box::pin(cli::converse(conv, &mut toolset, cli, &system, prompts, &cx)).await;
     }
     // Loop detection: signatures of the last 10 tool-executing turns.
     let mut window: std::collections::VecDeque<Vec<(String, String)>> = std::collections::VecDeque::new();
@@ -415,7 +415,7 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
         if let Some(budget) = conv.adopted_compact_budget.take() {
             compaction.budget = budget;
         }
-        conv.maybe_compact(&mut compaction, &prompt).await;
+        Box::pin(conv.maybe_compact(&mut compaction, &prompt)).await;
         turn += 1;
         conv.out.turns = turn;
         // The turn's span ends with this iteration (its context dropped).
@@ -499,7 +499,7 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
         ignored_forces = 0;
         let mut turn_sigs: Vec<(String, String)> = Vec::new();
         for (id, name, args) in parsed {
-            let result = call_tool(conv, &mut toolset, &name, &args, &turn_cx).await?;
+            let result = Box::pin(call_tool(conv, &mut toolset, &name, &args, &turn_cx)).await?;
             turn_sigs.push((name.clone(), signature(&name, &args, &result)));
             conv.messages.push(json!({"role": "tool", "tool_call_id": id, "content": result.to_string()}));
         }
