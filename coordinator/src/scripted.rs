@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use axum::extract::State;
@@ -155,14 +156,16 @@ pub fn parse(text: &str, path: &Path) -> anyhow::Result<Scenario> {
     s.ok_or_else(|| anyhow::anyhow!("invalid scenario {}", path.display()))
 }
 
+/// What a scripted model answers from and what it saw. The script is read
+/// by every request at once; only the counters and the records change.
 struct ServerState {
     script: Option<Script>,
-    next_turn: usize,
-    served: usize,
+    next_turn: AtomicUsize,
+    served: AtomicUsize,
     /// Every request, kept only when they will be written out (`--dump-requests`).
     keep_requests: bool,
-    requests: Vec<Value>,
-    failures: Vec<String>,
+    requests: Mutex<Vec<Value>>,
+    failures: Mutex<Vec<String>>,
 }
 
 /// A running scripted model: its URL and what it saw. It stops serving
@@ -170,7 +173,7 @@ struct ServerState {
 #[derive(Clone)]
 pub struct ScriptedModel {
     pub base_url: String,
-    state: Arc<Mutex<ServerState>>,
+    state: Arc<ServerState>,
     _stop: Arc<StopOnDrop>,
 }
 
@@ -191,11 +194,11 @@ impl Drop for StopOnDrop {
 impl ScriptedModel {
     /// Problems that make the scenario fail (exhaustion, unmatched requests).
     pub fn failures(&self) -> Vec<String> {
-        self.state.lock().map(|s| s.failures.clone()).unwrap_or_default()
+        self.state.failures.lock().map(|f| f.clone()).unwrap_or_default()
     }
 
     pub fn requests(&self) -> Vec<Value> {
-        self.state.lock().map(|s| s.requests.clone()).unwrap_or_default()
+        self.state.requests.lock().map(|r| r.clone()).unwrap_or_default()
     }
 }
 
@@ -260,7 +263,7 @@ async fn answer(reply: Reply, model: &str, n: usize) -> Response {
     (StatusCode::OK, axum::Json(body)).into_response()
 }
 
-async fn completions(State(st): State<Arc<Mutex<ServerState>>>, version: axum::http::Version, raw: String) -> Response {
+async fn completions(State(st): State<Arc<ServerState>>, version: axum::http::Version, raw: String) -> Response {
     let req: Value = match serde_json::from_str(&raw) {
         Ok(v) => v,
         Err(e) => return (StatusCode::BAD_REQUEST, axum::Json(json!({"error": format!("not JSON: {e}")}))).into_response(),
@@ -269,38 +272,25 @@ async fn completions(State(st): State<Arc<Mutex<ServerState>>>, version: axum::h
     if is_probe(&req) {
         return answer(Reply { say: Some("ok".into()), ..Default::default() }, &model, 0).await;
     }
-    let (reply, n) = {
-        let Ok(mut s) = st.lock() else { return StatusCode::INTERNAL_SERVER_ERROR.into_response() };
-        if s.keep_requests {
-            s.requests.push(json!({"model": model, "messages": req.get("messages"), "tools": req.get("tools"), "tool_choice": req.get("tool_choice"), "raw": raw, "http": format!("{version:?}")}));
+    if st.keep_requests {
+        if let Ok(mut kept) = st.requests.lock() {
+            kept.push(json!({"model": model, "messages": req.get("messages"), "tools": req.get("tools"), "tool_choice": req.get("tool_choice"), "raw": raw, "http": format!("{version:?}")}));
         }
-        s.served += 1;
-        let n = s.served;
-        let reply = match &s.script {
-            None => Err("the scenario has no model: section, so no request was expected"),
-            Some(Script { turns: Some(turns), .. }) => {
-                let i = s.next_turn;
-                match turns.get(i).cloned() {
-                    Some(r) => {
-                        s.next_turn += 1;
-                        Ok(r)
-                    }
-                    None => Err("scenario exhausted"),
-                }
+    }
+    let n = st.served.fetch_add(1, Ordering::Relaxed) + 1;
+    let reply = match &st.script {
+        None => Err("the scenario has no model: section, so no request was expected"),
+        Some(Script { turns: Some(turns), .. }) => turns.get(st.next_turn.fetch_add(1, Ordering::Relaxed)).cloned().ok_or("scenario exhausted"),
+        Some(Script { rules: Some(rules), .. }) => rules.iter().find(|r| r.when.as_ref().is_none_or(|c| c.holds(&req, &raw))).map(Rule::reply).ok_or("no rule matched"),
+        Some(_) => Err("the scenario's model: has neither turns: nor rules:"),
+    };
+    let reply = match reply {
+        Ok(r) => r,
+        Err(why) => {
+            if let Ok(mut f) = st.failures.lock() {
+                f.push(format!("request {n} ({}): {why}", summary(&req)));
             }
-            Some(Script { rules: Some(rules), .. }) => rules
-                .iter()
-                .find(|r| r.when.as_ref().is_none_or(|c| c.holds(&req, &raw)))
-                .map(Rule::reply)
-                .ok_or("no rule matched"),
-            Some(_) => Err("the scenario's model: has neither turns: nor rules:"),
-        };
-        match reply {
-            Ok(r) => (r, n),
-            Err(why) => {
-                s.failures.push(format!("request {n} ({}): {why}", summary(&req)));
-                return (StatusCode::INTERNAL_SERVER_ERROR, axum::Json(json!({"error": {"message": why}}))).into_response();
-            }
+            return (StatusCode::INTERNAL_SERVER_ERROR, axum::Json(json!({"error": {"message": why}}))).into_response();
         }
     };
     // Not held through the reply's delay: thousands may wait at once.
@@ -314,7 +304,7 @@ async fn completions(State(st): State<Arc<Mutex<ServerState>>>, version: axum::h
 /// a connection sends), and this process's conversations speak HTTP/2 to
 /// it, as they do to a provider that offers it over TLS.
 pub async fn serve(script: Option<Script>, addr: std::net::SocketAddr, keep_requests: bool) -> anyhow::Result<ScriptedModel> {
-    let state = Arc::new(Mutex::new(ServerState { script, next_turn: 0, served: 0, keep_requests, requests: Vec::new(), failures: Vec::new() }));
+    let state = Arc::new(ServerState { script, next_turn: AtomicUsize::new(0), served: AtomicUsize::new(0), keep_requests, requests: Mutex::new(Vec::new()), failures: Mutex::new(Vec::new()) });
     let app = Router::new()
         .route("/v1/chat/completions", post(completions))
         .route("/chat/completions", post(completions))

@@ -77,6 +77,9 @@ impl SpanProcessor for KeepProcessor {
 
 static KEPT: OnceLock<Arc<Kept>> = OnceLock::new();
 static PROVIDER: OnceLock<SdkTracerProvider> = OnceLock::new();
+/// The provider's tracer, made once (the global one is looked up and boxed
+/// on every call).
+static TRACER: OnceLock<opentelemetry_sdk::trace::SdkTracer> = OnceLock::new();
 
 /// Whether the standard variables ask for an OTLP export.
 pub fn exporting() -> bool {
@@ -107,6 +110,7 @@ pub fn init(role: &str) {
     }
     let provider = builder.build();
     opentelemetry::global::set_tracer_provider(provider.clone());
+    let _ = TRACER.set(opentelemetry::trace::TracerProvider::tracer(&provider, "steppe"));
     let _ = PROVIDER.set(provider);
 }
 
@@ -132,15 +136,16 @@ pub fn process() -> String {
 /// A span of `run` under `parent`, started now (or at `start`): the context
 /// that holds it. It ends with [`end`], or when its last context is dropped.
 pub fn start(parent: &Context, run: &str, name: impl Into<Cow<'static, str>>, attributes: Vec<KeyValue>, at: Option<SystemTime>) -> Context {
-    let tracer = opentelemetry::global::tracer("steppe");
     let mut attrs = attributes;
     attrs.push(KeyValue::new(RUN_ATTRIBUTE, run.to_string()));
     let mut b = SpanBuilder::from_name(name).with_attributes(attrs);
     if let Some(t) = at {
         b = b.with_start_time(t);
     }
-    let span = tracer.build_with_context(b, parent);
-    parent.with_span(span)
+    match TRACER.get() {
+        Some(tracer) => parent.with_span(tracer.build_with_context(b, parent)),
+        None => parent.with_span(opentelemetry::global::tracer("steppe").build_with_context(b, parent)),
+    }
 }
 
 /// Ends the span `cx` holds: in error with `error`'s words, or ok.
