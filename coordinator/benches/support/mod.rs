@@ -15,6 +15,11 @@ pub fn steppe() -> Command {
 
 /// `sh -c CMD` spawned `n` times, `at_once` at a time: the floor.
 pub fn raw_spawns(n: usize, at_once: usize, cmd: &str) -> Duration {
+    raw_execs(n, at_once, "sh", &["-c", cmd])
+}
+
+/// As [`raw_spawns`], `program ARGS` started directly (no shell).
+pub fn raw_execs(n: usize, at_once: usize, program: &str, args: &[&str]) -> Duration {
     let t = Instant::now();
     let mut running = std::collections::VecDeque::new();
     for _ in 0..n {
@@ -22,7 +27,7 @@ pub fn raw_spawns(n: usize, at_once: usize, cmd: &str) -> Duration {
             let mut c: Child = running.pop_front().expect("one running");
             c.wait().expect("wait");
         }
-        running.push_back(Command::new("sh").args(["-c", cmd]).stdout(Stdio::null()).spawn().expect("spawn"));
+        running.push_back(Command::new(program).args(args).stdout(Stdio::null()).spawn().expect("spawn"));
     }
     for mut c in running {
         c.wait().expect("wait");
