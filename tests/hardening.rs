@@ -338,7 +338,9 @@ fn scratch_directories_go_when_runs_end_or_die() {
     let tmp = work.join("tmp");
     std::fs::create_dir_all(&tmp).expect("mkdir");
     std::fs::write(work.join("p.yml"), "jobs:\n- name: j\n  plan:\n  - task: a\n    outputs: [o]\n    run: echo x > o/f\n  - load_var: v\n    file: o/f\n    inputs: [o]\n  - task: b\n    inputs: [o]\n    run: sleep ((nap)); cat o/f\n").expect("write");
-    // The pool of spare step directories may stay: shelves holding only empty ones.
+    // The pools of spare step directories and spare scratch directories may
+    // stay: shelves holding only empty ones, scratches holding only an
+    // empty `steps`.
     let leftovers = || {
         let entries = std::fs::read_dir(&tmp).expect("tmp").filter_map(|e| e.ok());
         let mut left = Vec::new();
@@ -349,6 +351,12 @@ fn scratch_directories_go_when_runs_end_or_die() {
                     for spare in std::fs::read_dir(shelf.path()).expect("a shelf").filter_map(|s| s.ok()) {
                         assert_eq!(std::fs::read_dir(spare.path()).map(|d| d.count()).ok(), Some(0), "a spare step directory holds something: {}", spare.path().display());
                     }
+                }
+            } else if name.starts_with("steppe-scratch-spares.") {
+                for spare in std::fs::read_dir(e.path()).expect("the spares").filter_map(|s| s.ok()) {
+                    let held: Vec<_> = std::fs::read_dir(spare.path()).expect("a spare").filter_map(|s| s.ok()).map(|s| s.file_name()).collect();
+                    assert!(held.iter().all(|n| n == "steps"), "a spare scratch holds {held:?}: {}", spare.path().display());
+                    assert_eq!(std::fs::read_dir(spare.path().join("steps")).map(|d| d.count()).unwrap_or(0), 0, "a spare scratch's steps hold something: {}", spare.path().display());
                 }
             } else if name.starts_with("steppe-") {
                 left.push(name);
