@@ -49,10 +49,27 @@ pub fn text(o: &Output) -> String {
 }
 
 pub fn scratch(name: &str) -> PathBuf {
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    SWEPT.call_once(sweep_dead_tests_scratch);
     let d = std::env::temp_dir().join(format!("steppe-run-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).expect("mkdir");
     d
+}
+
+/// Removes the scratch directories of test processes that are gone (each
+/// test is a process of its own: without this, every suite run leaves its
+/// hundreds behind in the temp dir).
+fn sweep_dead_tests_scratch() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix("steppe-run-")).and_then(|n| n.rsplit_once('-')).and_then(|(_, pid)| pid.parse::<i32>().ok()) else { continue };
+        // SAFETY: signal 0 only asks whether the process exists.
+        if pid > 0 && unsafe { libc::kill(pid, 0) } != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 /// Starts `steppe ARGS` in `dir` (a coordinator, or a run with `--listen`)
