@@ -102,39 +102,74 @@ pub struct Cond {
 }
 
 impl Cond {
-    fn holds(&self, req: &Value, raw: &str) -> bool {
-        let msgs: &[Value] = req.get("messages").and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[]);
-        fn content(m: &Value) -> &str {
-            m.get("content").and_then(Value::as_str).unwrap_or_default()
+    fn holds(&self, req: &Seen, raw: &str) -> bool {
+        let msgs = req.messages();
+        fn content(m: &SeenMessage) -> &str {
+            m.content.as_ref().and_then(Value::as_str).unwrap_or_default()
         }
-        fn role(m: &Value) -> &str {
-            m.get("role").and_then(Value::as_str).unwrap_or_default()
+        fn role(m: &SeenMessage) -> &str {
+            m.role.as_deref().unwrap_or_default()
         }
         let checks: [Option<bool>; 11] = [
             self.tool_result_contains.as_ref().map(|s| msgs.iter().any(|m| role(m) == "tool" && content(m).contains(s.as_str()))),
             self.has_tool_results.map(|want| msgs.iter().any(|m| role(m) == "tool") == want),
             self.last_role.as_ref().map(|r| msgs.last().is_some_and(|m| role(m) == r)),
-            self.called.as_ref().map(|n| {
-                msgs.iter().any(|m| {
-                    role(m) == "assistant"
-                        && m.get("tool_calls").and_then(Value::as_array).is_some_and(|cs| cs.iter().any(|c| c.pointer("/function/name").and_then(Value::as_str) == Some(n)))
-                })
-            }),
-            self.offers_tool.as_ref().map(|n| {
-                req.get("tools").and_then(Value::as_array).is_some_and(|ts| ts.iter().any(|t| t.pointer("/function/name").and_then(Value::as_str) == Some(n)))
-            }),
-            self.forced_tool.as_ref().map(|n| req.pointer("/tool_choice/function/name").and_then(Value::as_str) == Some(n)),
+            self.called.as_ref().map(|n| msgs.iter().any(|m| role(m) == "assistant" && m.tool_calls.iter().flatten().any(|c| c.function.as_ref().and_then(|f| f.name.as_deref()) == Some(n)))),
+            self.offers_tool.as_ref().map(|n| req.tools.iter().flatten().any(|t| t.function.as_ref().and_then(|f| f.name.as_deref()) == Some(n))),
+            self.forced_tool.as_ref().map(|n| req.tool_choice.as_ref().and_then(|c| c.pointer("/function/name")).and_then(Value::as_str) == Some(n)),
             self.user_contains.as_ref().map(|s| msgs.iter().any(|m| role(m) == "user" && content(m).contains(s.as_str()))),
             self.system_contains.as_ref().map(|s| msgs.iter().any(|m| role(m) == "system" && content(m).contains(s.as_str()))),
             self.request_contains.as_ref().map(|s| raw.contains(s.as_str())),
-            self.model.as_ref().map(|m| req.get("model").and_then(Value::as_str) == Some(m)),
+            self.model.as_ref().map(|m| req.model.as_deref() == Some(m)),
             self.all.as_ref().map(|all| all.iter().all(|c| c.holds(req, raw))),
         ];
         checks.iter().flatten().all(|b| *b)
     }
 }
 
-/// Reads and strictly decodes a scenario file.
+/// What the rules read of a request: the messages' roles, texts and calls'
+/// names, the offered and forced tools' names, the model. The rest (the
+/// tools' schemas, the calls' arguments) is passed over unbuilt: with
+/// thousands of conversations the model parses thousands of requests a
+/// second.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Seen {
+    model: Option<String>,
+    messages: Option<Vec<SeenMessage>>,
+    tools: Option<Vec<SeenTool>>,
+    tool_choice: Option<Value>,
+    max_tokens: Option<Value>,
+}
+
+impl Seen {
+    fn messages(&self) -> &[SeenMessage] {
+        self.messages.as_deref().unwrap_or_default()
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct SeenMessage {
+    role: Option<String>,
+    /// Text, or parts (then no rule's text matches it), or null.
+    content: Option<Value>,
+    tool_calls: Option<Vec<SeenTool>>,
+}
+
+/// A call or an offered tool: its function's name.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct SeenTool {
+    function: Option<SeenFunction>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct SeenFunction {
+    name: Option<String>,
+}
+
 pub fn load(path: &Path) -> anyhow::Result<Scenario> {
     let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("cannot read scenario {}: {e}", path.display()))?;
     parse(&text, path)
@@ -202,18 +237,23 @@ impl ScriptedModel {
     }
 }
 
-fn is_probe(req: &Value) -> bool {
-    let Some(o) = req.as_object() else { return false };
-    o.len() == 3
-        && o.get("max_tokens").and_then(Value::as_i64) == Some(1)
-        && o.get("messages") == Some(&json!([{"role": "user", "content": "hi"}]))
+/// `steppe preflight`'s probe (a one-token "hi" and nothing else), told
+/// from a request by its whole body only when its parts look like one.
+fn is_probe(req: &Seen, raw: &str) -> bool {
+    let looks = req.max_tokens.as_ref().and_then(Value::as_i64) == Some(1)
+        && req.tools.is_none()
+        && req.tool_choice.is_none()
+        && matches!(req.messages(), [m] if m.role.as_deref() == Some("user") && m.content.as_ref().and_then(Value::as_str) == Some("hi"));
+    looks
+        && serde_json::from_str::<Value>(raw).is_ok_and(|v| {
+            v.as_object().is_some_and(|o| o.len() == 3 && o.get("messages") == Some(&json!([{"role": "user", "content": "hi"}])))
+        })
 }
 
-fn summary(req: &Value) -> String {
-    let msgs = req.get("messages").and_then(Value::as_array).cloned().unwrap_or_default();
-    let last_user = msgs.iter().rev().find(|m| m.get("role").and_then(Value::as_str) == Some("user")).and_then(|m| m.get("content")).and_then(Value::as_str).unwrap_or_default();
+fn summary(req: &Seen) -> String {
+    let last_user = req.messages().iter().rev().find(|m| m.role.as_deref() == Some("user")).and_then(|m| m.content.as_ref()).and_then(Value::as_str).unwrap_or_default();
     let short: String = last_user.chars().take(80).collect();
-    format!("model {}, {} message(s), last user message {:?}", req.get("model").and_then(Value::as_str).unwrap_or("?"), msgs.len(), short)
+    format!("model {}, {} message(s), last user message {:?}", req.model.as_deref().unwrap_or("?"), req.messages().len(), short)
 }
 
 fn usage(n: u64) -> Value {
@@ -264,17 +304,18 @@ async fn answer(reply: Reply, model: &str, n: usize) -> Response {
 }
 
 async fn completions(State(st): State<Arc<ServerState>>, version: axum::http::Version, raw: String) -> Response {
-    let req: Value = match serde_json::from_str(&raw) {
-        Ok(v) => v,
-        Err(e) => return (StatusCode::BAD_REQUEST, axum::Json(json!({"error": format!("not JSON: {e}")}))).into_response(),
+    let req: Seen = match serde_json::from_str(&raw) {
+        Ok(r) => r,
+        Err(e) => return (StatusCode::BAD_REQUEST, axum::Json(json!({"error": format!("not a chat completions request in JSON: {e}")}))).into_response(),
     };
-    let model = req.get("model").and_then(Value::as_str).unwrap_or_default().to_string();
-    if is_probe(&req) {
+    let model = req.model.clone().unwrap_or_default();
+    if is_probe(&req, &raw) {
         return answer(Reply { say: Some("ok".into()), ..Default::default() }, &model, 0).await;
     }
     if st.keep_requests {
+        let whole: Value = serde_json::from_str(&raw).unwrap_or_default();
         if let Ok(mut kept) = st.requests.lock() {
-            kept.push(json!({"model": model, "messages": req.get("messages"), "tools": req.get("tools"), "tool_choice": req.get("tool_choice"), "raw": raw, "http": format!("{version:?}")}));
+            kept.push(json!({"model": model, "messages": whole.get("messages"), "tools": whole.get("tools"), "tool_choice": whole.get("tool_choice"), "raw": raw, "http": format!("{version:?}")}));
         }
     }
     let n = st.served.fetch_add(1, Ordering::Relaxed) + 1;
@@ -337,4 +378,75 @@ pub async fn serve(script: Option<Script>, addr: std::net::SocketAddr, keep_requ
     });
     let _http2 = steppe_worker::provider::serving_http2(&base_url);
     Ok(ScriptedModel { base_url, state, _stop: Arc::new(StopOnDrop { stop: Some(tx), _http2 }) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cond(v: &Value) -> Cond {
+        serde_json::from_value(v.clone()).expect("a condition")
+    }
+
+    fn seen(v: Value) -> (Seen, String) {
+        let raw = v.to_string();
+        (serde_json::from_str(&raw).expect("read as a request"), raw)
+    }
+
+    /// Rules see the shapes a provider accepts, not only steppe's own: text
+    /// in parts, a null content or call list, a tool of another type, a
+    /// forced tool named as an object or the word "required".
+    #[test]
+    fn rules_read_what_they_route_on_from_any_chat_request() {
+        let (req, raw) = seen(json!({
+            "model": "x/y",
+            "messages": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": [{"type": "text", "text": "parts"}]},
+                {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": "{\"path\":\"a\"}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "the file's text"},
+                {"role": "assistant", "content": "so", "tool_calls": null}
+            ],
+            "tools": [{"type": "web_search"}, {"type": "function", "function": {"name": "list_dir", "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}],
+            "tool_choice": {"type": "function", "function": {"name": "list_dir"}},
+            "temperature": 0.2
+        }));
+        for (c, want) in [
+            (json!({"called": "read_file"}), true),
+            (json!({"called": "list_dir"}), false),
+            (json!({"offers_tool": "list_dir"}), true),
+            (json!({"offers_tool": "web_search"}), false),
+            (json!({"forced_tool": "list_dir"}), true),
+            (json!({"tool_result_contains": "file's"}), true),
+            (json!({"has_tool_results": false}), false),
+            (json!({"last_role": "assistant"}), true),
+            (json!({"system_contains": "brief"}), true),
+            (json!({"user_contains": "parts"}), false),
+            (json!({"request_contains": "temperature"}), true),
+            (json!({"model": "x/y"}), true),
+            (json!({"all": [{"called": "read_file"}, {"model": "other"}]}), false),
+        ] {
+            assert_eq!(cond(&c).holds(&req, &raw), want, "{c}");
+        }
+        let (req, raw) = seen(json!({"model": "x/y", "messages": null, "tool_choice": "required"}));
+        assert!(!cond(&json!({"forced_tool": "list_dir"})).holds(&req, &raw));
+        assert!(cond(&json!({"has_tool_results": false})).holds(&req, &raw), "no messages: no tool results");
+    }
+
+    #[test]
+    fn a_probe_is_its_three_keys_and_nothing_more() {
+        let (req, raw) = seen(json!({"model": "x", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}));
+        assert!(is_probe(&req, &raw));
+        let (req, raw) = seen(json!({"model": "x", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}], "temperature": 0}));
+        assert!(!is_probe(&req, &raw), "a fourth key: a request");
+        let (req, raw) = seen(json!({"model": "x", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}));
+        assert!(!is_probe(&req, &raw));
+    }
+
+    #[test]
+    fn a_body_that_is_no_chat_request_is_refused_not_matched() {
+        for body in ["not json", "{\"messages\": \"text\"}", "{\"model\": 5}"] {
+            assert!(serde_json::from_str::<Seen>(body).is_err(), "{body}");
+        }
+    }
 }
