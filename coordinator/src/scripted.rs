@@ -170,6 +170,7 @@ struct SeenFunction {
     name: Option<String>,
 }
 
+/// Reads and strictly decodes a scenario file.
 pub fn load(path: &Path) -> anyhow::Result<Scenario> {
     let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("cannot read scenario {}: {e}", path.display()))?;
     parse(&text, path)
