@@ -65,8 +65,7 @@ fn sweep_dead_tests_scratch() {
     for e in entries.flatten() {
         let name = e.file_name();
         let Some(pid) = name.to_str().and_then(|n| n.strip_prefix("steppe-run-")).and_then(|n| n.rsplit_once('-')).and_then(|(_, pid)| pid.parse::<i32>().ok()) else { continue };
-        // SAFETY: signal 0 only asks whether the process exists.
-        if pid > 0 && unsafe { libc::kill(pid, 0) } != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+        if pid > 0 && !steppe_runtime::scratch::alive(pid) {
             let _ = std::fs::remove_dir_all(e.path());
         }
     }

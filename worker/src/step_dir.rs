@@ -5,11 +5,13 @@
 //! later steppe processes of the same user take whole.
 
 use std::ffi::OsString;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
+
+use steppe_runtime::scratch::{euid, users_dir, users_path};
 
 static SEQ: AtomicU64 = AtomicU64::new(0);
 
@@ -201,12 +203,6 @@ fn shelf_count(name: &OsString) -> usize {
     }
 }
 
-/// The user this process runs as: the owner of its directories and its pool.
-fn euid() -> u32 {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() }
-}
-
 /// Where the pool is: the temp dir (in unit tests a directory nobody makes,
 /// so that they neither take from nor add to the user's pool).
 fn pool_base() -> PathBuf {
@@ -218,21 +214,16 @@ fn pool_base() -> PathBuf {
 }
 
 fn pool_path(base: &Path) -> PathBuf {
-    base.join(format!("steppe-spares.u{}", euid()))
+    users_path(base, POOL_PREFIX)
 }
 
 /// The pool under `base`, made when missing; None unless it is a real
 /// directory of this user's that nobody else may enter.
 fn open_pool(base: &Path) -> Option<PathBuf> {
-    let d = pool_path(base);
-    match std::fs::DirBuilder::new().mode(0o700).create(&d) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(_) => return None,
-    }
-    let m = std::fs::symlink_metadata(&d).ok()?;
-    (m.is_dir() && m.uid() == euid() && m.permissions().mode() & 0o077 == 0).then_some(d)
+    users_dir(base, POOL_PREFIX, true)
 }
+
+const POOL_PREFIX: &str = "steppe-spares";
 
 /// A kept directory for `root` that is still as made.
 fn kept(root: &Path) -> Option<StepDir> {

@@ -83,10 +83,21 @@ fn spares_base() -> PathBuf {
     tmp
 }
 
-/// `$TMPDIR/steppe-scratch-spares.u<uid>` when it is a real directory of
-/// this user's that nobody else may enter (made, when `make`, so).
+/// `$TMPDIR/steppe-scratch-spares.u<uid>`, as [`users_dir`] finds it.
 fn spares(base: &Path, make: bool) -> Option<PathBuf> {
-    let d = base.join(format!("steppe-scratch-spares.u{}", euid()));
+    users_dir(base, "steppe-scratch-spares", make)
+}
+
+/// `<base>/<prefix>.u<uid>`: where a pool of this user's lies under the temp dir.
+pub fn users_path(base: &Path, prefix: &str) -> PathBuf {
+    base.join(format!("{prefix}.u{}", euid()))
+}
+
+/// [`users_path`] when it is a real directory of this user's that nobody
+/// else may enter (made so first, when `make` and it is missing); None for
+/// a link, another's directory or one open to others.
+pub fn users_dir(base: &Path, prefix: &str, make: bool) -> Option<PathBuf> {
+    let d = users_path(base, prefix);
     if make {
         match std::fs::DirBuilder::new().mode(0o700).create(&d) {
             Ok(()) => {}
@@ -157,8 +168,8 @@ fn remove(p: &Path, is_dir: bool) -> bool {
     if is_dir { std::fs::remove_dir_all(p) } else { std::fs::remove_file(p) }.is_ok()
 }
 
-/// The user this process runs as: the owner of its scratch and the spares.
-fn euid() -> u32 {
+/// The user this process runs as: the owner of its scratch and its pools.
+pub fn euid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() }
 }
@@ -185,7 +196,8 @@ fn sweep(base: &Path, kind: &str) -> bool {
     dead_seen
 }
 
-fn alive(pid: i32) -> bool {
+/// Whether process `pid` exists (whoever's it is).
+pub fn alive(pid: i32) -> bool {
     // SAFETY: signal 0 only asks whether the process exists; nothing is sent.
     let r = unsafe { libc::kill(pid, 0) };
     r == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
