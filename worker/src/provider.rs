@@ -145,16 +145,17 @@ fn retryable(status: u16) -> bool {
 /// POSTs `body` to `<base_url>chat/completions`; returns the parsed response.
 /// `retrying` hears each retry: why, and how long it waits first.
 pub async fn chat(base_url: &str, key: Option<&str>, body: &Value, attempts: u32, retrying: &(dyn Fn(&str) + Sync)) -> Result<Value, ProviderError> {
-    chat_with(&lease(base_url), base_url, key, &[], body, attempts, retrying).await
+    chat_with(&lease(base_url), base_url, key, &[], &body.to_string().into_bytes(), attempts, retrying).await
 }
 
-/// As [`chat`], on a client the caller holds, with extra request headers.
-pub async fn chat_with<B: serde::Serialize + ?Sized + Sync>(
+/// As [`chat`], on a client the caller holds, with extra request headers;
+/// `body` is the request's JSON as written.
+pub async fn chat_with(
     client: &Lease,
     base_url: &str,
     key: Option<&str>,
     headers: &[(&str, &str)],
-    body: &B,
+    body: &[u8],
     attempts: u32,
     retrying: &(dyn Fn(&str) + Sync),
 ) -> Result<Value, ProviderError> {
@@ -162,7 +163,7 @@ pub async fn chat_with<B: serde::Serialize + ?Sized + Sync>(
     let attempts = attempts.max(1);
     let mut last = String::new();
     for n in 1..=attempts {
-        let mut req = client.client().post(&url).json(body);
+        let mut req = client.client().post(&url).header(reqwest::header::CONTENT_TYPE, "application/json").body(body.to_vec());
         for (name, value) in headers {
             req = req.header(*name, *value);
         }
@@ -340,6 +341,7 @@ mod tests {
         let clients = super::Clients::new(2);
         let leases: Vec<super::Lease> = (0..6).map(|_| clients.lease(&url)).collect();
         let body = serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+        let body = body.to_string().into_bytes();
         let answers = futures::future::join_all(leases.iter().map(|l| super::chat_with(l, &url, None, &[], &body, 1, &|_| {}))).await;
         for a in &answers {
             assert_eq!(a.as_ref().ok().and_then(|v| v.pointer("/choices/0/message/content")).and_then(|c| c.as_str()), Some("ok"), "{a:?}");

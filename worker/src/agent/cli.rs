@@ -86,9 +86,10 @@ pub(super) async fn converse(conv: &mut Conversation<'_>, ts: &mut Toolset<'_>, 
     let work = conv.work;
     let label = conv.label.clone();
     let program = cli.program.clone();
-    let bridged: Vec<String> = conv.tools.iter().filter_map(|t| t.pointer("/function/name").and_then(Value::as_str)).map(|n| format!("{PREFIX}{n}")).collect();
+    let offered = conv.tools.values();
+    let bridged: Vec<String> = offered.iter().filter_map(|t| t.pointer("/function/name").and_then(Value::as_str)).map(|n| format!("{PREFIX}{n}")).collect();
     let (calls_tx, mut calls) = mpsc::channel::<BridgeCall>(8);
-    let bridge = bridge::start(&conv.tools, calls_tx).await.map_err(|e| StepError::errored(format!("{label}: the tool bridge for {program} could not start: {e}")))?;
+    let bridge = bridge::start(&offered, calls_tx).await.map_err(|e| StepError::errored(format!("{label}: the tool bridge for {program} could not start: {e}")))?;
     steppe_runtime::secrets::remember(&bridge.token);
     let id = uuid_v4().map_err(|e| StepError::errored(format!("{label}: no randomness for the CLI's session id: {e}")))?;
     let config = write_config(&bridge, &id).map_err(|e| StepError::errored(format!("{label}: writing the CLI's MCP config: {e}")))?;

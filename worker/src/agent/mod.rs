@@ -96,7 +96,7 @@ struct Conversation<'a> {
     charged: u64,
     run_id: String,
     key: Option<String>,
-    tools: Vec<Value>,
+    tools: request::Offered,
     messages: Vec<Value>,
     out: AgentOutcome,
     /// The ledgers of the step's `stepgate:` servers, kept when they close.
@@ -237,7 +237,7 @@ async fn converse_boxed(work: &AgentWork, root: &Path, run_id: &str, sink: Arc<d
         charged: 0,
         run_id: run_id.to_string(),
         key: None,
-        tools: Vec::new(),
+        tools: Default::default(),
         messages: Vec::new(),
         out: AgentOutcome::default(),
         gate_ledgers: Default::default(),
@@ -312,20 +312,24 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
         sessions
     };
     let defs: HashMap<String, ToolDef> = work.tools.iter().filter(|t| !matches!(t, ToolDef::Mcp { .. })).map(|t| (t.name().to_string(), t.clone())).collect();
-    conv.tools = work.tools.iter().filter(|t| !matches!(t, ToolDef::Mcp { .. })).map(|t| schema_for(t, &work.verdicts)).collect();
-    conv.tools.extend(mcp.tools.iter().map(|t| t.schema()));
-    if work.ask.is_some() {
-        conv.tools.push(json!({"type": "function", "function": {"name": "ask_user", "description": "Ask the person running the pipeline a question and wait for the answer. Offer options when the answer is one of a few.", "parameters": {"type": "object", "properties": {"question": {"type": "string"}, "options": {"type": "array", "items": {"type": "string"}}}, "required": ["question"]}}}));
-    }
-    for sub in &work.sub_agents {
-        conv.tools.push(json!({"type": "function", "function": {"name": sub.name, "description": sub.description, "parameters": {"type": "object", "properties": {"request": {"type": "string", "description": "The natural-language instruction or question to send to the sub-agent."}}, "required": ["request"]}}}));
-    }
-    if !work.verdicts.is_empty() {
-        if defs.contains_key("verdict") {
-            return Err(StepError::errored(format!("{label}: declares verdicts: but already defines a tool named \"verdict\"")));
+    // Written once for every request; the values go when this block ends.
+    conv.tools = {
+        let mut tools: Vec<Value> = work.tools.iter().filter(|t| !matches!(t, ToolDef::Mcp { .. })).map(|t| schema_for(t, &work.verdicts)).collect();
+        tools.extend(mcp.tools.iter().map(|t| t.schema()));
+        if work.ask.is_some() {
+            tools.push(json!({"type": "function", "function": {"name": "ask_user", "description": "Ask the person running the pipeline a question and wait for the answer. Offer options when the answer is one of a few.", "parameters": {"type": "object", "properties": {"question": {"type": "string"}, "options": {"type": "array", "items": {"type": "string"}}}, "required": ["question"]}}}));
         }
-        conv.tools.push(verdict_schema(&work.verdicts, work.note_required));
-    }
+        for sub in &work.sub_agents {
+            tools.push(json!({"type": "function", "function": {"name": sub.name, "description": sub.description, "parameters": {"type": "object", "properties": {"request": {"type": "string", "description": "The natural-language instruction or question to send to the sub-agent."}}, "required": ["request"]}}}));
+        }
+        if !work.verdicts.is_empty() {
+            if defs.contains_key("verdict") {
+                return Err(StepError::errored(format!("{label}: declares verdicts: but already defines a tool named \"verdict\"")));
+            }
+            tools.push(verdict_schema(&work.verdicts, work.note_required));
+        }
+        request::Offered::new(&tools)
+    };
     let mut required: BTreeMap<String, bool> = work
         .tools
         .iter()

@@ -39,7 +39,7 @@ impl Conversation<'_> {
             }
             let headers: Vec<(&str, &str)> = if openrouter && !self.work.session.is_empty() { vec![("x-session-id", self.work.session.as_str())] } else { Vec::new() };
             let say = |line: &str| self.say(line);
-            let body = Body { model: &self.model, messages: &self.messages, tools: with_tools.then_some(self.tools.as_slice()), extra: &extra };
+            let body = body(&self.model, &self.messages, with_tools.then_some(self.tools.json.as_str()), &extra);
             let answer = crate::provider::chat_with(&self.client, &self.base_url, self.key.as_deref(), &headers, &body, self.work.attempts, &say).await;
             match answer {
                 Ok(r) => break r,
@@ -86,13 +86,78 @@ impl Conversation<'_> {
     }
 }
 
-/// A chat completions request, in the order its keys are written.
-#[derive(serde::Serialize)]
-struct Body<'a> {
-    model: &'a str,
-    messages: &'a [Value],
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tools: Option<&'a [Value]>,
-    #[serde(flatten)]
-    extra: &'a serde_json::Map<String, Value>,
+/// The tools a conversation offers its model, written once as the JSON
+/// array every request carries (not kept as values: a conversation's
+/// turns would walk them again, and 2,000 conversations hold them at once).
+#[derive(Default)]
+pub(super) struct Offered {
+    pub(super) json: String,
+    count: usize,
+}
+
+impl Offered {
+    pub(super) fn new(tools: &[Value]) -> Offered {
+        // Values always serialize.
+        Offered { json: serde_json::to_string(tools).unwrap_or_else(|_| "[]".into()), count: tools.len() }
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The tools as values again (the CLI's tool bridge lists them).
+    pub(super) fn values(&self) -> Vec<Value> {
+        serde_json::from_str(&self.json).unwrap_or_default()
+    }
+}
+
+/// A chat completions request's body, its keys in this order: the model,
+/// the messages, the tools (as written once), the dials.
+fn body(model: &str, messages: &[Value], tools: Option<&str>, extra: &serde_json::Map<String, Value>) -> Vec<u8> {
+    let mut b = Vec::with_capacity(64 + model.len() + tools.map_or(0, str::len) + 256 * messages.len());
+    // Writing strings and values into a Vec cannot fail.
+    b.extend_from_slice(b"{\"model\":");
+    let _ = serde_json::to_writer(&mut b, model);
+    b.extend_from_slice(b",\"messages\":");
+    let _ = serde_json::to_writer(&mut b, messages);
+    if let Some(t) = tools {
+        b.extend_from_slice(b",\"tools\":");
+        b.extend_from_slice(t.as_bytes());
+    }
+    for (k, v) in extra {
+        b.push(b',');
+        let _ = serde_json::to_writer(&mut b, k);
+        b.push(b':');
+        let _ = serde_json::to_writer(&mut b, v);
+    }
+    b.push(b'}');
+    b
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{json, Value};
+
+    /// The body is the JSON a serializer would write of the same request,
+    /// its keys in order, with and without tools and dials.
+    #[test]
+    fn a_body_is_the_request_as_json() {
+        let messages = vec![json!({"role": "system", "content": "be \"brief\"\n"}), json!({"role": "user", "content": "héllo"})];
+        let tools = vec![json!({"type": "function", "function": {"name": "read_file", "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}})];
+        let offered = super::Offered::new(&tools);
+        assert!(!offered.is_empty());
+        assert_eq!(offered.values(), tools);
+        let mut extra = serde_json::Map::new();
+        extra.insert("tool_choice".into(), json!("required"));
+        extra.insert("temperature".into(), json!(0.5));
+        let body = super::body("m/x", &messages, Some(&offered.json), &extra);
+        let text = std::str::from_utf8(&body).unwrap();
+        assert_eq!(serde_json::from_str::<Value>(text).unwrap(), json!({"model": "m/x", "messages": messages, "tools": tools, "tool_choice": "required", "temperature": 0.5}));
+        assert!(text.starts_with(r#"{"model":"m/x","messages":[{"role":"system""#), "{text}");
+        let keys: Vec<String> = serde_json::from_str::<serde_json::Map<String, Value>>(text).unwrap().keys().cloned().collect();
+        assert_eq!(keys, ["model", "messages", "tools", "tool_choice", "temperature"]);
+        let bare = super::body("m", &messages[1..], None, &serde_json::Map::new());
+        assert_eq!(std::str::from_utf8(&bare).unwrap(), r#"{"model":"m","messages":[{"role":"user","content":"héllo"}]}"#);
+        assert!(super::Offered::new(&[]).is_empty());
+    }
 }
