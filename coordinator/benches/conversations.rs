@@ -25,22 +25,7 @@ use std::time::Duration;
 use steppe_runtime::store::{RunFilter, SqliteStore, Store};
 use support::{free_port, median, ms, peak_rss_during, steppe, Dir};
 
-const SCENARIO: &str = "model:
-  rules:
-    - when: {called: search_files}
-      say: done
-      delay: 50ms
-    - when: {called: read_file}
-      call: search_files
-      args: {pattern: x}
-      delay: 50ms
-    - when: {called: list_dir}
-      call: read_file
-      args: {path: missing.txt}
-      delay: 50ms
-    - call: list_dir
-      delay: 50ms
-";
+const SCENARIO: &str = include_str!("support/conversation-model.yaml");
 
 const RUNS: usize = 3;
 

@@ -258,24 +258,9 @@ WORKLOADS = {
     "conversations": (2000, 2000, None, 1, 2000, 0.2),
 }
 
-# The model of the conversations workload: four turns of 50 ms, each but the
-# last calling a built-in tool (as coordinator/benches/conversations.rs).
-SCENARIO = """model:
-  rules:
-    - when: {called: search_files}
-      say: done
-      delay: 50ms
-    - when: {called: read_file}
-      call: search_files
-      args: {pattern: x}
-      delay: 50ms
-    - when: {called: list_dir}
-      call: read_file
-      args: {path: missing.txt}
-      delay: 50ms
-    - call: list_dir
-      delay: 50ms
-"""
+# The model of the conversations workload, as coordinator/benches/conversations.rs has it.
+with open(os.path.join(HERE, "..", "support", "conversation-model.yaml")) as f:
+    SCENARIO = f.read()
 
 
 class Talk:
