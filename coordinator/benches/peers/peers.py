@@ -259,8 +259,7 @@ WORKLOADS = {
 }
 
 # The model of the conversations workload, as coordinator/benches/conversations.rs has it.
-with open(os.path.join(HERE, "..", "support", "conversation-model.yaml")) as f:
-    SCENARIO = f.read()
+SCENARIO = os.path.normpath(os.path.join(HERE, "..", "support", "conversation-model.yaml"))
 
 
 class Talk:
@@ -268,17 +267,15 @@ class Talk:
 
     def __init__(self, steppe, work, n):
         self.n = n
-        with open(os.path.join(work, "s.yaml"), "w") as f:
-            f.write(SCENARIO)
         with open(os.path.join(work, "one.yml"), "w") as f:
             f.write(conversations(1, None))
-        timed([steppe, "test", "one.yml", "--script", "s.yaml", "-q", "--dump-requests", "requests.jsonl"], work)
+        timed([steppe, "test", "one.yml", "--script", SCENARIO, "-q", "--dump-requests", "requests.jsonl"], work)
         with open(os.path.join(work, "requests.jsonl")) as f:
             first = json.loads(json.loads(f.readline())["raw"])
         # The very tools steppe's agent step offers, so every body is as long.
         self.tools = first["tools"]
         port = free_port()
-        self.model = subprocess.Popen([steppe, "scripted-model", "--script", "s.yaml", "--listen", f"127.0.0.1:{port}"], cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.model = subprocess.Popen([steppe, "scripted-model", "--script", SCENARIO, "--listen", f"127.0.0.1:{port}"], cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_port(port, "steppe scripted-model")
         self.endpoint = f"http://127.0.0.1:{port}/v1/"
         self.url = self.endpoint + "chat/completions"
@@ -338,7 +335,7 @@ def main():
                     f.write(conversations(n, None))
                 with open(os.path.join(work, "apart.yml"), "w") as f:
                     f.write(conversations(n, talk.endpoint))
-                test = lambda: timed([a.steppe, "test", "many.yml", "--script", "s.yaml", "-q", "--workers", str(n)], work)
+                test = lambda: timed([a.steppe, "test", "many.yml", "--script", SCENARIO, "-q", "--workers", str(n)], work)
                 rows.append(("steppe test (the model inside)", *measure(test, None, a.runs)))
                 apart = lambda: timed([a.steppe, "run", "apart.yml", "-q", "--workers", str(n)], work)
                 rows.append(("steppe run (the model apart)", *measure(apart, None, a.runs)))

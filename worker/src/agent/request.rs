@@ -92,17 +92,17 @@ impl Conversation<'_> {
 #[derive(Default)]
 pub(super) struct Offered {
     pub(super) json: String,
-    count: usize,
 }
 
 impl Offered {
     pub(super) fn new(tools: &[Value]) -> Offered {
         // Values always serialize.
-        Offered { json: serde_json::to_string(tools).unwrap_or_else(|_| "[]".into()), count: tools.len() }
+        Offered { json: serde_json::to_string(tools).unwrap_or_else(|_| "[]".into()) }
     }
 
+    /// None offered: `[]`, or nothing written yet.
     pub(super) fn is_empty(&self) -> bool {
-        self.count == 0
+        self.json.len() <= 2
     }
 
     /// The tools as values again (the CLI's tool bridge lists them).
@@ -159,5 +159,6 @@ mod tests {
         let bare = super::body("m", &messages[1..], None, &serde_json::Map::new());
         assert_eq!(std::str::from_utf8(&bare).unwrap(), r#"{"model":"m","messages":[{"role":"user","content":"héllo"}]}"#);
         assert!(super::Offered::new(&[]).is_empty());
+        assert!(super::Offered::default().is_empty());
     }
 }
