@@ -12,17 +12,22 @@ use steppe_runtime::assignment::{Assignment, AssignmentResult};
 use steppe_runtime::outcome::StepError;
 use steppe_runtime::queue::{Pools, Queue};
 use steppe_worker::local::{Cancels, Reporter};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::queue_writer::QueueWriter;
 
 pub type SessionTx = mpsc::Sender<Result<CoordinatorMessage, tonic::Status>>;
 
 pub enum DispatchMsg {
-    /// Queue this assignment; reply with its result.
-    Submit(Assignment, RpcReplyPort<AssignmentResult>),
-    /// A worker finished an assignment.
-    Complete(AssignmentResult),
+    /// Queue this assignment (its waiter is in [`Wanted`]).
+    Submit(Assignment),
+    /// The caller put this assignment on its in-process queue itself: keep
+    /// its books (sent before the push, so it comes before its result).
+    Queued(Assignment),
+    /// An assignment's result went to whoever waited (or nobody waits for
+    /// it): its books are closed. The id, the epoch the result came from,
+    /// when it came.
+    Finished(String, u32, std::time::Instant),
     /// Stop one assignment: off the queue if it waits, killed if it runs.
     Cancel(String),
     /// Ctrl-C: stop everything in flight.
@@ -74,9 +79,9 @@ struct DispatcherActor;
 
 pub struct DispatcherState {
     pools: Arc<Pools>,
-    /// Who waits for each assignment, and the assignment as last handed out
-    /// (its epoch is the current one).
-    pending: HashMap<String, (RpcReplyPort<AssignmentResult>, Assignment)>,
+    /// Each assignment waited for, as last handed out (its epoch is the
+    /// current one); who waits is in `wanted`.
+    pending: HashMap<String, Assignment>,
     local: Cancels,
     remote: HashMap<String, SessionTx>,
     /// Taken off the queue by a pulling worker, which acknowledges its entry
@@ -85,7 +90,7 @@ pub struct DispatcherState {
     /// Cancelled while a worker was taking it: the cancel is sent as soon as
     /// the worker says it took it.
     cancelled: std::collections::HashSet<String>,
-    /// The ids in `pending`, readable without asking the actor.
+    /// The ids in `pending` and their waiters, reachable without asking the actor.
     wanted: Wanted,
     /// When each pending assignment was queued, and when a worker began it.
     queued_at: HashMap<String, std::time::Instant>,
@@ -101,10 +106,18 @@ pub struct DispatcherState {
 
 /// The assignments someone here waits for. An entry outside it (left on a
 /// shared queue by a coordinator that died) belongs to no run: it is not run.
-/// The assignments waited for, each with the epoch it was last handed out
-/// with: an older handing-out that comes back (a queue that cannot retire
-/// it, SQS) is not run.
-pub type Wanted = Arc<std::sync::Mutex<HashMap<String, u32>>>;
+/// Each is kept with the epoch it was last handed out with (an older
+/// handing-out that comes back, from a queue that cannot retire it such as
+/// SQS, is not run) and the waiter its result goes to, straight from
+/// whoever reports it: the actor only keeps the books.
+pub type Wanted = Arc<std::sync::Mutex<HashMap<String, Wait>>>;
+
+/// One assignment waited for.
+pub struct Wait {
+    epoch: u32,
+    /// Taken by the result of the current epoch that comes first.
+    reply: Option<oneshot::Sender<AssignmentResult>>,
+}
 
 
 fn send_cancel(tx: &SessionTx, id: &str) {
@@ -126,16 +139,22 @@ impl DispatcherState {
         self.started_at.insert(id.to_string(), now);
     }
 
-    /// Nobody waits for it any more: whoever did is handed back.
-    fn forget(&mut self, id: &str) -> Option<RpcReplyPort<AssignmentResult>> {
-        if let Ok(mut w) = self.wanted.lock() {
-            w.remove(id);
-        }
+    /// Nobody waits for it any more: whoever did, if no result reached
+    /// them yet, is handed back.
+    fn forget(&mut self, id: &str) -> Option<oneshot::Sender<AssignmentResult>> {
         self.queued_at.remove(id);
         self.started_at.remove(id);
         self.told_waiting.remove(id);
         self.acked_by_taker.remove(id);
-        self.pending.remove(id).map(|(p, _)| p)
+        self.pending.remove(id);
+        self.wanted.lock().ok().and_then(|mut w| w.remove(id)).and_then(|w| w.reply)
+    }
+
+    /// Books a queued assignment as waited for.
+    fn track(&mut self, a: Assignment) {
+        self.metrics.steps_started.inc();
+        self.queued_at.insert(a.id.clone(), std::time::Instant::now());
+        self.pending.insert(a.id.clone(), a);
     }
 
     /// Its push failed: the step waiting for it errors.
@@ -149,7 +168,7 @@ impl DispatcherState {
 
     /// The queue of a pending assignment's pool.
     async fn queue_of(&self, id: &str) -> Option<Arc<dyn Queue>> {
-        let pool = self.pending.get(id).map(|(_, a)| a.pool.clone())?;
+        let pool = self.pending.get(id).map(|a| a.pool.clone())?;
         self.pools.get(&pool).await.ok()
     }
 
@@ -157,12 +176,14 @@ impl DispatcherState {
     async fn requeue(&mut self, id: &str) {
         self.remote.remove(id);
         self.acked_by_taker.remove(id);
-        let again = self.pending.get_mut(id).map(|(_, a)| {
+        let again = self.pending.get_mut(id).map(|a| {
             a.epoch += 1;
             a.clone()
         });
         if let (Some(a), Ok(mut w)) = (&again, self.wanted.lock()) {
-            w.insert(a.id.clone(), a.epoch);
+            if let Some(wait) = w.get_mut(&a.id) {
+                wait.epoch = a.epoch;
+            }
         }
         self.started_at.remove(id);
         if let Some(a) = again {
@@ -223,14 +244,10 @@ impl Actor for DispatcherActor {
 
     async fn handle(&self, _me: ActorRef<Self::Msg>, msg: Self::Msg, st: &mut Self::State) -> Result<(), ActorProcessingErr> {
         match msg {
-            DispatchMsg::Submit(a, reply) => {
+            DispatchMsg::Queued(a) => st.track(a),
+            DispatchMsg::Submit(a) => {
                 let id = a.id.clone();
-                st.metrics.steps_started.inc();
-                st.queued_at.insert(id.clone(), std::time::Instant::now());
-                st.pending.insert(id.clone(), (reply, a.clone()));
-                if let Ok(mut w) = st.wanted.lock() {
-                    w.insert(id.clone(), a.epoch);
-                }
+                st.track(a.clone());
                 let pushed = match st.pools.get(&a.pool).await {
                     // A remote queue's push is a round trip: off the actor's path.
                     Ok(q) if q.lease().is_some() => {
@@ -248,33 +265,27 @@ impl Actor for DispatcherActor {
                 }
             }
             DispatchMsg::NotQueued(id, why) => st.not_queued(&id, &why),
-            DispatchMsg::Complete(r) => {
-                if st.pending.get(&r.assignment_id).is_some_and(|(_, a)| a.epoch != r.epoch) {
+            DispatchMsg::Finished(id, epoch, at) => {
+                if st.pending.get(&id).is_some_and(|a| a.epoch != epoch) {
                     // Fencing: an earlier handing-out of a requeued assignment
                     // answered late; the current one still runs and counts.
                     return Ok(());
                 }
-                st.remote.remove(&r.assignment_id);
-                st.cancelled.remove(&r.assignment_id);
-                if let Some(t) = st.started_at.get(&r.assignment_id).or(st.queued_at.get(&r.assignment_id)) {
-                    st.metrics.run_seconds.observe(t.elapsed().as_secs_f64());
+                st.remote.remove(&id);
+                st.cancelled.remove(&id);
+                if let Some(t) = st.started_at.get(&id).or(st.queued_at.get(&id)) {
+                    st.metrics.run_seconds.observe(at.saturating_duration_since(*t).as_secs_f64());
                 }
-                if st.pending.contains_key(&r.assignment_id) {
-                    st.metrics.finished(&r);
-                }
-                let taker_acks = st.acked_by_taker.remove(&r.assignment_id);
-                if let Some(q) = st.queue_of(&r.assignment_id).await {
+                let taker_acks = st.acked_by_taker.remove(&id);
+                if let Some(q) = st.queue_of(&id).await {
                     // An in-process queue holds nothing once taken.
                     if taker_acks {
-                        q.forget(&r.assignment_id);
+                        q.forget(&id);
                     } else if q.lease().is_some() {
-                        st.writer.ack(q, r.assignment_id.clone());
+                        st.writer.ack(q, id.clone());
                     }
                 }
-                // A result nobody waits for (a cancelled race loser, a duplicate) is dropped.
-                if let Some(p) = st.forget(&r.assignment_id) {
-                    let _ = p.send(r);
-                }
+                st.forget(&id);
             }
             DispatchMsg::Cancel(id) => st.cancel(&id).await,
             DispatchMsg::CancelAll => {
@@ -307,7 +318,7 @@ impl Actor for DispatcherActor {
                 let waiting: Vec<String> = st
                     .pending
                     .iter()
-                    .filter(|(id, (_, a))| same(&a.pool) && !st.remote.contains_key(*id) && !st.local.is_running(id))
+                    .filter(|(id, a)| same(&a.pool) && !st.remote.contains_key(*id) && !st.local.is_running(id))
                     .map(|(id, _)| id.clone())
                     .collect();
                 for id in &waiting {
@@ -319,7 +330,7 @@ impl Actor for DispatcherActor {
             }
             DispatchMsg::Requeue(id) => st.requeue(&id).await,
             DispatchMsg::Whole(id, reply) => {
-                let _ = reply.send(st.pending.get(&id).map(|(_, a)| a.clone()));
+                let _ = reply.send(st.pending.get(&id).cloned());
             }
             DispatchMsg::Started(id) => {
                 if st.pending.contains_key(&id) {
@@ -329,7 +340,7 @@ impl Actor for DispatcherActor {
             DispatchMsg::LongWaits(longer_than, reply) => {
                 let now = std::time::Instant::now();
                 let mut long = Vec::new();
-                for (id, (_, a)) in &st.pending {
+                for (id, a) in &st.pending {
                     let waited = st.queued_at.get(id).map(|t| now.duration_since(*t)).unwrap_or_default();
                     if waited >= longer_than && !st.started_at.contains_key(id) && st.told_waiting.insert(id.clone()) {
                         let pool = if a.pool.is_empty() { steppe_runtime::queue::DEFAULT_POOL.to_string() } else { a.pool.clone() };
@@ -341,7 +352,7 @@ impl Actor for DispatcherActor {
             DispatchMsg::Figures(reply) => {
                 let mut by_pool: std::collections::BTreeMap<String, PoolFigures> = std::collections::BTreeMap::new();
                 let now = std::time::Instant::now();
-                for (id, (_, a)) in &st.pending {
+                for (id, a) in &st.pending {
                     let pool = if a.pool.is_empty() { steppe_runtime::queue::DEFAULT_POOL.to_string() } else { a.pool.clone() };
                     let f = by_pool.entry(pool.clone()).or_insert_with(|| PoolFigures { pool, ..Default::default() });
                     if st.started_at.contains_key(id) {
@@ -358,11 +369,11 @@ impl Actor for DispatcherActor {
             DispatchMsg::Dead(dead) => {
                 for (a, why) in dead {
                     // Only the current handing-out: an older one's letter says nothing of it.
-                    if st.pending.get(&a.id).is_some_and(|(_, p)| p.epoch == a.epoch) {
+                    if st.pending.get(&a.id).is_some_and(|p| p.epoch == a.epoch) {
                         st.remote.remove(&a.id);
                         let r = AssignmentResult::with_id(&a.id, a.epoch, Err(StepError::errored(why)));
-                        st.metrics.finished(&r);
                         if let Some(p) = st.forget(&a.id) {
+                            st.metrics.finished(&r);
                             let _ = p.send(r);
                         }
                     }
@@ -446,13 +457,32 @@ impl Dispatcher {
         a.id = format!("{}-{}", a.run_id, self.seq.fetch_add(1, Ordering::Relaxed));
         a.pushed_by.clone_from(&self.incarnation);
         let id = a.id.clone();
-        let mut guard = InFlight { actor: self.actor.clone(), id: id.clone(), done: false };
-        let r = self.actor.call(|reply| DispatchMsg::Submit(a, reply), None).await;
-        guard.done = true;
-        match r {
-            Ok(ractor::rpc::CallResult::Success(r)) => r,
-            _ => AssignmentResult::with_id(&id, 0, Err(StepError::errored("the dispatcher stopped before this step finished"))),
+        let (reply, result) = oneshot::channel();
+        if let Ok(mut w) = self.wanted.lock() {
+            w.insert(id.clone(), Wait { epoch: a.epoch, reply: Some(reply) });
         }
+        let mut guard = InFlight { actor: self.actor.clone(), id: id.clone(), done: false };
+        // An in-process queue is pushed to here, so its worker starts
+        // without a hop through the actor; a remote queue's push is the
+        // actor's (its writer pipelines them and tells a failure).
+        let sent = match self.pools.get(&a.pool).await {
+            Ok(q) if q.lease().is_none() => match self.actor.cast(DispatchMsg::Queued(a.clone())) {
+                Ok(()) => q.push(a).await.map_err(|e| e.to_string()),
+                Err(_) => Err(String::new()),
+            },
+            _ => self.actor.cast(DispatchMsg::Submit(a)).map_err(|_| String::new()),
+        };
+        let r = match sent {
+            Ok(()) => result.await.ok(),
+            Err(_) => None,
+        };
+        guard.done = true;
+        r.unwrap_or_else(|| {
+            if let Ok(mut w) = self.wanted.lock() {
+                w.remove(&id);
+            }
+            AssignmentResult::with_id(&id, 0, Err(StepError::errored("the dispatcher stopped before this step finished")))
+        })
     }
 
     /// The whole of a waited-for assignment, as last handed out.
@@ -495,12 +525,23 @@ impl Dispatcher {
 }
 
 impl Reporter for Dispatcher {
+    /// The result goes straight to whoever waits for its epoch (once: a
+    /// duplicate finds the waiter gone), then the actor closes its books.
     fn complete(&self, r: AssignmentResult) {
-        let _ = self.actor.cast(DispatchMsg::Complete(r));
+        let at = std::time::Instant::now();
+        let (id, epoch) = (r.assignment_id.clone(), r.epoch);
+        let reply = self.wanted.lock().ok().and_then(|mut w| w.get_mut(&id).filter(|w| w.epoch == epoch).and_then(|w| w.reply.take()));
+        if let Some(reply) = reply {
+            self.metrics.finished(&r);
+            let _ = reply.send(r);
+        }
+        // A result nobody waits for (a cancelled race loser, a duplicate, an
+        // earlier epoch's) is dropped.
+        let _ = self.actor.cast(DispatchMsg::Finished(id, epoch, at));
     }
 
     fn wanted(&self, id: &str, epoch: u32) -> bool {
-        self.wanted.lock().map(|w| w.get(id) == Some(&epoch)).unwrap_or(true)
+        self.wanted.lock().map(|w| w.get(id).map(|w| w.epoch) == Some(epoch)).unwrap_or(true)
     }
 
     fn ledger(&self) -> Option<Arc<dyn steppe_runtime::budget::Ledger>> {
@@ -551,6 +592,27 @@ mod tests {
         d.complete(result(&second.id, 1, "current"));
         let r = waiter.await.expect("join");
         assert_eq!(r.stdout, "current");
+    }
+
+    /// A result reaches its waiter once: a second of the same epoch (a
+    /// worker that reported twice) is neither delivered nor counted, and the
+    /// books of an assignment the step's own task queued close with it.
+    #[tokio::test]
+    async fn a_result_is_delivered_and_counted_once() {
+        let d = Dispatcher::start(Arc::new(Pools::in_process(Arc::new(InProcessQueue::new()))), None).await.expect("dispatcher");
+        let d2 = d.clone();
+        let waiter = tokio::spawn(async move { d2.dispatch(Assignment::command("r", "s", "true".into())).await });
+        let a = d.pools.default_pool().pop().await.expect("handed out");
+        let figures = d.figures().await;
+        assert_eq!(figures.iter().map(|f| f.waiting + f.in_flight).sum::<i64>(), 1, "the actor books what the step's task queued");
+        d.complete(result(&a.id, 0, "first"));
+        d.complete(result(&a.id, 0, "second"));
+        let r = waiter.await.expect("join");
+        assert_eq!(r.stdout, "first");
+        let ok = d.metrics.steps_finished.get_or_create(&steppe_worker::metrics::OutcomeLabel { outcome: "succeeded".into() }).get();
+        assert_eq!(ok, 1);
+        assert!(d.figures().await.iter().all(|f| f.waiting + f.in_flight == 0), "its books are closed");
+        assert!(!d.wanted(&a.id, 0), "nobody waits for it any more");
     }
 
     /// A queue that gives up on everything pushed to it, once taken, as a
