@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
 use steppe_proto::v1::{coordinator_message, Cancel, CoordinatorMessage};
 use steppe_runtime::assignment::{Assignment, AssignmentResult};
 use steppe_runtime::outcome::StepError;
@@ -19,15 +19,12 @@ use crate::queue_writer::QueueWriter;
 pub type SessionTx = mpsc::Sender<Result<CoordinatorMessage, tonic::Status>>;
 
 pub enum DispatchMsg {
-    /// Queue this assignment (its waiter is in [`Wanted`]).
+    /// Queue this assignment on its remote queue (its books are in [`Wanted`]).
     Submit(Assignment),
-    /// The caller put this assignment on its in-process queue itself: keep
-    /// its books (sent before the push, so it comes before its result).
-    Queued(Assignment),
-    /// An assignment's result went to whoever waited (or nobody waits for
-    /// it): its books are closed. The id, the epoch the result came from,
-    /// when it came.
-    Finished(String, u32, std::time::Instant),
+    /// The result of this epoch of a remotely run or remotely queued
+    /// assignment was reported (and went to whoever waited): its
+    /// acknowledgement and the session that ran it are closed.
+    Finished(String, u32),
     /// Stop one assignment: off the queue if it waits, killed if it runs.
     Cancel(String),
     /// Ctrl-C: stop everything in flight.
@@ -44,14 +41,6 @@ pub enum DispatchMsg {
     QueueLost(String),
     /// The queue gave up on these (its dead-letter queue): their steps error, saying why.
     Dead(Vec<(Assignment, String)>),
-    /// A worker loop of this process began this assignment.
-    Started(String),
-    /// Per pool: waiting, in flight, and how long the oldest has waited.
-    Figures(RpcReplyPort<Vec<PoolFigures>>),
-    /// A waited-for assignment as last handed out (for a worker that took a stand-in).
-    Whole(String, RpcReplyPort<Option<Assignment>>),
-    /// Assignments no worker has begun after this long, not told before.
-    LongWaits(std::time::Duration, RpcReplyPort<Vec<LongWait>>),
     /// A push to a remote queue failed (the id, why): its step errors.
     NotQueued(String, String),
 }
@@ -79,9 +68,6 @@ struct DispatcherActor;
 
 pub struct DispatcherState {
     pools: Arc<Pools>,
-    /// Each assignment waited for, as last handed out (its epoch is the
-    /// current one); who waits is in `wanted`.
-    pending: HashMap<String, Assignment>,
     local: Cancels,
     remote: HashMap<String, SessionTx>,
     /// Taken off the queue by a pulling worker, which acknowledges its entry
@@ -90,35 +76,54 @@ pub struct DispatcherState {
     /// Cancelled while a worker was taking it: the cancel is sent as soon as
     /// the worker says it took it.
     cancelled: std::collections::HashSet<String>,
-    /// The ids in `pending` and their waiters, reachable without asking the actor.
+    /// Every assignment waited for, with its books.
     wanted: Wanted,
-    /// When each pending assignment was queued, and when a worker began it.
-    queued_at: HashMap<String, std::time::Instant>,
-    started_at: HashMap<String, std::time::Instant>,
     metrics: Arc<steppe_worker::metrics::Metrics>,
     /// Where notes about the queue go.
     hub: Option<Arc<crate::event_hub::EventHub>>,
-    /// The waiting assignments whose long wait was told.
-    told_waiting: std::collections::HashSet<String>,
     /// Pushes and acknowledgements of remote queues, off the actor's path.
     writer: QueueWriter,
 }
 
-/// The assignments someone here waits for. An entry outside it (left on a
-/// shared queue by a coordinator that died) belongs to no run: it is not run.
-/// Each is kept with the epoch it was last handed out with (an older
-/// handing-out that comes back, from a queue that cannot retire it such as
-/// SQS, is not run) and the waiter its result goes to, straight from
-/// whoever reports it: the actor only keeps the books.
+/// The assignments someone here waits for, with their books, shared by the
+/// Dispatcher's handle (which books what it queues), the workers that report
+/// (a result goes straight to its waiter) and the actor (which reaches queues
+/// and remote sessions). An entry outside it (left on a shared queue by a
+/// coordinator that died) belongs to no run: it is not run.
 pub type Wanted = Arc<std::sync::Mutex<HashMap<String, Wait>>>;
 
 /// One assignment waited for.
 pub struct Wait {
-    epoch: u32,
+    /// As last handed out: an older epoch that comes back (a queue that
+    /// cannot retire it, SQS) is not run, and its result is refused.
+    assignment: Assignment,
     /// Taken by the result of the current epoch that comes first.
     reply: Option<oneshot::Sender<AssignmentResult>>,
+    queued_at: std::time::Instant,
+    /// When a worker began it.
+    started_at: Option<std::time::Instant>,
+    /// Its long wait was told.
+    told_waiting: bool,
+    /// Its queue keeps nothing once taken (in-process): whoever reports its
+    /// result closes its books, with no word to the actor...
+    unleased: bool,
+    /// ...unless a remote session runs it (a worker of `--listen`), which
+    /// the actor holds.
+    remote: bool,
 }
 
+impl Wait {
+    fn new(assignment: Assignment, reply: oneshot::Sender<AssignmentResult>, unleased: bool) -> Self {
+        Wait { assignment, reply: Some(reply), queued_at: std::time::Instant::now(), started_at: None, told_waiting: false, unleased, remote: false }
+    }
+
+    /// A worker began it: its wait in the queue is over.
+    fn began(&mut self, metrics: &steppe_worker::metrics::Metrics) {
+        let now = std::time::Instant::now();
+        metrics.queue_wait_seconds.observe(now.duration_since(self.queued_at).as_secs_f64());
+        self.started_at = Some(now);
+    }
+}
 
 fn send_cancel(tx: &SessionTx, id: &str) {
     let msg = CoordinatorMessage { msg: Some(coordinator_message::Msg::Cancel(Cancel { assignment_id: id.to_string() })) };
@@ -130,31 +135,16 @@ fn aborted(id: &str, why: &str) -> AssignmentResult {
 }
 
 impl DispatcherState {
-    /// A worker began it: its wait in the queue is over.
-    fn began(&mut self, id: &str) {
-        let now = std::time::Instant::now();
-        if let Some(t) = self.queued_at.get(id) {
-            self.metrics.queue_wait_seconds.observe(now.duration_since(*t).as_secs_f64());
-        }
-        self.started_at.insert(id.to_string(), now);
+    fn books(&self) -> std::sync::MutexGuard<'_, HashMap<String, Wait>> {
+        // A panic holding the lock (a bug) leaves the books as they were.
+        self.wanted.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Nobody waits for it any more: whoever did, if no result reached
     /// them yet, is handed back.
     fn forget(&mut self, id: &str) -> Option<oneshot::Sender<AssignmentResult>> {
-        self.queued_at.remove(id);
-        self.started_at.remove(id);
-        self.told_waiting.remove(id);
         self.acked_by_taker.remove(id);
-        self.pending.remove(id);
-        self.wanted.lock().ok().and_then(|mut w| w.remove(id)).and_then(|w| w.reply)
-    }
-
-    /// Books a queued assignment as waited for.
-    fn track(&mut self, a: Assignment) {
-        self.metrics.steps_started.inc();
-        self.queued_at.insert(a.id.clone(), std::time::Instant::now());
-        self.pending.insert(a.id.clone(), a);
+        self.books().remove(id).and_then(|w| w.reply)
     }
 
     /// Its push failed: the step waiting for it errors.
@@ -168,7 +158,7 @@ impl DispatcherState {
 
     /// The queue of a pending assignment's pool.
     async fn queue_of(&self, id: &str) -> Option<Arc<dyn Queue>> {
-        let pool = self.pending.get(id).map(|a| a.pool.clone())?;
+        let pool = self.books().get(id).map(|w| w.assignment.pool.clone())?;
         self.pools.get(&pool).await.ok()
     }
 
@@ -176,16 +166,11 @@ impl DispatcherState {
     async fn requeue(&mut self, id: &str) {
         self.remote.remove(id);
         self.acked_by_taker.remove(id);
-        let again = self.pending.get_mut(id).map(|a| {
-            a.epoch += 1;
-            a.clone()
+        let again = self.books().get_mut(id).map(|w| {
+            w.assignment.epoch += 1;
+            w.started_at = None;
+            w.assignment.clone()
         });
-        if let (Some(a), Ok(mut w)) = (&again, self.wanted.lock()) {
-            if let Some(wait) = w.get_mut(&a.id) {
-                wait.epoch = a.epoch;
-            }
-        }
-        self.started_at.remove(id);
         if let Some(a) = again {
             if let Ok(q) = self.pools.get(&a.pool).await {
                 let _ = q.push(a).await;
@@ -214,6 +199,11 @@ impl DispatcherState {
             }
         }
     }
+
+    /// The ids waited for that `keep` picks.
+    fn ids(&self, keep: impl Fn(&str, &Wait) -> bool) -> Vec<String> {
+        self.books().iter().filter(|(id, w)| keep(id, w)).map(|(id, _)| id.clone()).collect()
+    }
 }
 
 impl Actor for DispatcherActor {
@@ -228,26 +218,20 @@ impl Actor for DispatcherActor {
         Ok(DispatcherState {
             writer,
             pools,
-            pending: HashMap::new(),
             local,
             remote: HashMap::new(),
             acked_by_taker: Default::default(),
             cancelled: Default::default(),
             wanted,
-            queued_at: HashMap::new(),
-            started_at: HashMap::new(),
             metrics,
             hub,
-            told_waiting: Default::default(),
         })
     }
 
     async fn handle(&self, _me: ActorRef<Self::Msg>, msg: Self::Msg, st: &mut Self::State) -> Result<(), ActorProcessingErr> {
         match msg {
-            DispatchMsg::Queued(a) => st.track(a),
             DispatchMsg::Submit(a) => {
                 let id = a.id.clone();
-                st.track(a.clone());
                 let pushed = match st.pools.get(&a.pool).await {
                     // A remote queue's push is a round trip: off the actor's path.
                     Ok(q) if q.lease().is_some() => {
@@ -265,20 +249,16 @@ impl Actor for DispatcherActor {
                 }
             }
             DispatchMsg::NotQueued(id, why) => st.not_queued(&id, &why),
-            DispatchMsg::Finished(id, epoch, at) => {
-                if st.pending.get(&id).is_some_and(|a| a.epoch != epoch) {
+            DispatchMsg::Finished(id, epoch) => {
+                if st.books().get(&id).is_some_and(|w| w.assignment.epoch != epoch) {
                     // Fencing: an earlier handing-out of a requeued assignment
                     // answered late; the current one still runs and counts.
                     return Ok(());
                 }
                 st.remote.remove(&id);
                 st.cancelled.remove(&id);
-                if let Some(t) = st.started_at.get(&id).or(st.queued_at.get(&id)) {
-                    st.metrics.run_seconds.observe(at.saturating_duration_since(*t).as_secs_f64());
-                }
                 let taker_acks = st.acked_by_taker.remove(&id);
                 if let Some(q) = st.queue_of(&id).await {
-                    // An in-process queue holds nothing once taken.
                     if taker_acks {
                         q.forget(&id);
                     } else if q.lease().is_some() {
@@ -289,15 +269,13 @@ impl Actor for DispatcherActor {
             }
             DispatchMsg::Cancel(id) => st.cancel(&id).await,
             DispatchMsg::CancelAll => {
-                let ids: Vec<String> = st.pending.keys().cloned().collect();
-                for id in ids {
+                for id in st.ids(|_, _| true) {
                     st.cancel(&id).await;
                 }
             }
             DispatchMsg::CancelRun(run) => {
                 let prefix = format!("{run}-");
-                let ids: Vec<String> = st.pending.keys().filter(|k| k.starts_with(&prefix)).cloned().collect();
-                for id in ids {
+                for id in st.ids(|id, _| id.starts_with(&prefix)) {
                     st.cancel(&id).await;
                 }
             }
@@ -305,8 +283,15 @@ impl Actor for DispatcherActor {
                 if st.cancelled.remove(&id) {
                     send_cancel(&tx, &id);
                 }
-                if st.pending.contains_key(&id) {
-                    st.began(&id);
+                let waited = match st.books().get_mut(&id) {
+                    Some(w) => {
+                        w.began(&st.metrics);
+                        w.remote = true;
+                        true
+                    }
+                    None => false,
+                };
+                if waited {
                     if taker_acks {
                         st.acked_by_taker.insert(id.clone());
                     }
@@ -315,12 +300,7 @@ impl Actor for DispatcherActor {
             }
             DispatchMsg::QueueLost(pool) => {
                 let same = |p: &str| p == pool || (p.is_empty() && pool == steppe_runtime::queue::DEFAULT_POOL);
-                let waiting: Vec<String> = st
-                    .pending
-                    .iter()
-                    .filter(|(id, a)| same(&a.pool) && !st.remote.contains_key(*id) && !st.local.is_running(id))
-                    .map(|(id, _)| id.clone())
-                    .collect();
+                let waiting = st.ids(|id, w| same(&w.assignment.pool) && !st.remote.contains_key(id) && !st.local.is_running(id));
                 for id in &waiting {
                     st.requeue(id).await;
                 }
@@ -329,47 +309,10 @@ impl Actor for DispatcherActor {
                 }
             }
             DispatchMsg::Requeue(id) => st.requeue(&id).await,
-            DispatchMsg::Whole(id, reply) => {
-                let _ = reply.send(st.pending.get(&id).cloned());
-            }
-            DispatchMsg::Started(id) => {
-                if st.pending.contains_key(&id) {
-                    st.began(&id);
-                }
-            }
-            DispatchMsg::LongWaits(longer_than, reply) => {
-                let now = std::time::Instant::now();
-                let mut long = Vec::new();
-                for (id, a) in &st.pending {
-                    let waited = st.queued_at.get(id).map(|t| now.duration_since(*t)).unwrap_or_default();
-                    if waited >= longer_than && !st.started_at.contains_key(id) && st.told_waiting.insert(id.clone()) {
-                        let pool = if a.pool.is_empty() { steppe_runtime::queue::DEFAULT_POOL.to_string() } else { a.pool.clone() };
-                        long.push(LongWait { run_id: a.run_id.clone(), step: a.step.clone(), pool, waited });
-                    }
-                }
-                let _ = reply.send(long);
-            }
-            DispatchMsg::Figures(reply) => {
-                let mut by_pool: std::collections::BTreeMap<String, PoolFigures> = std::collections::BTreeMap::new();
-                let now = std::time::Instant::now();
-                for (id, a) in &st.pending {
-                    let pool = if a.pool.is_empty() { steppe_runtime::queue::DEFAULT_POOL.to_string() } else { a.pool.clone() };
-                    let f = by_pool.entry(pool.clone()).or_insert_with(|| PoolFigures { pool, ..Default::default() });
-                    if st.started_at.contains_key(id) {
-                        f.in_flight += 1;
-                    } else {
-                        f.waiting += 1;
-                        if let Some(t) = st.queued_at.get(id) {
-                            f.oldest_waiting = f.oldest_waiting.max(now.duration_since(*t));
-                        }
-                    }
-                }
-                let _ = reply.send(by_pool.into_values().collect());
-            }
             DispatchMsg::Dead(dead) => {
                 for (a, why) in dead {
                     // Only the current handing-out: an older one's letter says nothing of it.
-                    if st.pending.get(&a.id).is_some_and(|p| p.epoch == a.epoch) {
+                    if st.books().get(&a.id).is_some_and(|w| w.assignment.epoch == a.epoch) {
                         st.remote.remove(&a.id);
                         let r = AssignmentResult::with_id(&a.id, a.epoch, Err(StepError::errored(why)));
                         if let Some(p) = st.forget(&a.id) {
@@ -382,6 +325,24 @@ impl Actor for DispatcherActor {
         }
         Ok(())
     }
+}
+
+/// Per pool: what waits, what runs, the oldest wait.
+fn figures(books: &HashMap<String, Wait>) -> Vec<PoolFigures> {
+    let mut by_pool: std::collections::BTreeMap<String, PoolFigures> = std::collections::BTreeMap::new();
+    let now = std::time::Instant::now();
+    for w in books.values() {
+        let a = &w.assignment;
+        let pool = if a.pool.is_empty() { steppe_runtime::queue::DEFAULT_POOL.to_string() } else { a.pool.clone() };
+        let f = by_pool.entry(pool.clone()).or_insert_with(|| PoolFigures { pool, ..Default::default() });
+        if w.started_at.is_some() {
+            f.in_flight += 1;
+        } else {
+            f.waiting += 1;
+            f.oldest_waiting = f.oldest_waiting.max(now.duration_since(w.queued_at));
+        }
+    }
+    by_pool.into_values().collect()
 }
 
 /// How often the queues are checked for having lost what waited in them.
@@ -451,6 +412,10 @@ impl Dispatcher {
         Ok(Arc::new(Dispatcher { actor, pools, local, seq: AtomicU64::new(0), wanted, ledger, metrics, incarnation }))
     }
 
+    fn books(&self) -> std::sync::MutexGuard<'_, HashMap<String, Wait>> {
+        self.wanted.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Queues the assignment and waits for its result. Dropping the returned
     /// future (a race loser) cancels the assignment wherever it runs.
     pub async fn dispatch(&self, mut a: Assignment) -> AssignmentResult {
@@ -458,46 +423,52 @@ impl Dispatcher {
         a.pushed_by.clone_from(&self.incarnation);
         let id = a.id.clone();
         let (reply, result) = oneshot::channel();
-        if let Ok(mut w) = self.wanted.lock() {
-            w.insert(id.clone(), Wait { epoch: a.epoch, reply: Some(reply) });
-        }
+        let in_process = self.pools.get(&a.pool).await.ok().filter(|q| q.lease().is_none());
+        self.books().insert(id.clone(), Wait::new(a.clone(), reply, in_process.is_some()));
+        self.metrics.steps_started.inc();
         let mut guard = InFlight { actor: self.actor.clone(), id: id.clone(), done: false };
-        // An in-process queue is pushed to here, so its worker starts
-        // without a hop through the actor; a remote queue's push is the
+        // An in-process queue is pushed to here: its worker begins, runs and
+        // reports it with no word to the actor. A remote queue's push is the
         // actor's (its writer pipelines them and tells a failure).
-        let sent = match self.pools.get(&a.pool).await {
-            Ok(q) if q.lease().is_none() => match self.actor.cast(DispatchMsg::Queued(a.clone())) {
-                Ok(()) => q.push(a).await.map_err(|e| e.to_string()),
-                Err(_) => Err(String::new()),
-            },
-            _ => self.actor.cast(DispatchMsg::Submit(a)).map_err(|_| String::new()),
+        let sent = match in_process {
+            Some(q) => q.push(a).await.map_err(|e| format!("could not queue the step: {e}")),
+            None => self.actor.cast(DispatchMsg::Submit(a)).map_err(|_| "the dispatcher stopped before this step was queued".to_string()),
         };
         let r = match sent {
-            Ok(()) => result.await.ok(),
-            Err(_) => None,
+            Ok(()) => result.await.map_err(|_| "the dispatcher stopped before this step finished".to_string()),
+            Err(e) => Err(e),
         };
         guard.done = true;
-        r.unwrap_or_else(|| {
-            if let Ok(mut w) = self.wanted.lock() {
-                w.remove(&id);
-            }
-            AssignmentResult::with_id(&id, 0, Err(StepError::errored("the dispatcher stopped before this step finished")))
+        r.unwrap_or_else(|why| {
+            self.books().remove(&id);
+            AssignmentResult::with_id(&id, 0, Err(StepError::errored(why)))
         })
     }
 
     /// The whole of a waited-for assignment, as last handed out.
     pub async fn whole(&self, id: &str) -> Option<Assignment> {
-        ractor::call!(self.actor, DispatchMsg::Whole, id.to_string()).ok().flatten()
+        self.books().get(id).map(|w| w.assignment.clone())
     }
 
     /// Per pool: what waits, what runs, the oldest wait.
     pub async fn figures(&self) -> Vec<PoolFigures> {
-        ractor::call!(self.actor, DispatchMsg::Figures).unwrap_or_default()
+        figures(&self.books())
     }
 
     /// Assignments no worker has begun after `longer_than`, each told once.
     pub async fn long_waits(&self, longer_than: std::time::Duration) -> Vec<LongWait> {
-        ractor::call!(self.actor, DispatchMsg::LongWaits, longer_than).unwrap_or_default()
+        let now = std::time::Instant::now();
+        let mut long = Vec::new();
+        for w in self.books().values_mut() {
+            let waited = now.duration_since(w.queued_at);
+            if waited >= longer_than && w.started_at.is_none() && !w.told_waiting {
+                w.told_waiting = true;
+                let a = &w.assignment;
+                let pool = if a.pool.is_empty() { steppe_runtime::queue::DEFAULT_POOL.to_string() } else { a.pool.clone() };
+                long.push(LongWait { run_id: a.run_id.clone(), step: a.step.clone(), pool, waited });
+            }
+        }
+        long
     }
 
     /// A pushed session's worker runs it (the coordinator took it off the queue).
@@ -526,22 +497,39 @@ impl Dispatcher {
 
 impl Reporter for Dispatcher {
     /// The result goes straight to whoever waits for its epoch (once: a
-    /// duplicate finds the waiter gone), then the actor closes its books.
+    /// duplicate finds the waiter gone). An in-process queue's books close
+    /// here; the actor closes the rest (a remote queue's acknowledgement,
+    /// the session that ran it).
     fn complete(&self, r: AssignmentResult) {
-        let at = std::time::Instant::now();
         let (id, epoch) = (r.assignment_id.clone(), r.epoch);
-        let reply = self.wanted.lock().ok().and_then(|mut w| w.get_mut(&id).filter(|w| w.epoch == epoch).and_then(|w| w.reply.take()));
+        let mut books = self.books();
+        let (reply, closed) = match books.get_mut(&id) {
+            // Fencing: an earlier handing-out of a requeued assignment
+            // answered late; the current one still runs and counts.
+            Some(w) if w.assignment.epoch != epoch => return,
+            Some(w) => {
+                let began = w.started_at.unwrap_or(w.queued_at);
+                self.metrics.run_seconds.observe(began.elapsed().as_secs_f64());
+                (w.reply.take(), w.unleased && !w.remote)
+            }
+            // Nobody waits for it (a cancelled race loser, a duplicate).
+            None => (None, false),
+        };
+        if closed {
+            books.remove(&id);
+        }
+        drop(books);
         if let Some(reply) = reply {
             self.metrics.finished(&r);
             let _ = reply.send(r);
         }
-        // A result nobody waits for (a cancelled race loser, a duplicate, an
-        // earlier epoch's) is dropped.
-        let _ = self.actor.cast(DispatchMsg::Finished(id, epoch, at));
+        if !closed {
+            let _ = self.actor.cast(DispatchMsg::Finished(id, epoch));
+        }
     }
 
     fn wanted(&self, id: &str, epoch: u32) -> bool {
-        self.wanted.lock().map(|w| w.get(id).map(|w| w.epoch) == Some(epoch)).unwrap_or(true)
+        self.books().get(id).map(|w| w.assignment.epoch) == Some(epoch)
     }
 
     fn ledger(&self) -> Option<Arc<dyn steppe_runtime::budget::Ledger>> {
@@ -549,7 +537,9 @@ impl Reporter for Dispatcher {
     }
 
     fn started(&self, id: &str) {
-        let _ = self.actor.cast(DispatchMsg::Started(id.to_string()));
+        if let Some(w) = self.books().get_mut(id) {
+            w.began(&self.metrics);
+        }
     }
 }
 
@@ -604,7 +594,7 @@ mod tests {
         let waiter = tokio::spawn(async move { d2.dispatch(Assignment::command("r", "s", "true".into())).await });
         let a = d.pools.default_pool().pop().await.expect("handed out");
         let figures = d.figures().await;
-        assert_eq!(figures.iter().map(|f| f.waiting + f.in_flight).sum::<i64>(), 1, "the actor books what the step's task queued");
+        assert_eq!(figures.iter().map(|f| f.waiting + f.in_flight).sum::<i64>(), 1, "the step's own task booked what it queued");
         d.complete(result(&a.id, 0, "first"));
         d.complete(result(&a.id, 0, "second"));
         let r = waiter.await.expect("join");
