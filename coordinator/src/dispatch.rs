@@ -194,9 +194,12 @@ impl DispatcherState {
         }
         match self.remote.get(id) {
             Some(tx) => send_cancel(tx, id),
-            None => {
+            // A worker is taking it: told as soon as it says so. (One whose
+            // result came first is not waited for any more.)
+            None if self.books().contains_key(id) => {
                 self.cancelled.insert(id.to_string());
             }
+            None => {}
         }
     }
 
