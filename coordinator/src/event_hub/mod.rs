@@ -3,8 +3,9 @@
 //! output lines among them, so a follower sees a step's output before it
 //! ends) and to its
 //! subscribers — the terminal ([`terminal::Terminal`], unless quiet) and
-//! whoever follows a run ([`watchers::Watchers`]). One mailbox keeps them all
-//! in order; the store's writes leave it for a thread of their own
+//! whoever follows a run ([`watchers::Watchers`]). One inbox keeps them all
+//! in order (the mailbox only wakes the hub for it: [`Event::Inbox`]); the
+//! store's writes leave it for a thread of their own
 //! ([`writer::Writer`]). [`EventHub`] is the handle every part of the process holds.
 
 mod log;
@@ -71,6 +72,10 @@ pub enum Event {
     Records,
     /// Reply once everything before it is shown and in the store.
     Flush(RpcReplyPort<()>),
+    /// Events wait in the inbox: the hub is woken once for all that gather
+    /// there while it works (each in its own message cost more than
+    /// handling it), and handles them in the order they were sent.
+    Inbox,
     /// Also send a run's lines here (a `steppe submit` following it).
     Watch { run_id: String, tx: tokio::sync::mpsc::UnboundedSender<String> },
     Unwatch(String),
@@ -92,7 +97,11 @@ pub struct HubState {
     subscribers: Vec<Box<dyn Subscriber>>,
     /// Live lines sent to the hub and not yet shown (shared with the handle).
     pending_lines: Arc<std::sync::atomic::AtomicUsize>,
+    /// Events sent by the handle, not yet handled, in order.
+    inbox: Inbox,
 }
+
+type Inbox = Arc<std::sync::Mutex<Vec<Event>>>;
 
 impl HubState {
     fn each(&mut self, mut f: impl FnMut(&mut dyn Subscriber)) {
@@ -142,17 +151,40 @@ impl HubState {
 impl Actor for HubActor {
     type Msg = Event;
     type State = HubState;
-    type Arguments = (Vec<Box<dyn Subscriber>>, Option<Arc<dyn Store>>, Arc<std::sync::atomic::AtomicUsize>, Arc<std::sync::Mutex<Records>>);
+    type Arguments = (Vec<Box<dyn Subscriber>>, Option<Arc<dyn Store>>, Arc<std::sync::atomic::AtomicUsize>, Arc<std::sync::Mutex<Records>>, Inbox);
 
-    async fn pre_start(&self, me: ActorRef<Event>, (subscribers, store, pending_lines, records): Self::Arguments) -> Result<HubState, ActorProcessingErr> {
+    async fn pre_start(&self, me: ActorRef<Event>, (subscribers, store, pending_lines, records, inbox): Self::Arguments) -> Result<HubState, ActorProcessingErr> {
         if store.is_some() || subscribers.iter().any(|s| s.wants_ticks()) {
             let _ = me.send_interval(Duration::from_millis(500), || Event::Tick);
         }
-        Ok(HubState { store: store.map(writer::Writer::new), events: Vec::new(), records, live_kept: Default::default(), watchers: Watchers::default(), subscribers, pending_lines })
+        Ok(HubState { store: store.map(writer::Writer::new), events: Vec::new(), records, live_kept: Default::default(), watchers: Watchers::default(), subscribers, pending_lines, inbox })
     }
 
     async fn handle(&self, _me: ActorRef<Event>, ev: Event, st: &mut HubState) -> Result<(), ActorProcessingErr> {
         match ev {
+            Event::Inbox => st.handle_inbox().await,
+            ev => st.handle(ev).await,
+        }
+        if st.events.len() >= EVENTS_FULL {
+            st.flush_all().await;
+        }
+        Ok(())
+    }
+}
+
+impl HubState {
+    /// Handles every event waiting in the inbox, in order.
+    async fn handle_inbox(&mut self) {
+        let waiting = std::mem::take(&mut *self.inbox.lock().unwrap_or_else(|p| p.into_inner()));
+        for ev in waiting {
+            self.handle(ev).await;
+        }
+    }
+
+    async fn handle(&mut self, ev: Event) {
+        let st = self;
+        match ev {
+            Event::Inbox => {}
             Event::Say(l) => st.each(|s| s.line("", &l)),
             Event::RunBegan { run_id, pipeline, job } => st.each(|s| s.run_began(&run_id, &pipeline, &job)),
             Event::RunEnded { run_id, outcome } => st.each(|s| s.run_ended(&run_id, &outcome)),
@@ -195,6 +227,8 @@ impl Actor for HubActor {
             Event::Watch { run_id, tx } => st.watchers.watch(run_id, tx),
             Event::Unwatch(run_id) => st.watchers.unwatch(&run_id),
             Event::Flush(reply) => {
+                // What was sent before it is still in the inbox.
+                Box::pin(st.handle_inbox()).await;
                 st.each(|s| s.flush());
                 let batch = st.batch();
                 if let Some(w) = &mut st.store {
@@ -203,10 +237,6 @@ impl Actor for HubActor {
                 let _ = reply.send(());
             }
         }
-        if st.events.len() >= EVENTS_FULL {
-            st.flush_all().await;
-        }
-        Ok(())
     }
 }
 
@@ -230,6 +260,8 @@ pub struct EventHub {
     /// Records for the store only (nothing shows them): gathered here
     /// rather than sent through the mailbox one by one.
     records: Arc<std::sync::Mutex<Records>>,
+    /// Events on their way to the hub, in order (see [`Event::Inbox`]).
+    inbox: Inbox,
 }
 
 /// What waits to be stored beside the hub's own events.
@@ -267,28 +299,41 @@ impl EventHub {
     pub async fn start_with(subscribers: Vec<Box<dyn Subscriber>>, store: Option<Arc<dyn Store>>) -> Result<Self, ractor::SpawnErr> {
         let pending_lines = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let records = Arc::new(std::sync::Mutex::new(Records::default()));
-        let (actor, _) = Actor::spawn(None, HubActor, (subscribers, store.clone(), pending_lines.clone(), records.clone())).await?;
-        Ok(EventHub { actor, store, pending_lines, dropped: Default::default(), records })
+        let inbox = Inbox::default();
+        let (actor, _) = Actor::spawn(None, HubActor, (subscribers, store.clone(), pending_lines.clone(), records.clone(), inbox.clone())).await?;
+        Ok(EventHub { actor, store, pending_lines, dropped: Default::default(), records, inbox })
     }
 
     pub fn store(&self) -> Option<&Arc<dyn Store>> {
         self.store.as_ref()
     }
 
+    /// Puts the event in the inbox, waking the hub if it was empty.
+    fn send(&self, ev: Event) {
+        let first = {
+            let mut inbox = self.inbox.lock().unwrap_or_else(|p| p.into_inner());
+            inbox.push(ev);
+            inbox.len() == 1
+        };
+        if first {
+            let _ = self.actor.cast(Event::Inbox);
+        }
+    }
+
     fn say(&self, line: String) {
-        let _ = self.actor.cast(Event::Say(masked(line)));
+        self.send(Event::Say(masked(line)));
     }
 
     pub fn run_began(&self, run_id: &str, pipeline: &str, job: &str) {
-        let _ = self.actor.cast(Event::RunBegan { run_id: run_id.to_string(), pipeline: pipeline.to_string(), job: job.to_string() });
+        self.send(Event::RunBegan { run_id: run_id.to_string(), pipeline: pipeline.to_string(), job: job.to_string() });
     }
 
     pub fn run_ended(&self, run_id: &str, outcome: &str) {
-        let _ = self.actor.cast(Event::RunEnded { run_id: run_id.to_string(), outcome: outcome.to_string() });
+        self.send(Event::RunEnded { run_id: run_id.to_string(), outcome: outcome.to_string() });
     }
 
     pub fn start_step(&self, run_id: &str, step: &str) {
-        let _ = self.actor.cast(Event::Started { run_id: run_id.to_string(), step: step.to_string() });
+        self.send(Event::Started { run_id: run_id.to_string(), step: step.to_string() });
     }
 
     pub fn end(&self, run_id: &str, step: &str, r: &Result<(), StepError>, took: Duration) {
@@ -298,21 +343,21 @@ impl EventHub {
             Ok(()) => format!("✔ {shown} ({secs:.2}s)"),
             Err(e) => format!("✘ {shown} {} ({secs:.2}s): {}", Outcome::of(r).word(), escape_controls(&e.message)),
         });
-        let _ = self.actor.cast(Event::Ended { run_id: run_id.to_string(), step: step.to_string(), outcome: Outcome::of(r).word().to_string(), line });
+        self.send(Event::Ended { run_id: run_id.to_string(), step: step.to_string(), outcome: Outcome::of(r).word().to_string(), line });
     }
 
     /// Sends `run_id`'s lines to `tx` as well, until [`EventHub::unwatch`].
     pub fn watch(&self, run_id: &str, tx: tokio::sync::mpsc::UnboundedSender<String>) {
-        let _ = self.actor.cast(Event::Watch { run_id: run_id.to_string(), tx });
+        self.send(Event::Watch { run_id: run_id.to_string(), tx });
     }
 
     pub fn unwatch(&self, run_id: &str) {
-        let _ = self.actor.cast(Event::Unwatch(run_id.to_string()));
+        self.send(Event::Unwatch(run_id.to_string()));
     }
 
     /// A note that belongs to a run: printed and kept with the run's events.
     pub fn run_note(&self, run_id: &str, msg: &str) {
-        let _ = self.actor.cast(Event::RunNote { run_id: run_id.to_string(), line: masked(msg.to_string()) });
+        self.send(Event::RunNote { run_id: run_id.to_string(), line: masked(msg.to_string()) });
     }
 
     pub fn note(&self, msg: &str) {
@@ -321,7 +366,7 @@ impl EventHub {
 
     /// How many steps wait in a queue for a worker (for the status line).
     pub fn waiting(&self, steps: usize) {
-        let _ = self.actor.cast(Event::Waiting(steps));
+        self.send(Event::Waiting(steps));
     }
 
     /// Stores what a step wrote, as its record keeps it.
@@ -351,7 +396,7 @@ impl EventHub {
             !was_full && (r.count >= RECORDS_FULL || r.lines >= LINES_FULL)
         };
         if full {
-            let _ = self.actor.cast(Event::Records);
+            self.send(Event::Records);
         }
     }
 
@@ -416,7 +461,7 @@ impl LineSink for EventHub {
         }
         self.pending_lines.fetch_add(1, Ordering::Relaxed);
         let line = LogLine::new(step, stream == Stream::Stderr, &masked(line.to_string()));
-        let _ = self.actor.cast(Event::Line { run_id: run_id.to_string(), line });
+        self.send(Event::Line { run_id: run_id.to_string(), line });
     }
 }
 
