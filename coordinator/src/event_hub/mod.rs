@@ -101,7 +101,11 @@ pub struct HubState {
     inbox: Inbox,
 }
 
-type Inbox = Arc<std::sync::Mutex<Vec<Event>>>;
+type Inbox = Arc<std::sync::Mutex<std::collections::VecDeque<Event>>>;
+
+/// The most events handled for one wake-up: the hub then lets other tasks
+/// run and comes back for the rest.
+const INBOX_TURN: usize = 64;
 
 impl HubState {
     fn each(&mut self, mut f: impl FnMut(&mut dyn Subscriber)) {
@@ -160,9 +164,13 @@ impl Actor for HubActor {
         Ok(HubState { store: store.map(writer::Writer::new), events: Vec::new(), records, live_kept: Default::default(), watchers: Watchers::default(), subscribers, pending_lines, inbox })
     }
 
-    async fn handle(&self, _me: ActorRef<Event>, ev: Event, st: &mut HubState) -> Result<(), ActorProcessingErr> {
+    async fn handle(&self, me: ActorRef<Event>, ev: Event, st: &mut HubState) -> Result<(), ActorProcessingErr> {
         match ev {
-            Event::Inbox => st.handle_inbox().await,
+            Event::Inbox => {
+                if st.handle_inbox(INBOX_TURN).await {
+                    let _ = me.cast(Event::Inbox);
+                }
+            }
             ev => st.handle(ev).await,
         }
         if st.events.len() >= EVENTS_FULL {
@@ -173,12 +181,18 @@ impl Actor for HubActor {
 }
 
 impl HubState {
-    /// Handles every event waiting in the inbox, in order.
-    async fn handle_inbox(&mut self) {
-        let waiting = std::mem::take(&mut *self.inbox.lock().unwrap_or_else(|p| p.into_inner()));
-        for ev in waiting {
+    /// Handles up to `most` events waiting in the inbox, in order; true
+    /// when more wait.
+    async fn handle_inbox(&mut self, most: usize) -> bool {
+        let (turn, more): (Vec<Event>, bool) = {
+            let mut inbox = self.inbox.lock().unwrap_or_else(|p| p.into_inner());
+            let n = inbox.len().min(most);
+            (inbox.drain(..n).collect(), !inbox.is_empty())
+        };
+        for ev in turn {
             self.handle(ev).await;
         }
+        more
     }
 
     async fn handle(&mut self, ev: Event) {
@@ -228,7 +242,7 @@ impl HubState {
             Event::Unwatch(run_id) => st.watchers.unwatch(&run_id),
             Event::Flush(reply) => {
                 // What was sent before it is still in the inbox.
-                Box::pin(st.handle_inbox()).await;
+                Box::pin(st.handle_inbox(usize::MAX)).await;
                 st.each(|s| s.flush());
                 let batch = st.batch();
                 if let Some(w) = &mut st.store {
@@ -312,7 +326,7 @@ impl EventHub {
     fn send(&self, ev: Event) {
         let first = {
             let mut inbox = self.inbox.lock().unwrap_or_else(|p| p.into_inner());
-            inbox.push(ev);
+            inbox.push_back(ev);
             inbox.len() == 1
         };
         if first {
