@@ -531,6 +531,46 @@ mod tests {
         assert_eq!(watched, vec!["▶ build", "[build] compiling http://u:***@host/x", "✔ build (1.50s)"]);
     }
 
+    /// Events sent faster than the hub handles them gather in its inbox and
+    /// come out in the order sent, across its turns of [`INBOX_TURN`], from
+    /// tasks on every thread; a flush returns once all before it are shown.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_flood_of_events_comes_out_in_order_across_the_hubs_turns() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let hub = Arc::new(EventHub::start_with(vec![Box::new(Recording(seen.clone()))], None).await.unwrap());
+        let senders: Vec<_> = ["a", "b"]
+            .into_iter()
+            .map(|run| {
+                let hub = hub.clone();
+                tokio::spawn(async move {
+                    for i in 0..INBOX_TURN * 5 {
+                        hub.run_note(run, &format!("{i}"));
+                        if i % 50 == 0 {
+                            tokio::task::yield_now().await;
+                        }
+                    }
+                })
+            })
+            .collect();
+        for s in senders {
+            s.await.unwrap();
+        }
+        // The hub comes back for what its turns left, with no flush to ask it.
+        let all = INBOX_TURN * 5 * 2;
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while seen.lock().unwrap().len() < all && std::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(seen.lock().unwrap().len(), all, "every event handled without a flush");
+        hub.flush().await;
+        let seen = seen.lock().unwrap().clone();
+        for run in ["a", "b"] {
+            let of_run: Vec<String> = seen.iter().filter_map(|l| l.strip_prefix(&format!("{run}|")).map(str::to_string)).collect();
+            let sent: Vec<String> = (0..INBOX_TURN * 5).map(|i| i.to_string()).collect();
+            assert_eq!(of_run, sent, "run {run}'s notes in the order sent");
+        }
+    }
+
     #[tokio::test]
     async fn a_running_steps_lines_reach_the_store_before_it_ends_up_to_a_cap() {
         let dir = std::env::temp_dir().join(format!("steppe-hub-{}", std::process::id()));
