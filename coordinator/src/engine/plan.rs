@@ -25,6 +25,12 @@ impl JobRun {
                 self.engine.out.run_note(&self.run_id, &format!("steppe: recording the run: {e}"));
             }
         }
+        // The job's runs past its cap go while this one runs (this one is
+        // among the newest already): deleting a large run takes tens of ms.
+        let capping = self.engine.out.store().is_some().then(|| {
+            let me = self.clone();
+            tokio::task::spawn_blocking(move || me.cap_runs())
+        });
         let spans = self.run_spans();
         let r = opentelemetry::context::FutureExt::with_context(self.run_inner(), spans.1.clone()).await;
         let usage = self.usage.lock().map(|u| u.clone()).unwrap_or_default();
@@ -67,7 +73,9 @@ impl JobRun {
             if let Err(e) = s.finish_run(&rec) {
                 self.engine.out.run_note(&self.run_id, &format!("steppe: recording the run: {e}"));
             }
-            self.cap_runs();
+            if let Some(c) = capping {
+                let _ = c.await;
+            }
         }
         self.engine.out.run_ended(&self.run_id, Outcome::of(&r.result).word());
         r
