@@ -73,9 +73,6 @@ pub struct DispatcherState {
     /// Taken off the queue by a pulling worker, which acknowledges its entry
     /// itself: the coordinator only forgets it.
     acked_by_taker: std::collections::HashSet<String>,
-    /// Cancelled while a worker was taking it: the cancel is sent as soon as
-    /// the worker says it took it.
-    cancelled: std::collections::HashSet<String>,
     /// Every assignment waited for, with its books.
     wanted: Wanted,
     metrics: Arc<steppe_worker::metrics::Metrics>,
@@ -104,6 +101,9 @@ pub struct Wait {
     started_at: Option<std::time::Instant>,
     /// Its long wait was told.
     told_waiting: bool,
+    /// Cancelled while a worker was taking it: the cancel is sent as soon
+    /// as the worker says it took it.
+    cancel_asked: bool,
     /// Its queue keeps nothing once taken (in-process): whoever reports its
     /// result closes its books, with no word to the actor...
     unleased: bool,
@@ -114,7 +114,7 @@ pub struct Wait {
 
 impl Wait {
     fn new(assignment: Assignment, reply: oneshot::Sender<AssignmentResult>, unleased: bool) -> Self {
-        Wait { assignment, reply: Some(reply), queued_at: std::time::Instant::now(), started_at: None, told_waiting: false, unleased, remote: false }
+        Wait { assignment, reply: Some(reply), queued_at: std::time::Instant::now(), started_at: None, told_waiting: false, cancel_asked: false, unleased, remote: false }
     }
 
     /// A worker began it: its wait in the queue is over.
@@ -194,12 +194,13 @@ impl DispatcherState {
         }
         match self.remote.get(id) {
             Some(tx) => send_cancel(tx, id),
-            // A worker is taking it: told as soon as it says so. (One whose
-            // result came first is not waited for any more.)
-            None if self.books().contains_key(id) => {
-                self.cancelled.insert(id.to_string());
+            // A worker is taking it: told as soon as it says so (kept with
+            // its books, so it goes with them however they close).
+            None => {
+                if let Some(w) = self.books().get_mut(id) {
+                    w.cancel_asked = true;
+                }
             }
-            None => {}
         }
     }
 
@@ -224,7 +225,6 @@ impl Actor for DispatcherActor {
             local,
             remote: HashMap::new(),
             acked_by_taker: Default::default(),
-            cancelled: Default::default(),
             wanted,
             metrics,
             hub,
@@ -259,7 +259,6 @@ impl Actor for DispatcherActor {
                     return Ok(());
                 }
                 st.remote.remove(&id);
-                st.cancelled.remove(&id);
                 let taker_acks = st.acked_by_taker.remove(&id);
                 if let Some(q) = st.queue_of(&id).await {
                     if taker_acks {
@@ -283,18 +282,18 @@ impl Actor for DispatcherActor {
                 }
             }
             DispatchMsg::RunningRemotely(id, tx, taker_acks) => {
-                if st.cancelled.remove(&id) {
-                    send_cancel(&tx, &id);
-                }
                 let waited = match st.books().get_mut(&id) {
                     Some(w) => {
                         w.began(&st.metrics);
                         w.remote = true;
-                        true
+                        Some(std::mem::take(&mut w.cancel_asked))
                     }
-                    None => false,
+                    None => None,
                 };
-                if waited {
+                if let Some(cancel_asked) = waited {
+                    if cancel_asked {
+                        send_cancel(&tx, &id);
+                    }
                     if taker_acks {
                         st.acked_by_taker.insert(id.clone());
                     }
