@@ -117,6 +117,12 @@ impl Wait {
         Wait { assignment, reply: Some(reply), queued_at: std::time::Instant::now(), started_at: None, told_waiting: false, cancel_asked: false, unleased, remote: false }
     }
 
+    /// Its pool as figures and notes name it.
+    fn pool(&self) -> String {
+        let pool = &self.assignment.pool;
+        if pool.is_empty() { steppe_runtime::queue::DEFAULT_POOL.to_string() } else { pool.clone() }
+    }
+
     /// A worker began it: its wait in the queue is over.
     fn began(&mut self, metrics: &steppe_worker::metrics::Metrics) {
         let now = std::time::Instant::now();
@@ -134,10 +140,15 @@ fn aborted(id: &str, why: &str) -> AssignmentResult {
     AssignmentResult::with_id(id, 0, Err(StepError::aborted(why)))
 }
 
+/// The books, locked (the actor's and the handle's one way in).
+fn books(wanted: &Wanted) -> std::sync::MutexGuard<'_, HashMap<String, Wait>> {
+    // A panic holding the lock (a bug) leaves the books as they were.
+    wanted.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 impl DispatcherState {
     fn books(&self) -> std::sync::MutexGuard<'_, HashMap<String, Wait>> {
-        // A panic holding the lock (a bug) leaves the books as they were.
-        self.wanted.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        books(&self.wanted)
     }
 
     /// Nobody waits for it any more: whoever did, if no result reached
@@ -334,8 +345,7 @@ fn figures(books: &HashMap<String, Wait>) -> Vec<PoolFigures> {
     let mut by_pool: std::collections::BTreeMap<String, PoolFigures> = std::collections::BTreeMap::new();
     let now = std::time::Instant::now();
     for w in books.values() {
-        let a = &w.assignment;
-        let pool = if a.pool.is_empty() { steppe_runtime::queue::DEFAULT_POOL.to_string() } else { a.pool.clone() };
+        let pool = w.pool();
         let f = by_pool.entry(pool.clone()).or_insert_with(|| PoolFigures { pool, ..Default::default() });
         if w.started_at.is_some() {
             f.in_flight += 1;
@@ -415,7 +425,7 @@ impl Dispatcher {
     }
 
     fn books(&self) -> std::sync::MutexGuard<'_, HashMap<String, Wait>> {
-        self.wanted.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        books(&self.wanted)
     }
 
     /// Queues the assignment and waits for its result. Dropping the returned
@@ -466,8 +476,7 @@ impl Dispatcher {
             if waited >= longer_than && w.started_at.is_none() && !w.told_waiting {
                 w.told_waiting = true;
                 let a = &w.assignment;
-                let pool = if a.pool.is_empty() { steppe_runtime::queue::DEFAULT_POOL.to_string() } else { a.pool.clone() };
-                long.push(LongWait { run_id: a.run_id.clone(), step: a.step.clone(), pool, waited });
+                long.push(LongWait { run_id: a.run_id.clone(), step: a.step.clone(), pool: w.pool(), waited });
             }
         }
         long
@@ -568,12 +577,19 @@ mod tests {
         AssignmentResult { exit_code: Some(0), stdout: stdout.into(), ..AssignmentResult::with_id(id, epoch, Ok(())) }
     }
 
-    #[tokio::test]
-    async fn a_result_from_an_earlier_epoch_is_refused() {
+    /// A dispatcher over an in-process queue, one step dispatched on it and
+    /// waited for, and that step as its worker takes it.
+    async fn one_dispatched() -> (Arc<Dispatcher>, tokio::task::JoinHandle<AssignmentResult>, Assignment) {
         let d = Dispatcher::start(Arc::new(Pools::in_process(Arc::new(InProcessQueue::new()))), None).await.expect("dispatcher");
         let d2 = d.clone();
         let waiter = tokio::spawn(async move { d2.dispatch(Assignment::command("r", "s", "true".into())).await });
-        let first = d.pools.default_pool().pop().await.expect("handed out");
+        let taken = d.pools.default_pool().pop().await.expect("handed out");
+        (d, waiter, taken)
+    }
+
+    #[tokio::test]
+    async fn a_result_from_an_earlier_epoch_is_refused() {
+        let (d, waiter, first) = one_dispatched().await;
         assert_eq!(first.epoch, 0);
         // Its worker was lost: handed out again, with the next epoch.
         d.requeue(&first.id);
@@ -591,10 +607,7 @@ mod tests {
     /// books of an assignment the step's own task queued close with it.
     #[tokio::test]
     async fn a_result_is_delivered_and_counted_once() {
-        let d = Dispatcher::start(Arc::new(Pools::in_process(Arc::new(InProcessQueue::new()))), None).await.expect("dispatcher");
-        let d2 = d.clone();
-        let waiter = tokio::spawn(async move { d2.dispatch(Assignment::command("r", "s", "true".into())).await });
-        let a = d.pools.default_pool().pop().await.expect("handed out");
+        let (d, waiter, a) = one_dispatched().await;
         let figures = d.figures().await;
         assert_eq!(figures.iter().map(|f| f.waiting + f.in_flight).sum::<i64>(), 1, "the step's own task booked what it queued");
         d.complete(result(&a.id, 0, "first"));

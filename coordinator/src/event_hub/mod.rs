@@ -198,6 +198,7 @@ impl HubState {
     async fn handle(&mut self, ev: Event) {
         let st = self;
         match ev {
+            // Only the mailbox carries it (the actor's `handle` above).
             Event::Inbox => {}
             Event::Say(l) => st.each(|s| s.line("", &l)),
             Event::RunBegan { run_id, pipeline, job } => st.each(|s| s.run_began(&run_id, &pipeline, &job)),
