@@ -435,16 +435,22 @@ impl Dispatcher {
         a.pushed_by.clone_from(&self.incarnation);
         let id = a.id.clone();
         let (reply, result) = oneshot::channel();
-        let in_process = self.pools.get(&a.pool).await.ok().filter(|q| q.lease().is_none());
-        self.books().insert(id.clone(), Wait::new(a.clone(), reply, in_process.is_some()));
+        let queue = self.pools.get(&a.pool).await.ok();
+        let in_process = queue.as_ref().is_some_and(|q| q.lease().is_none());
+        self.books().insert(id.clone(), Wait::new(a.clone(), reply, in_process));
         self.metrics.steps_started.inc();
         let mut guard = InFlight { actor: self.actor.clone(), id: id.clone(), done: false };
         // An in-process queue is pushed to here: its worker begins, runs and
-        // reports it with no word to the actor. A remote queue's push is the
+        // reports it with no word to the actor. So is a remote queue's
+        // hand-over to a session waiting in this process; its push is the
         // actor's (its writer pipelines them and tells a failure).
-        let sent = match in_process {
-            Some(q) => q.push(a).await.map_err(|e| format!("could not queue the step: {e}")),
-            None => self.actor.cast(DispatchMsg::Submit(a)).map_err(|_| "the dispatcher stopped before this step was queued".to_string()),
+        let sent = match queue {
+            Some(q) if in_process => q.push(a).await.map_err(|e| format!("could not queue the step: {e}")),
+            Some(q) => match q.hand_over(a) {
+                Ok(()) => Ok(()),
+                Err(a) => self.submit(a),
+            },
+            None => self.submit(a),
         };
         let r = match sent {
             Ok(()) => result.await.map_err(|_| "the dispatcher stopped before this step finished".to_string()),
@@ -455,6 +461,11 @@ impl Dispatcher {
             self.books().remove(&id);
             AssignmentResult::with_id(&id, 0, Err(StepError::errored(why)))
         })
+    }
+
+    /// Has the actor put it on its remote queue.
+    fn submit(&self, a: Assignment) -> Result<(), String> {
+        self.actor.cast(DispatchMsg::Submit(a)).map_err(|_| "the dispatcher stopped before this step was queued".to_string())
     }
 
     /// The whole of a waited-for assignment, as last handed out.

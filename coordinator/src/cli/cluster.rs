@@ -177,7 +177,7 @@ impl CoordinatorArgs {
                 Some(url) if steppe_cloud::queues::is_queue_url(url) => {
                     let name = format!("coordinator-{}", std::process::id());
                     let options = steppe_cloud::queues::QueueOptions { create: !no_create_queues, max_receives, ..Default::default() };
-                    Some(steppe_cloud::queues::pools(url, &queue_key, &name, queue_lease, options).await?)
+                    Some(steppe_cloud::queues::pools(url, &queue_key, &name, queue_lease, options).await?.handing_off())
                 }
                 Some(other) => anyhow::bail!("--queue {other}: a queue is redis://HOST:PORT/, rediss://… or sqs://QUEUE_PREFIX"),
                 None => None,

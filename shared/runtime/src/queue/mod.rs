@@ -35,6 +35,12 @@ impl QueueError {
 pub trait Queue: Send + Sync {
     /// Adds an assignment at the back.
     fn push(&self, a: Assignment) -> BoxFuture<'_, Result<(), QueueError>>;
+    /// Gives the assignment, now and in this process's memory, to a taker
+    /// of this process that waits for work, if the queue does that and one
+    /// waits ([`Handoff`]); otherwise it comes back, for `push`.
+    fn hand_over(&self, a: Assignment) -> Result<(), Assignment> {
+        Err(a)
+    }
     /// Takes the oldest assignment (or one whose taker's lease ran out),
     /// waiting until there is one.
     fn pop(&self) -> BoxFuture<'_, Result<Assignment, QueueError>>;
@@ -187,6 +193,23 @@ impl Pools {
         Pools { default, open, others: Default::default() }
     }
 
+    /// These pools, each queue a [`Handoff`]: what is handed out while a
+    /// taker of this process waits for work goes to it in memory (the
+    /// coordinator's, whose sessions take for pushed workers).
+    pub fn handing_off(self) -> Self {
+        let Pools { default, open, others } = self;
+        let hand = |q: std::sync::Arc<dyn Queue>| std::sync::Arc::new(Handoff::new(q)) as std::sync::Arc<dyn Queue>;
+        let others = others.into_inner().into_iter().map(|(pool, q)| (pool, hand(q))).collect();
+        Pools {
+            default: hand(default),
+            open: Box::new(move |pool| {
+                let opening = open(pool);
+                Box::pin(async move { Ok(hand(opening.await?)) })
+            }),
+            others: tokio::sync::Mutex::new(others),
+        }
+    }
+
     pub fn default_pool(&self) -> &std::sync::Arc<dyn Queue> {
         &self.default
     }
@@ -220,10 +243,12 @@ impl Pools {
 
 #[doc(hidden)]
 pub mod conformance;
+mod handoff;
 mod in_process;
 mod merged;
 mod redis;
 
+pub use handoff::Handoff;
 pub use in_process::InProcessQueue;
 pub use merged::{container_pool, Merged, CONTAINERS};
 pub(crate) use self::redis::connection_lost;

@@ -175,3 +175,19 @@ fn whole() -> Assignment {
         ..crate::queue::conformance::a("w1")
     }
 }
+
+/// The coordinator's queues are Redis queues behind a hand-over in memory:
+/// together they still keep every case.
+#[tokio::test]
+async fn a_handoff_over_redis_conforms() {
+    let s = redis_server();
+    let over = |q: RedisQueue| Arc::new(crate::queue::Handoff::new(Arc::new(q))) as Arc<dyn crate::queue::Queue>;
+    let q = RedisQueue::connect(&s.url, "steppe:handoff", "c1", Duration::from_secs(30)).await.expect("connect");
+    conformance::basics(over(q)).await;
+    let lease = Duration::from_millis(300);
+    let q = RedisQueue::connect(&s.url, "steppe:handoff-requeue", "c1", lease).await.expect("connect");
+    conformance::a_requeued_assignment_is_delivered_once(over(q), lease).await;
+    let first = RedisQueue::connect(&s.url, "steppe:handoff-lease", "doomed", lease).await.expect("connect");
+    let second = RedisQueue::connect(&s.url, "steppe:handoff-lease", "survivor", lease).await.expect("connect");
+    conformance::a_lost_takers_assignment_comes_back(over(first), over(second), lease).await;
+}
