@@ -678,3 +678,36 @@ fn a_pulled_entry_is_acknowledged_once() {
     assert_eq!(redis_cli(&["XLEN", "steppe:assignments"]).trim(), "0");
     stop([&mut worker, &mut coord, &mut redis]);
 }
+
+/// A step queued while a pushed worker's session waits for work is handed
+/// to it in the coordinator's memory: it never becomes a Redis entry. What
+/// does go through Redis is acknowledged, and nothing is left there.
+#[test]
+fn a_step_for_a_waiting_session_skips_the_redis_stream() {
+    let work = scratch("handed-over");
+    std::fs::write(work.join("one.yml"), "jobs:\n- name: j\n  plan:\n  - task: t\n    run: \"true\"\n").expect("write");
+    std::fs::write(work.join("p.yml"), "jobs:\n- name: j\n  plan:\n  - task: t\n    across:\n    - var: i\n      values: [1, 2, 3, 4, 5, 6]\n    run: echo cell-{{ .vars.i }}-ran\n").expect("write");
+    let (mut redis, queue_url, mut coord, url) = pulling_cluster(&work);
+    let port = queue_url.trim_start_matches("redis://127.0.0.1:").trim_end_matches('/').to_string();
+    let redis_cli = |args: &[&str]| String::from_utf8_lossy(&Command::new("redis-cli").args(["-p", &port]).args(args).output().expect("redis-cli").stdout).to_string();
+    let calls = |cmd: &str| {
+        let stats = redis_cli(&["INFO", "commandstats"]);
+        stats.lines().find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:calls="))).and_then(|r| r.split(',').next()).and_then(|n| n.parse::<u32>().ok()).unwrap_or(0)
+    };
+    let mut worker = spawn_worker(&url, &["--slots", "1"]);
+    // Once a step has run, the worker's session is waiting for the next.
+    let out = steppe(&["submit", "one.yml", "--coordinator", &url], &work);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    redis_cli(&["CONFIG", "RESETSTAT"]);
+    let out = steppe(&["submit", "p.yml", "--coordinator", &url, "--force"], &work);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    for i in 1..=6 {
+        assert!(text(&out).contains(&format!("cell-{i}-ran")), "cell {i} ran: {}", text(&out));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let (xadd, xack) = (calls("xadd"), calls("xack"));
+    assert!(xadd < 6, "the first cell, queued while the session waited, went through Redis too: {xadd} XADDs for 6 cells");
+    assert_eq!(xack, xadd, "every entry that went through Redis is acknowledged");
+    assert_eq!(redis_cli(&["XLEN", "steppe:assignments"]).trim(), "0");
+    stop([&mut worker, &mut coord, &mut redis]);
+}
