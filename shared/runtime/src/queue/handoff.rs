@@ -42,16 +42,18 @@ pub struct Handoff {
     from_remote: Mutex<HashSet<String>>,
     /// Counts this process's pushes to the remote queue, so a taker that
     /// looked there just before one wakes for it.
-    pushed: watch::Sender<u64>,
+    pushed: Arc<watch::Sender<u64>>,
     /// When a look at the remote queue last found nothing, and the count of
     /// pushes then: until one more push or QUIET, nobody looks again.
     found_empty: Mutex<Option<(tokio::time::Instant, u64)>>,
 }
 
 /// How long a look at the remote queue that found nothing stands for
-/// every taker here, unless this process pushes there meanwhile: what
-/// other processes put there (an entry whose taker's lease ran out, which
-/// waited a lease already) waits at most this much longer.
+/// every taker here, unless this process pushes there meanwhile; a taker
+/// waiting looks again after it. What other processes put there (an entry
+/// whose taker's lease ran out, which waited a lease already) waits about
+/// this much longer. (On SQS a look is a short poll, which may miss a
+/// message: one this process pushed may then wait this long.)
 const QUIET: Duration = Duration::from_millis(250);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -60,7 +62,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Handoff {
     pub fn new(remote: Arc<dyn Queue>) -> Handoff {
-        Handoff { remote, waiters: Mutex::new(VecDeque::new()), next_waiter: Default::default(), handed: Mutex::new(HashSet::new()), from_remote: Mutex::new(HashSet::new()), pushed: watch::Sender::new(0), found_empty: Mutex::new(None) }
+        Handoff { remote, waiters: Mutex::new(VecDeque::new()), next_waiter: Default::default(), handed: Mutex::new(HashSet::new()), from_remote: Mutex::new(HashSet::new()), pushed: Arc::new(watch::Sender::new(0)), found_empty: Mutex::new(None) }
     }
 
     /// To the taker that has waited longest, if one waits; otherwise back.
@@ -82,17 +84,21 @@ impl Handoff {
     }
 
     /// Handed over to a taker that could not take it: to another waiting,
-    /// or onto the remote queue.
+    /// or onto the remote queue, tried until it is there (the step waits
+    /// for it; nobody else knows of it).
     fn put_back(&self, a: Assignment) {
         let a = match self.give_to_waiter(a) {
             Ok(()) => return,
             Err(a) => a,
         };
         lock(&self.handed).remove(&a.id);
-        let remote = self.remote.clone();
+        let (remote, pushed) = (self.remote.clone(), self.pushed.clone());
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                let _ = remote.push(a).await;
+                while remote.push(a.clone()).await.is_err() {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                pushed.send_modify(|n| *n = n.wrapping_add(1));
             });
         }
     }
@@ -149,6 +155,8 @@ impl Queue for Handoff {
             Err(a) => a,
         };
         lock(&self.handed).remove(&a.id);
+        // Once there, its entry is the remote queue's to retire.
+        lock(&self.from_remote).remove(&a.id);
         Box::pin(async move {
             self.remote.push(a).await?;
             self.pushed.send_modify(|n| *n = n.wrapping_add(1));
@@ -181,11 +189,17 @@ impl Queue for Handoff {
                 let mut place = self.wait_in_line();
                 let quiet_until = lock(&self.found_empty).filter(|(_, pushed)| *pushed == mark).map(|(at, _)| at + QUIET).filter(|t| *t > tokio::time::Instant::now());
                 let mut found = Vec::new();
+                let mut next_look = quiet_until;
                 if quiet_until.is_none() {
                     let at = tokio::time::Instant::now();
-                    found = self.remote.pop_up_to(max, Duration::ZERO).await?;
+                    found = match self.remote.pop_up_to(max, Duration::ZERO).await {
+                        Ok(found) => found,
+                        // What was handed over meanwhile needs no remote queue.
+                        Err(e) => return place.leave().map(|a| vec![Ok(a)]).ok_or(e),
+                    };
                     lock(&self.from_remote).extend(found.iter().flatten().map(|a| a.id.clone()));
                     *lock(&self.found_empty) = found.is_empty().then_some((at, mark));
+                    next_look = Some(at + QUIET);
                 }
                 if !found.is_empty() || tokio::time::Instant::now() >= deadline {
                     if let Some(a) = place.leave() {
@@ -201,7 +215,7 @@ impl Queue for Handoff {
                 let handed = tokio::select! {
                     Some(a) = async { match place.rx.as_mut() { Some(rx) => rx.await.ok(), None => None } } => Some(a),
                     _ = pushes.changed() => None,
-                    _ = tokio::time::sleep_until(quiet_until.map_or(deadline, |t| t.min(deadline))) => None,
+                    _ = tokio::time::sleep_until(next_look.map_or(deadline, |t| t.min(deadline))) => None,
                 };
                 if let Some(a) = handed.or_else(|| place.leave()) {
                     self.remote.forget(&a.id);
@@ -304,8 +318,10 @@ mod tests {
         });
         until_one_waits(&h).await;
         h.push(Assignment { epoch: 1, ..a("again") }).await.unwrap();
-        // Not handed over: the waiting taker found it on the remote queue.
-        assert_eq!(taker.await.unwrap().unwrap().map(|a| a.id).as_deref(), Some("again"));
+        // Not handed over: the waiting taker found it on the remote queue,
+        // long before its own time ran out.
+        let taken = tokio::time::timeout(Duration::from_secs(10), taker).await.expect("found before the taker's time ran out");
+        assert_eq!(taken.unwrap().unwrap().map(|a| a.id).as_deref(), Some("again"));
         assert!(lock(&h.handed).is_empty());
         assert!(remote.pop_within(Duration::ZERO).await.unwrap().is_none());
     }
@@ -321,7 +337,8 @@ mod tests {
         });
         until_one_waits(&h).await;
         h.push(taken).await.unwrap();
-        assert_eq!(taker.await.unwrap().unwrap().map(|a| a.id).as_deref(), Some("boomerang"));
+        let taken = tokio::time::timeout(Duration::from_secs(10), taker).await.expect("found before the taker's time ran out");
+        assert_eq!(taken.unwrap().unwrap().map(|a| a.id).as_deref(), Some("boomerang"));
         assert!(lock(&h.handed).is_empty(), "put back through the remote queue, not handed over");
         assert!(remote.pop_within(Duration::ZERO).await.unwrap().is_none());
     }
@@ -347,5 +364,42 @@ mod tests {
         assert!(lock(&h.waiters).is_empty());
         h.push(a("later")).await.unwrap();
         assert!(lock(&h.handed).is_empty(), "nobody in line: not handed over");
+    }
+
+    /// A remote queue whose looks fail after a while (a Redis away).
+    struct Away(InProcessQueue);
+
+    impl Queue for Away {
+        fn push(&self, a: Assignment) -> BoxFuture<'_, Result<(), QueueError>> {
+            self.0.push(a)
+        }
+        fn pop(&self) -> BoxFuture<'_, Result<Assignment, QueueError>> {
+            self.0.pop()
+        }
+        fn pop_within(&self, _wait: Duration) -> BoxFuture<'_, Result<Option<Assignment>, QueueError>> {
+            Box::pin(async {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                Err(QueueError::Backend { url: "redis://away".into(), message: "connection refused".into() })
+            })
+        }
+        fn ack(&self, id: &str) -> BoxFuture<'_, Result<(), QueueError>> {
+            self.0.ack(id)
+        }
+        fn remove(&self, id: &str) -> BoxFuture<'_, Result<bool, QueueError>> {
+            self.0.remove(id)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_hand_over_during_a_failed_look_is_taken_all_the_same() {
+        let h = Arc::new(Handoff::new(Arc::new(Away(InProcessQueue::new()))));
+        let taker = tokio::spawn({
+            let h = h.clone();
+            async move { h.pop_within(Duration::from_secs(30)).await }
+        });
+        until_one_waits(&h).await;
+        h.push(a("kept")).await.unwrap();
+        let taken = taker.await.unwrap();
+        assert_eq!(taken.expect("the hand-over, not the remote queue's error").map(|a| a.id).as_deref(), Some("kept"));
     }
 }
