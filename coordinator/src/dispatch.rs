@@ -446,10 +446,7 @@ impl Dispatcher {
         // actor's (its writer pipelines them and tells a failure).
         let sent = match queue {
             Some(q) if in_process => q.push(a).await.map_err(|e| format!("could not queue the step: {e}")),
-            Some(q) => match q.hand_over(a) {
-                Ok(()) => Ok(()),
-                Err(a) => self.submit(a),
-            },
+            Some(q) => q.hand_over(a).or_else(|a| self.submit(a)),
             None => self.submit(a),
         };
         let r = match sent {

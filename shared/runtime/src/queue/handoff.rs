@@ -164,16 +164,6 @@ impl Queue for Handoff {
         })
     }
 
-    fn pop(&self) -> BoxFuture<'_, Result<Assignment, QueueError>> {
-        Box::pin(async move {
-            loop {
-                if let Some(a) = self.pop_within(Duration::from_secs(1)).await? {
-                    return Ok(a);
-                }
-            }
-        })
-    }
-
     fn pop_within(&self, wait: Duration) -> BoxFuture<'_, Result<Option<Assignment>, QueueError>> {
         Box::pin(async move { self.pop_up_to(1, wait).await?.into_iter().next().transpose() })
     }
@@ -275,6 +265,12 @@ mod tests {
         (remote.clone(), Arc::new(Handoff::new(remote)))
     }
 
+    /// A taker that waits up to 30 s for one assignment.
+    fn taker(h: &Arc<Handoff>) -> tokio::task::JoinHandle<Result<Option<Assignment>, QueueError>> {
+        let h = h.clone();
+        tokio::spawn(async move { h.pop_within(Duration::from_secs(30)).await })
+    }
+
     async fn until_one_waits(h: &Handoff) {
         for _ in 0..500 {
             if !lock(&h.waiters).is_empty() {
@@ -288,10 +284,7 @@ mod tests {
     #[tokio::test]
     async fn a_push_while_a_taker_waits_is_handed_over_in_memory() {
         let (remote, h) = over_memory();
-        let taker = tokio::spawn({
-            let h = h.clone();
-            async move { h.pop_within(Duration::from_secs(30)).await }
-        });
+        let taker = taker(&h);
         until_one_waits(&h).await;
         h.push(a("first")).await.unwrap();
         assert_eq!(taker.await.unwrap().unwrap().map(|a| a.id).as_deref(), Some("first"));
@@ -312,10 +305,7 @@ mod tests {
     #[tokio::test]
     async fn a_requeue_goes_through_the_remote_queue_and_wakes_a_waiting_taker() {
         let (remote, h) = over_memory();
-        let taker = tokio::spawn({
-            let h = h.clone();
-            async move { h.pop_within(Duration::from_secs(30)).await }
-        });
+        let taker = taker(&h);
         until_one_waits(&h).await;
         h.push(Assignment { epoch: 1, ..a("again") }).await.unwrap();
         // Not handed over: the waiting taker found it on the remote queue,
@@ -331,10 +321,7 @@ mod tests {
         let (remote, h) = over_memory();
         h.push(a("boomerang")).await.unwrap();
         let taken = h.pop_within(Duration::from_secs(1)).await.unwrap().expect("taken");
-        let taker = tokio::spawn({
-            let h = h.clone();
-            async move { h.pop_within(Duration::from_secs(30)).await }
-        });
+        let taker = taker(&h);
         until_one_waits(&h).await;
         h.push(taken).await.unwrap();
         let taken = tokio::time::timeout(Duration::from_secs(10), taker).await.expect("found before the taker's time ran out");
@@ -373,9 +360,6 @@ mod tests {
         fn push(&self, a: Assignment) -> BoxFuture<'_, Result<(), QueueError>> {
             self.0.push(a)
         }
-        fn pop(&self) -> BoxFuture<'_, Result<Assignment, QueueError>> {
-            self.0.pop()
-        }
         fn pop_within(&self, _wait: Duration) -> BoxFuture<'_, Result<Option<Assignment>, QueueError>> {
             Box::pin(async {
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -393,10 +377,7 @@ mod tests {
     #[tokio::test]
     async fn a_hand_over_during_a_failed_look_is_taken_all_the_same() {
         let h = Arc::new(Handoff::new(Arc::new(Away(InProcessQueue::new()))));
-        let taker = tokio::spawn({
-            let h = h.clone();
-            async move { h.pop_within(Duration::from_secs(30)).await }
-        });
+        let taker = taker(&h);
         until_one_waits(&h).await;
         h.push(a("kept")).await.unwrap();
         let taken = taker.await.unwrap();

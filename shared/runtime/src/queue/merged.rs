@@ -73,16 +73,6 @@ impl Queue for Merged {
         }
     }
 
-    fn pop(&self) -> BoxFuture<'_, Result<Assignment, QueueError>> {
-        Box::pin(async move {
-            loop {
-                if let Some(a) = self.pop_within(Duration::from_secs(1)).await? {
-                    return Ok(a);
-                }
-            }
-        })
-    }
-
     fn pop_within(&self, wait: Duration) -> BoxFuture<'_, Result<Option<Assignment>, QueueError>> {
         Box::pin(async move {
             if self.pop_is_cancel_safe() {

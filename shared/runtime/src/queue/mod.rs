@@ -42,8 +42,17 @@ pub trait Queue: Send + Sync {
         Err(a)
     }
     /// Takes the oldest assignment (or one whose taker's lease ran out),
-    /// waiting until there is one.
-    fn pop(&self) -> BoxFuture<'_, Result<Assignment, QueueError>>;
+    /// waiting until there is one: by default a `pop_within` of a second
+    /// at a time until one comes.
+    fn pop(&self) -> BoxFuture<'_, Result<Assignment, QueueError>> {
+        Box::pin(async move {
+            loop {
+                if let Some(a) = self.pop_within(Duration::from_secs(1)).await? {
+                    return Ok(a);
+                }
+            }
+        })
+    }
     /// Like `pop`, but gives up after `wait` with None. Unlike a `pop`
     /// dropped half-way (which on Redis may leave a delivered entry with no
     /// taker until its lease runs out), this always runs to completion, so a

@@ -417,16 +417,6 @@ impl Queue for RedisQueue {
         })
     }
 
-    fn pop(&self) -> BoxFuture<'_, Result<Assignment, QueueError>> {
-        Box::pin(async move {
-            loop {
-                if let Some(a) = self.pop_within(std::time::Duration::from_secs(1)).await? {
-                    return Ok(a);
-                }
-            }
-        })
-    }
-
     fn pop_within(&self, wait: std::time::Duration) -> BoxFuture<'_, Result<Option<Assignment>, QueueError>> {
         Box::pin(async move { self.pop_some(1, wait).await?.into_iter().next().transpose() })
     }
