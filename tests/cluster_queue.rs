@@ -1,6 +1,7 @@
 //! A cluster's queue end to end: workers that take from Redis themselves
 //! (`--queue`: taking ahead, starting unconfirmed, acknowledging once), and
-//! the coordinator's hand-over in memory to a pushed worker that waits.
+//! the coordinator's hand-over in memory to a worker that waits, pushed or
+//! pulling.
 
 mod common;
 
@@ -66,16 +67,20 @@ fn cancel_stops_a_step_a_pulling_worker_started_unconfirmed() {
 }
 
 /// A pulled entry is acknowledged once, by the worker that took it (the
-/// coordinator only forgets it), and none is left on the stream.
+/// coordinator only forgets it), and none is left on the stream. The six
+/// are queued before any worker joins, so all go through Redis.
 #[test]
 fn a_pulled_entry_is_acknowledged_once() {
     let work = scratch("acked-once");
-    std::fs::write(work.join("p.yml"), "jobs:\n- name: j\n  plan:\n  - task: t\n    across:\n    - var: i\n      values: [1, 2, 3, 4, 5, 6]\n    run: \"true\"\n").expect("write");
+    std::fs::write(work.join("p.yml"), "jobs:\n- name: j\n  plan:\n  - task: t\n    across:\n    - var: i\n      values: [1, 2, 3, 4, 5, 6]\n    max_in_flight: 6\n    run: \"true\"\n").expect("write");
     let (mut redis, queue_url, mut coord, url) = pulling_cluster(&work);
     let port = queue_url.trim_start_matches("redis://127.0.0.1:").trim_end_matches('/').to_string();
     let redis_cli = |args: &[&str]| String::from_utf8_lossy(&Command::new("redis-cli").args(["-p", &port]).args(args).output().expect("redis-cli").stdout).to_string();
+    let (coordinator, dir) = (url.clone(), work.clone());
+    let submit = std::thread::spawn(move || child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(["submit", "p.yml", "--coordinator", &coordinator]).current_dir(dir).output());
+    wait_for("six entries on the stream", Duration::from_secs(20), || redis_cli(&["XLEN", "steppe:assignments"]).trim() == "6");
     let mut worker = spawn_worker(&url, &["--slots", "2", "--queue", &queue_url]);
-    let out = steppe(&["submit", "p.yml", "--coordinator", &url], &work);
+    let out = submit.join().expect("submit").expect("run steppe submit");
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let calls = |cmd: &str| {
         let stats = redis_cli(&["INFO", "commandstats"]);
@@ -123,4 +128,40 @@ fn a_step_for_a_waiting_session_skips_the_redis_stream() {
     assert_eq!(xack, xadd, "every entry that went through Redis is acknowledged");
     assert_eq!(redis_cli(&["XLEN", "steppe:assignments"]).trim(), "0");
     stop([&mut worker, &mut coord, &mut redis]);
+}
+
+/// A pulling worker with a slot free that found its queue empty says it
+/// waits, and the coordinator hands it what it would have queued: the cells
+/// of a run on two such workers never become Redis entries. What does go
+/// through Redis is acknowledged, and nothing is left there.
+#[test]
+fn a_step_for_a_waiting_pulling_worker_skips_the_redis_stream() {
+    let work = scratch("handed-to-puller");
+    std::fs::write(work.join("one.yml"), "jobs:\n- name: j\n  plan:\n  - task: t\n    run: \"true\"\n").expect("write");
+    std::fs::write(work.join("p.yml"), "jobs:\n- name: j\n  plan:\n  - task: t\n    across:\n    - var: i\n      values: [1, 2, 3, 4, 5, 6, 7, 8]\n    max_in_flight: 2\n    run: echo cell-{{ .vars.i }}-ran\n").expect("write");
+    let (mut redis, queue_url, mut coord, url) = pulling_cluster(&work);
+    let port = queue_url.trim_start_matches("redis://127.0.0.1:").trim_end_matches('/').to_string();
+    let redis_cli = |args: &[&str]| String::from_utf8_lossy(&Command::new("redis-cli").args(["-p", &port]).args(args).output().expect("redis-cli").stdout).to_string();
+    let calls = |cmd: &str| {
+        let stats = redis_cli(&["INFO", "commandstats"]);
+        stats.lines().find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:calls="))).and_then(|r| r.split(',').next()).and_then(|n| n.parse::<u32>().ok()).unwrap_or(0)
+    };
+    let mut a = spawn_worker(&url, &["--slots", "1", "--queue", &queue_url]);
+    let mut b = spawn_worker(&url, &["--slots", "1", "--queue", &queue_url]);
+    let out = steppe(&["submit", "one.yml", "--coordinator", &url], &work);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    // Both workers have looked and wait.
+    std::thread::sleep(Duration::from_millis(600));
+    redis_cli(&["CONFIG", "RESETSTAT"]);
+    let out = steppe(&["submit", "p.yml", "--coordinator", &url, "--force"], &work);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    for i in 1..=8 {
+        assert!(text(&out).contains(&format!("cell-{i}-ran")), "cell {i} ran: {}", text(&out));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let (xadd, xack) = (calls("xadd"), calls("xack"));
+    assert!(xadd < 4, "cells went through Redis though a worker waited: {xadd} XADDs for 8 cells");
+    assert_eq!(xack, xadd, "every entry that went through Redis is acknowledged");
+    assert_eq!(redis_cli(&["XLEN", "steppe:assignments"]).trim(), "0");
+    stop([&mut a, &mut b, &mut coord, &mut redis]);
 }

@@ -11,6 +11,7 @@ pub mod cli;
 pub mod dispatch;
 pub mod engine;
 pub mod event_hub;
+mod hand_over;
 pub mod history;
 pub mod liveness;
 pub mod queue_writer;

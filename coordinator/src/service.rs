@@ -69,7 +69,7 @@ impl Drop for StopOnDrop {
 
 /// What a session holds, by assignment id; the permit is the slot it
 /// takes when the coordinator pushed it (a worker that pulls keeps count itself).
-type InFlight = Arc<Mutex<HashMap<String, Option<OwnedSemaphorePermit>>>>;
+pub(crate) type InFlight = Arc<Mutex<HashMap<String, Option<OwnedSemaphorePermit>>>>;
 
 impl WorkerService {
     /// A worker of a team files questions only under that team's runs.
@@ -166,6 +166,8 @@ impl Coordinator for WorkerService {
             (_, false) => (String::new(), 0),
         };
         self.registry.joined(&name, slots as u32, true, &pool, hello.containers);
+        // A pulling worker that takes hand-overs is handed work while it waits.
+        let hands_over = hello.pulls && hello.takes_hand_overs;
         let (tx, rx) = mpsc::channel(256);
         let welcome = CoordinatorMessage {
             msg: Some(coordinator_message::Msg::Welcome(Welcome {
@@ -181,6 +183,7 @@ impl Coordinator for WorkerService {
                     _ => String::new(),
                 },
                 incarnation: self.dispatcher.incarnation.clone(),
+                hands_over,
             })),
         };
         tx.send(Ok(welcome)).await.map_err(|_| Status::aborted("session closed"))?;
@@ -194,10 +197,16 @@ impl Coordinator for WorkerService {
         let stopping = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let stop_seen = stopping.clone();
         let puller = StopOnDrop(stopping.clone());
-        if hello.pulls {
-            stopping.store(true, std::sync::atomic::Ordering::SeqCst);
+        let waiting = crate::hand_over::Waiting::new();
+        if hands_over {
+            crate::hand_over::spawn(queue.clone(), d.clone(), ptx.clone(), pflight.clone(), &waiting, stopping.clone());
         }
+        // A pulling worker takes from the queue itself.
+        let pushes_to_worker = !hello.pulls;
         tokio::spawn(async move {
+            if !pushes_to_worker {
+                return;
+            }
             use std::sync::atomic::Ordering;
             loop {
                 let Ok(permit) = slots_sem.clone().acquire_owned().await else { return };
@@ -393,7 +402,8 @@ impl Coordinator for WorkerService {
                                 let _ = session_tx.send(Ok(confirm)).await;
                             }
                             worker_message::Msg::Taken(_) => {}
-                            worker_message::Msg::Hello(_) => {}
+                            worker_message::Msg::Waiting(w) if hands_over => waiting.said(w.waiting).await,
+                            worker_message::Msg::Waiting(_) | worker_message::Msg::Hello(_) => {}
                         },
                         Ok(Some(WorkerMessage { msg: None })) => {}
                         Ok(None) | Err(_) => break,

@@ -11,6 +11,7 @@
 pub mod agent;
 pub mod container;
 pub mod exec;
+pub mod hands;
 pub mod host_env;
 pub mod local;
 pub mod metrics;

@@ -4,6 +4,9 @@
 //! where it needs one) overlaps the step before it instead of following it.
 //! One taken ahead that finds no slot within [`HOLD`] is handed back for
 //! another worker; [`runs_unconfirmed`] says which run before a Confirm.
+//! A worker whose coordinator hands over ([`Hands`]) does not wait on the
+//! queue: it looks without waiting, then waits in the coordinator's line
+//! until it is handed work, told to look, or [`QUIET`] passes.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -11,11 +14,18 @@ use std::time::{Duration, Instant};
 
 use steppe_runtime::assignment::Assignment;
 use steppe_runtime::queue::Queue;
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
+
+use crate::hands::Hands;
 
 /// How long an entry taken ahead waits for a slot before it is handed back;
 /// a worker whose steps run longer than half of it takes none ahead.
 pub const HOLD: Duration = Duration::from_millis(250);
+
+/// How often a worker in its coordinator's line looks at the queue for what
+/// the coordinator did not hand over (entries of other processes, entries
+/// back after a lease ran out); what the coordinator queues, it says.
+pub const QUIET: Duration = Duration::from_millis(250);
 
 /// A worker's slots and its one place ahead.
 pub struct Slots {
@@ -23,11 +33,27 @@ pub struct Slots {
     ahead: Arc<Semaphore>,
     /// Whether the last step to end ran for less than half of [`HOLD`].
     short: AtomicBool,
+    /// A slot was let go.
+    freed: Notify,
 }
 
 impl Slots {
     pub fn new(slots: usize) -> Arc<Slots> {
-        Arc::new(Slots { free: Arc::new(Semaphore::new(slots.max(1))), ahead: Arc::new(Semaphore::new(1)), short: AtomicBool::new(true) })
+        Arc::new(Slots { free: Arc::new(Semaphore::new(slots.max(1))), ahead: Arc::new(Semaphore::new(1)), short: AtomicBool::new(true), freed: Notify::new() })
+    }
+
+    /// What an assignment handed over runs under: a slot free now, or the
+    /// first to free within [`HOLD`].
+    pub fn for_hand_over(self: &Arc<Self>) -> Claim {
+        match self.free.clone().try_acquire_owned() {
+            Ok(p) => Claim::Slot(Slot::new(p, self.clone())),
+            Err(_) => Claim::Handed(self.clone()),
+        }
+    }
+
+    /// Whether a slot is free.
+    pub fn any_free(&self) -> bool {
+        self.free.available_permits() > 0
     }
 }
 
@@ -48,6 +74,7 @@ impl Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         self.slots.short.store(self.since.elapsed() < HOLD / 2, Ordering::Relaxed);
+        self.slots.freed.notify_one();
     }
 }
 
@@ -57,6 +84,8 @@ pub enum Claim {
     Slot(Slot),
     /// The place ahead, given up once the entry has a slot.
     Ahead(OwnedSemaphorePermit, Arc<Slots>),
+    /// Handed over while no slot was free (one was about to be).
+    Handed(Arc<Slots>),
 }
 
 impl Claim {
@@ -72,6 +101,10 @@ impl Claim {
                     return None;
                 };
                 drop(place);
+                Some(Slot::new(permit, slots))
+            }
+            Claim::Handed(slots) => {
+                let Ok(Ok(permit)) = tokio::time::timeout(HOLD, slots.free.clone().acquire_owned()).await else { return None };
                 Some(Slot::new(permit, slots))
             }
         }
@@ -95,11 +128,24 @@ pub fn runs_unconfirmed(a: &Assignment, incarnation: &str) -> bool {
 /// keeps a backlog, one looked for without waiting. Waiting on the queue
 /// for it would take an entry from a worker with a free slot and hold it
 /// behind a running step. Stopped by `stop` (never cut short mid-pop: the
-/// entry would sit with nobody until its lease ran out).
-pub async fn pull(q: Arc<dyn Queue>, slots: Arc<Slots>, out: mpsc::Sender<(Assignment, Claim)>, stop: Arc<AtomicBool>) {
+/// entry would sit with nobody until its lease ran out). With `hands` it
+/// waits in the coordinator's line instead of on the queue.
+pub async fn pull(q: Arc<dyn Queue>, slots: Arc<Slots>, out: mpsc::Sender<(Assignment, Claim)>, stop: Arc<AtomicBool>, hands: Option<Arc<Hands>>) {
     // Whether the last read found as many waiting as it asked for.
     let mut backlog = false;
+    // In the coordinator's line: whether to look before waiting there.
+    let mut look_now = true;
     loop {
+        if let Some(h) = &hands {
+            if !look_now {
+                tokio::select! {
+                    _ = h.look.notified() => {}
+                    _ = slots.freed.notified(), if backlog => {}
+                    _ = tokio::time::sleep(QUIET) => {}
+                }
+            }
+            look_now = false;
+        }
         // Nothing else is taken while one taken ahead waits: the slot that
         // frees first is its own.
         let Ok(place) = slots.ahead.clone().acquire_owned().await else { return };
@@ -107,6 +153,8 @@ pub async fn pull(q: Arc<dyn Queue>, slots: Arc<Slots>, out: mpsc::Sender<(Assig
         let free = match slots.free.clone().try_acquire_owned() {
             Ok(p) => Some(p),
             Err(_) if backlog && short => None,
+            // Busy: what it is handed or told to look for waits for a slot.
+            Err(_) if hands.is_some() => continue,
             Err(_) => match slots.free.clone().acquire_owned().await {
                 Ok(p) => Some(p),
                 Err(_) => return,
@@ -115,9 +163,14 @@ pub async fn pull(q: Arc<dyn Queue>, slots: Arc<Slots>, out: mpsc::Sender<(Assig
         if stop.load(Ordering::SeqCst) {
             return;
         }
+        let wait = if hands.is_some() { Duration::ZERO } else { Duration::from_secs(1) };
+        if let (Some(h), Some(_)) = (&hands, &free) {
+            // In line before the look: what is queued meanwhile, it is told of.
+            h.enter().await;
+        }
         let (max, wait) = match free {
-            Some(_) if short => (2, Duration::from_secs(1)),
-            Some(_) => (1, Duration::from_secs(1)),
+            Some(_) if short => (2, wait),
+            Some(_) => (1, wait),
             None => (1, Duration::ZERO),
         };
         let batch = match q.pop_up_to(max, wait).await {
@@ -134,6 +187,16 @@ pub async fn pull(q: Arc<dyn Queue>, slots: Arc<Slots>, out: mpsc::Sender<(Assig
             tracing::warn!("steppe worker: {l}");
         }
         backlog = batch.len() == max;
+        if let Some(h) = &hands {
+            if batch.is_empty() {
+                continue;
+            }
+            if free.is_some() {
+                h.leave().await;
+            }
+            // More waits and a slot is still free: look again at once.
+            look_now = backlog && slots.any_free();
+        }
         let mut claims = free.map(|p| Claim::Slot(Slot::new(p, slots.clone()))).into_iter().chain([Claim::Ahead(place, slots.clone())]);
         for taken in batch {
             let a = match taken {

@@ -133,6 +133,8 @@ struct Running {
     /// The run's spending counters, kept by the coordinator.
     ledger: Arc<dyn Ledger>,
     stats: Arc<Stats>,
+    /// Its place in the coordinator's line, for a worker that pulls and is handed work.
+    hands: Option<Arc<crate::hands::Hands>>,
 }
 
 /// What this worker does, for `--metrics`.
@@ -210,7 +212,7 @@ impl Running {
 
     /// Runs one assignment and reports its result; `slot` is held until then.
     async fn run_one(self, mut a: Assignment, cancel: tokio::sync::watch::Receiver<bool>, slot: Option<crate::pull::Slot>) {
-        let Running { tx, store, work_root, cancels, queue, coordinator_host, ledger, stats } = self;
+        let Running { tx, store, work_root, cancels, queue, coordinator_host, ledger, stats, hands } = self;
         let began = std::time::Instant::now();
         stats.metrics.steps_started.inc();
         stats.busy.fetch_add(1, Ordering::Relaxed);
@@ -261,6 +263,11 @@ impl Running {
                 return;
             }
         };
+        if let (Some(h), Some(_)) = (&hands, &slot) {
+            // Its slot frees with this result: in line before the coordinator
+            // reads the result, whose step hands out its next at once.
+            h.enter().await;
+        }
         let reported = tx.send(WorkerMessage { msg: Some(worker_message::Msg::Result(wire)) }).await.is_ok();
         // The slot is free once the result is sent: the next pop need not
         // wait for the acknowledgement's round trip.
@@ -400,7 +407,7 @@ async fn session(config: &WorkerConfig, reconnecting: bool, stats: &Arc<Stats>) 
     let mut client = CoordinatorClient::with_interceptor(channel.clone(), with_token.clone());
     let (tx, rx) = mpsc::channel::<WorkerMessage>(1024);
     let _ = tx
-        .send(WorkerMessage { msg: Some(worker_message::Msg::Hello(Hello { worker: name.to_string(), slots, pulls: queue.is_some(), pool, containers: *containers })) })
+        .send(WorkerMessage { msg: Some(worker_message::Msg::Hello(Hello { worker: name.to_string(), slots, pulls: queue.is_some(), pool, containers: *containers, takes_hand_overs: queue.is_some() })) })
         .await;
     let mut inbound = client.session(ReceiverStream::new(rx)).await?.into_inner();
     let welcome = match inbound.message().await? {
@@ -440,7 +447,8 @@ async fn session(config: &WorkerConfig, reconnecting: bool, stats: &Arc<Stats>) 
     let coordinator_host = steppe_runtime::agent_work::url_host(url).map(str::to_string);
     let ledger: Arc<dyn Ledger> = Arc::new(CoordinatorLedger(client.clone()));
     stats.connected.store(true, Ordering::Relaxed);
-    let ctx = Running { tx: tx.clone(), store, work_root, cancels: Cancels::default(), queue: None, coordinator_host, ledger, stats: stats.clone() };
+    let ctx = Running { tx: tx.clone(), store, work_root, cancels: Cancels::default(), queue: None, coordinator_host, ledger, stats: stats.clone(), hands: None };
+    let slots_of_queue = crate::pull::Slots::new(slots as usize);
     // A worker started with --queue takes assignments from the shared queue itself.
     let (pulled_tx, mut pulled) = mpsc::channel::<(Assignment, crate::pull::Claim)>(1);
     let stop_pulling = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -455,7 +463,9 @@ async fn session(config: &WorkerConfig, reconnecting: bool, stats: &Arc<Stats>) 
                 let boxed = steppe_cloud::queues::connect(queue_url, &welcome.container_queue_key, name, lease, &options).await.map_err(WorkerError::Queue)?;
                 q = Arc::new(steppe_runtime::queue::Merged::new(boxed, q));
             }
-            tokio::spawn(crate::pull::pull(q.clone(), crate::pull::Slots::new(slots as usize), pulled_tx, stop_pulling.clone()));
+            // Its coordinator hands it work while it waits, and says when it queues some.
+            let hands = welcome.hands_over.then(|| Arc::new(crate::hands::Hands::new(tx.clone())));
+            tokio::spawn(crate::pull::pull(q.clone(), slots_of_queue.clone(), pulled_tx, stop_pulling.clone(), hands.clone()));
             // What this worker took stays its own while it runs.
             let renew = q.clone();
             keep_leases(
@@ -466,7 +476,7 @@ async fn session(config: &WorkerConfig, reconnecting: bool, stats: &Arc<Stats>) 
                 },
                 |e| tracing::warn!("steppe worker: renewing queue leases: {e}"),
             );
-            Running { queue: Some(q), ..ctx }
+            Running { queue: Some(q), hands, ..ctx }
         }
         None => {
             drop(pulled_tx);
@@ -577,7 +587,20 @@ async fn session(config: &WorkerConfig, reconnecting: bool, stats: &Arc<Stats>) 
                             Ok(a) => {
                                 // Registered here, not in the task: a cancel read next must find it.
                                 let cancel = ctx.cancels.register(&a.id);
-                                running.spawn(ctx.clone().run_one(a, cancel, None));
+                                match &ctx.hands {
+                                    Some(h) => {
+                                        // Handed over while it waited: no queue entry to acknowledge.
+                                        h.handed().await;
+                                        let claim = slots_of_queue.for_hand_over();
+                                        running.spawn(Running { queue: None, ..ctx.clone() }.run_when_a_slot_frees(a, cancel, claim));
+                                        if slots_of_queue.any_free() {
+                                            h.enter().await;
+                                        }
+                                    }
+                                    None => {
+                                        running.spawn(ctx.clone().run_one(a, cancel, None));
+                                    }
+                                }
                             }
                             Err(e) => {
                                 let message = format!("worker {name} could not read assignment {id}: {e}");
@@ -625,6 +648,11 @@ async fn session(config: &WorkerConfig, reconnecting: bool, stats: &Arc<Stats>) 
                             ctx.cancels.cancel(&c.assignment_id);
                         }
                     },
+                    Some(coordinator_message::Msg::Look(_)) => {
+                        if let Some(h) = &ctx.hands {
+                            h.look.notify_one();
+                        }
+                    }
                     Some(coordinator_message::Msg::Welcome(_)) | None => {}
                 }
             }

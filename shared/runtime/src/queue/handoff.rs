@@ -215,6 +215,28 @@ impl Queue for Handoff {
         })
     }
 
+    fn pushes(&self) -> u64 {
+        *self.pushed.borrow()
+    }
+
+    fn await_hand_over(&self, seen: u64, wait: Duration) -> BoxFuture<'_, Option<Assignment>> {
+        Box::pin(async move {
+            let mut pushes = self.pushed.subscribe();
+            let mut place = self.wait_in_line();
+            if *pushes.borrow_and_update() == seen {
+                let handed = tokio::select! {
+                    Some(a) = async { match place.rx.as_mut() { Some(rx) => rx.await.ok(), None => None } } => Some(a),
+                    _ = pushes.changed() => None,
+                    _ = tokio::time::sleep(wait) => None,
+                };
+                if handed.is_some() {
+                    return handed;
+                }
+            }
+            place.leave()
+        })
+    }
+
     fn ack(&self, id: &str) -> BoxFuture<'_, Result<(), QueueError>> {
         lock(&self.from_remote).remove(id);
         if lock(&self.handed).remove(id) {
@@ -351,6 +373,48 @@ mod tests {
         assert!(lock(&h.waiters).is_empty());
         h.push(a("later")).await.unwrap();
         assert!(lock(&h.handed).is_empty(), "nobody in line: not handed over");
+    }
+
+    #[tokio::test]
+    async fn a_wait_for_a_hand_over_takes_one_and_ends_when_this_process_queues_one() {
+        let (remote, h) = over_memory();
+        let stand = |seen: u64| {
+            let h = h.clone();
+            tokio::spawn(async move { h.await_hand_over(seen, Duration::from_secs(30)).await })
+        };
+        let waiting = stand(h.pushes());
+        until_one_waits(&h).await;
+        h.push(a("handed")).await.unwrap();
+        assert_eq!(waiting.await.unwrap().map(|a| a.id).as_deref(), Some("handed"));
+        assert!(remote.pop_within(Duration::ZERO).await.unwrap().is_none(), "handed over, not queued");
+        // A requeue goes onto the remote queue and ends the wait: whoever
+        // waited looks there.
+        let seen = h.pushes();
+        let waiting = stand(seen);
+        until_one_waits(&h).await;
+        h.push(Assignment { epoch: 1, ..a("again") }).await.unwrap();
+        let ended = tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("ended by the push, long before its time");
+        assert!(ended.unwrap().is_none());
+        assert_ne!(h.pushes(), seen, "the push is counted");
+        assert!(lock(&h.waiters).is_empty(), "out of line");
+        // A count already stale: at once, out of line, and nothing handed to it.
+        let stale = tokio::time::timeout(Duration::from_secs(1), h.await_hand_over(seen, Duration::from_secs(30))).await;
+        assert!(stale.expect("returns at once").is_none());
+        assert!(lock(&h.waiters).is_empty());
+        assert_eq!(remote.pop_within(Duration::ZERO).await.unwrap().map(|a| a.id).as_deref(), Some("again"));
+    }
+
+    #[tokio::test]
+    async fn a_wait_given_up_after_a_hand_over_loses_nothing() {
+        let (remote, h) = over_memory();
+        let mut wait = h.await_hand_over(h.pushes(), Duration::from_secs(30));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        assert!(wait.as_mut().poll(&mut cx).is_pending(), "nothing handed over yet");
+        h.push(a("caught")).await.unwrap();
+        assert_eq!(lock(&h.handed).len(), 1, "handed over to the wait in line");
+        drop(wait);
+        let back = remote.pop_within(Duration::from_secs(10)).await.unwrap();
+        assert_eq!(back.map(|a| a.id).as_deref(), Some("caught"), "the wait went: onto the remote queue");
     }
 
     /// A remote queue whose looks fail after a while (a Redis away).

@@ -73,6 +73,24 @@ impl Queue for Merged {
         }
     }
 
+    fn pushes(&self) -> u64 {
+        self.rare.pushes().wrapping_add(self.busy.pushes())
+    }
+
+    fn await_hand_over(&self, seen: u64, wait: Duration) -> BoxFuture<'_, Option<Assignment>> {
+        Box::pin(async move {
+            let (rare, busy) = (self.rare.pushes(), self.busy.pushes());
+            if rare.wrapping_add(busy) != seen {
+                return None;
+            }
+            // The wait that loses leaves its line (what it was handed meanwhile is put back).
+            tokio::select! {
+                a = self.rare.await_hand_over(rare, wait) => a,
+                a = self.busy.await_hand_over(busy, wait) => a,
+            }
+        })
+    }
+
     fn pop_within(&self, wait: Duration) -> BoxFuture<'_, Result<Option<Assignment>, QueueError>> {
         Box::pin(async move {
             if self.pop_is_cancel_safe() {

@@ -41,6 +41,26 @@ pub trait Queue: Send + Sync {
     fn hand_over(&self, a: Assignment) -> Result<(), Assignment> {
         Err(a)
     }
+    /// How many assignments this process has put on the remote queue of a
+    /// [`Handoff`] (0 where nothing is handed over): a taker of another
+    /// process waiting in [`Queue::await_hand_over`] looks at the remote
+    /// queue again once it changes.
+    fn pushes(&self) -> u64 {
+        0
+    }
+    /// Waits in this process's line for a hand-over on behalf of a taker
+    /// that looks at the remote queue itself (a pulling worker, through its
+    /// session): the assignment handed over, or None once [`Queue::pushes`]
+    /// is no longer `seen` (at once if it is not now) or `wait` ran out.
+    /// Dropped, what was handed over meanwhile goes to another taker or onto
+    /// the remote queue. A queue that hands nothing over waits out `wait`.
+    fn await_hand_over(&self, seen: u64, wait: Duration) -> BoxFuture<'_, Option<Assignment>> {
+        let _ = seen;
+        Box::pin(async move {
+            tokio::time::sleep(wait).await;
+            None
+        })
+    }
     /// Takes the oldest assignment (or one whose taker's lease ran out),
     /// waiting until there is one: by default a `pop_within` of a second
     /// at a time until one comes.
