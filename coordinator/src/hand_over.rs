@@ -86,21 +86,21 @@ pub(crate) fn spawn(queue: Arc<dyn Queue>, d: Arc<Dispatcher>, session: mpsc::Se
                 w.said.send_replace(false);
             }
             said.borrow_and_update();
-            if stop.load(Ordering::SeqCst) {
-                d.requeue(&a.id);
-                return;
-            }
-            d.running_remotely(&a.id, session.clone());
+            // Held before the stop is looked at: a session that ends from here
+            // on requeues it, or this task does, never neither nor both.
             if let Ok(mut m) = inflight.lock() {
                 m.insert(a.id.clone(), None);
             }
+            let gone = stop.load(Ordering::SeqCst);
             let msg = CoordinatorMessage { msg: Some(coordinator_message::Msg::Assignment(assignment_to_wire(&a))) };
-            if session.send(Ok(msg)).await.is_err() {
+            if gone || session.send(Ok(msg)).await.is_err() {
                 if inflight.lock().ok().and_then(|mut m| m.remove(&a.id)).is_some() {
                     d.requeue(&a.id);
                 }
                 return;
             }
+            // After the assignment: a cancel asked meanwhile follows it on the session.
+            d.running_remotely(&a.id, session.clone());
         }
     });
 }

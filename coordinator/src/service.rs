@@ -248,10 +248,8 @@ impl Coordinator for WorkerService {
                             continue;
                         }
                     };
-                    if stopped || stop_seen.load(Ordering::SeqCst) {
-                        // Taken just as the session stopped taking work: back it goes.
+                    if stopped {
                         d.requeue(&a.id);
-                        stopped = true;
                         continue;
                     }
                     if !d.wanted(&a.id, a.epoch) {
@@ -265,17 +263,22 @@ impl Coordinator for WorkerService {
                         d.requeue(&a.id);
                         continue;
                     };
-                    d.running_remotely(&a.id, ptx.clone());
+                    // Held before the stop is looked at: a session that ends from
+                    // here on requeues it, or this task does, never neither nor both.
                     if let Ok(mut m) = pflight.lock() {
                         m.insert(a.id.clone(), Some(permit));
                     }
+                    let gone = stop_seen.load(Ordering::SeqCst);
                     let msg = CoordinatorMessage { msg: Some(coordinator_message::Msg::Assignment(assignment_to_wire(&a))) };
-                    if ptx.send(Ok(msg)).await.is_err() {
+                    if gone || ptx.send(Ok(msg)).await.is_err() {
                         if pflight.lock().ok().and_then(|mut m| m.remove(&a.id)).is_some() {
                             d.requeue(&a.id);
                         }
                         stopped = true;
+                        continue;
                     }
+                    // After the assignment: a cancel asked meanwhile follows it on the session.
+                    d.running_remotely(&a.id, ptx.clone());
                 }
                 if stopped {
                     return;
@@ -376,6 +379,7 @@ impl Coordinator for WorkerService {
                             worker_message::Msg::Drain(_) => {
                                 // Nothing more for this worker; what it runs still reports here.
                                 puller.stop();
+                                waiting.said(false).await;
                             }
                             worker_message::Msg::Release(r) => {
                                 if inflight.lock().ok().and_then(|mut m| m.remove(&r.assignment_id)).is_some() {

@@ -31,10 +31,14 @@ impl Hands {
         self.say(false).await
     }
 
-    /// An assignment was handed over: the wait is spent (the coordinator
-    /// left the line when it handed it).
-    pub async fn handed(&self) {
-        *self.waiting.lock().await = false;
+    /// An assignment was handed over: that wait is spent, and the
+    /// coordinator is told afresh whether it still waits (a slot free).
+    /// Said even when unchanged here: a `Waiting` the coordinator read just
+    /// after it handed this one over may have left it believing otherwise.
+    pub async fn handed(&self, still_waiting: bool) {
+        let mut said = self.waiting.lock().await;
+        *said = still_waiting;
+        let _ = self.session.send(WorkerMessage { msg: Some(worker_message::Msg::Waiting(Waiting { waiting: still_waiting })) }).await;
     }
 
     async fn say(&self, waiting: bool) {
@@ -65,10 +69,15 @@ mod tests {
         hands.enter().await;
         hands.enter().await;
         assert_eq!(said(&mut rx), [true], "said once while it waits");
-        hands.handed().await;
-        assert!(said(&mut rx).is_empty(), "a hand-over is the coordinator's to know");
+        hands.handed(false).await;
+        assert_eq!(said(&mut rx), [false], "after a hand-over, said whatever it was");
         hands.leave().await;
         assert!(said(&mut rx).is_empty(), "out of line already");
+        hands.handed(true).await;
+        hands.enter().await;
+        assert_eq!(said(&mut rx), [true], "a slot still free: in line again, said once");
+        hands.leave().await;
+        assert_eq!(said(&mut rx), [false]);
         hands.enter().await;
         hands.leave().await;
         assert_eq!(said(&mut rx), [true, false]);

@@ -35,11 +35,13 @@ pub struct Slots {
     short: AtomicBool,
     /// A slot was let go.
     freed: Notify,
+    /// Entries taken ahead that wait for a slot.
+    waiting_ahead: std::sync::atomic::AtomicUsize,
 }
 
 impl Slots {
     pub fn new(slots: usize) -> Arc<Slots> {
-        Arc::new(Slots { free: Arc::new(Semaphore::new(slots.max(1))), ahead: Arc::new(Semaphore::new(1)), short: AtomicBool::new(true), freed: Notify::new() })
+        Arc::new(Slots { free: Arc::new(Semaphore::new(slots.max(1))), ahead: Arc::new(Semaphore::new(1)), short: AtomicBool::new(true), freed: Notify::new(), waiting_ahead: Default::default() })
     }
 
     /// What an assignment handed over runs under: a slot free now, or the
@@ -54,6 +56,13 @@ impl Slots {
     /// Whether a slot is free.
     pub fn any_free(&self) -> bool {
         self.free.available_permits() > 0
+    }
+}
+
+impl Slot {
+    /// Whether no entry taken ahead waits for the slot that frees next.
+    pub fn none_ahead(&self) -> bool {
+        self.slots.waiting_ahead.load(Ordering::SeqCst) == 0
     }
 }
 
@@ -83,9 +92,25 @@ pub enum Claim {
     /// A free slot.
     Slot(Slot),
     /// The place ahead, given up once the entry has a slot.
-    Ahead(OwnedSemaphorePermit, Arc<Slots>),
+    Ahead(OwnedSemaphorePermit, Arc<Slots>, AheadMark),
     /// Handed over while no slot was free (one was about to be).
     Handed(Arc<Slots>),
+}
+
+/// Counts an entry taken ahead in [`Slots`] while its claim lives.
+pub struct AheadMark(Arc<Slots>);
+
+impl AheadMark {
+    fn new(slots: &Arc<Slots>) -> AheadMark {
+        slots.waiting_ahead.fetch_add(1, Ordering::SeqCst);
+        AheadMark(slots.clone())
+    }
+}
+
+impl Drop for AheadMark {
+    fn drop(&mut self) {
+        self.0.waiting_ahead.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Claim {
@@ -94,7 +119,7 @@ impl Claim {
     pub async fn slot(self) -> Option<Slot> {
         match self {
             Claim::Slot(s) => Some(s),
-            Claim::Ahead(place, slots) => {
+            Claim::Ahead(place, slots, _mark) => {
                 let Ok(Ok(permit)) = tokio::time::timeout(HOLD, slots.free.clone().acquire_owned()).await else {
                     // None ahead again until a step ends and says it was short.
                     slots.short.store(false, Ordering::Relaxed);
@@ -145,6 +170,9 @@ pub async fn pull(q: Arc<dyn Queue>, slots: Arc<Slots>, out: mpsc::Sender<(Assig
                 }
             }
             look_now = false;
+            if stop.load(Ordering::SeqCst) {
+                return;
+            }
         }
         // Nothing else is taken while one taken ahead waits: the slot that
         // frees first is its own.
@@ -179,6 +207,8 @@ pub async fn pull(q: Arc<dyn Queue>, slots: Arc<Slots>, out: mpsc::Sender<(Assig
                 if let Some(l) = steppe_runtime::outage::failed("taking from the queue", &e) {
                     tracing::warn!("steppe worker: {l}");
                 }
+                // The slot stays free for what is handed over meanwhile.
+                drop((free, place));
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
             }
@@ -197,7 +227,8 @@ pub async fn pull(q: Arc<dyn Queue>, slots: Arc<Slots>, out: mpsc::Sender<(Assig
             // More waits and a slot is still free: look again at once.
             look_now = backlog && slots.any_free();
         }
-        let mut claims = free.map(|p| Claim::Slot(Slot::new(p, slots.clone()))).into_iter().chain([Claim::Ahead(place, slots.clone())]);
+        let ahead = std::iter::once_with(|| Claim::Ahead(place, slots.clone(), AheadMark::new(&slots)));
+        let mut claims = free.map(|p| Claim::Slot(Slot::new(p, slots.clone()))).into_iter().chain(ahead);
         for taken in batch {
             let a = match taken {
                 Ok(a) => a,
@@ -249,16 +280,19 @@ mod tests {
         let first = Claim::Slot(Slot::new(slots.free.clone().acquire_owned().await.unwrap(), slots.clone()));
         let running = first.slot().await.expect("a slot's claim runs at once");
         let ahead = slots.ahead.clone().acquire_owned().await.unwrap();
-        let waiting = tokio::spawn(Claim::Ahead(ahead, slots.clone()).slot());
+        assert!(running.none_ahead());
+        let waiting = tokio::spawn(Claim::Ahead(ahead, slots.clone(), AheadMark::new(&slots)).slot());
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert_eq!(slots.ahead.available_permits(), 0, "the place ahead is held while it waits");
+        assert!(!running.none_ahead(), "the slot that frees next is the one taken ahead's: the worker does not say it waits");
         drop(running);
         let second = waiting.await.unwrap().expect("the slot let go is the one taken ahead's");
+        assert!(second.none_ahead());
         assert_eq!(slots.ahead.available_permits(), 1, "the place ahead is free again once it runs");
         assert!(slots.short.load(Ordering::Relaxed), "a step of 20 ms is short");
         // Nothing frees within the hold: handed back, its place ahead free.
         let ahead = slots.ahead.clone().acquire_owned().await.unwrap();
-        assert!(Claim::Ahead(ahead, slots.clone()).slot().await.is_none());
+        assert!(Claim::Ahead(ahead, slots.clone(), AheadMark::new(&slots)).slot().await.is_none());
         assert_eq!(slots.ahead.available_permits(), 1);
         assert!(!slots.short.load(Ordering::Relaxed), "after one goes back, none is taken ahead until a step ends");
         drop(second);
@@ -269,5 +303,22 @@ mod tests {
         tokio::time::sleep(HOLD).await;
         drop(long);
         assert!(!slots.short.load(Ordering::Relaxed), "a step that held its slot past half the hold is not short");
+    }
+
+    #[tokio::test]
+    async fn a_hand_over_runs_in_a_free_slot_or_the_first_to_free_within_the_hold() {
+        let slots = Slots::new(1);
+        let Claim::Slot(first) = slots.for_hand_over() else { panic!("a slot was free: it is taken at once") };
+        assert!(!slots.any_free());
+        let second = tokio::spawn(slots.for_hand_over().slot());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        drop(first);
+        let second = second.await.unwrap().expect("the slot let go within the hold");
+        // None frees within the hold: it goes back.
+        let t = std::time::Instant::now();
+        assert!(slots.for_hand_over().slot().await.is_none());
+        assert!(t.elapsed() >= HOLD);
+        drop(second);
+        assert!(slots.any_free());
     }
 }

@@ -263,10 +263,13 @@ impl Running {
                 return;
             }
         };
-        if let (Some(h), Some(_)) = (&hands, &slot) {
-            // Its slot frees with this result: in line before the coordinator
-            // reads the result, whose step hands out its next at once.
-            h.enter().await;
+        if let (Some(h), Some(s)) = (&hands, &slot) {
+            // Its slot frees with this result (unless one taken ahead waits
+            // for it): in line before the coordinator reads the result,
+            // whose step hands out its next at once.
+            if s.none_ahead() {
+                h.enter().await;
+            }
         }
         let reported = tx.send(WorkerMessage { msg: Some(worker_message::Msg::Result(wire)) }).await.is_ok();
         // The slot is free once the result is sent: the next pop need not
@@ -583,24 +586,30 @@ async fn session(config: &WorkerConfig, reconnecting: bool, stats: &Arc<Stats>) 
                     }
                     Some(coordinator_message::Msg::Assignment(wa)) => {
                         let (id, epoch) = (wa.id.clone(), wa.epoch);
-                        match assignment_from_wire(wa) {
+                        let handed = match (&ctx.hands, assignment_from_wire(wa)) {
+                            (Some(h), handed) => {
+                                // The wait it answers is spent, whatever it holds.
+                                let claim = handed.is_ok().then(|| slots_of_queue.for_hand_over());
+                                h.handed(slots_of_queue.any_free()).await;
+                                // Out of line while a look held the free slot: it looks again.
+                                h.look.notify_one();
+                                match (handed, claim) {
+                                    (Ok(a), Some(claim)) => {
+                                        let cancel = ctx.cancels.register(&a.id);
+                                        // Handed over while it waited: no queue entry to acknowledge.
+                                        running.spawn(Running { queue: None, ..ctx.clone() }.run_when_a_slot_frees(a, cancel, claim));
+                                        continue;
+                                    }
+                                    (handed, _) => handed,
+                                }
+                            }
+                            (None, handed) => handed,
+                        };
+                        match handed {
                             Ok(a) => {
                                 // Registered here, not in the task: a cancel read next must find it.
                                 let cancel = ctx.cancels.register(&a.id);
-                                match &ctx.hands {
-                                    Some(h) => {
-                                        // Handed over while it waited: no queue entry to acknowledge.
-                                        h.handed().await;
-                                        let claim = slots_of_queue.for_hand_over();
-                                        running.spawn(Running { queue: None, ..ctx.clone() }.run_when_a_slot_frees(a, cancel, claim));
-                                        if slots_of_queue.any_free() {
-                                            h.enter().await;
-                                        }
-                                    }
-                                    None => {
-                                        running.spawn(ctx.clone().run_one(a, cancel, None));
-                                    }
-                                }
+                                running.spawn(ctx.clone().run_one(a, cancel, None));
                             }
                             Err(e) => {
                                 let message = format!("worker {name} could not read assignment {id}: {e}");
