@@ -7,17 +7,21 @@
 //! whatever goes through it (a requeue, a backlog, another process's entry).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use steppe_proto::v1::{coordinator_message, CoordinatorMessage, Look};
 use steppe_runtime::queue::Queue;
 use steppe_runtime::wire::assignment_to_wire;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit};
 use tonic::Status;
 
 use crate::dispatch::Dispatcher;
-use crate::service::InFlight;
+
+/// What a session holds, by assignment id; the permit is the slot it
+/// takes when the coordinator pushed it (a worker that pulls keeps count itself).
+pub(crate) type InFlight = Arc<Mutex<HashMap<String, Option<OwnedSemaphorePermit>>>>;
 
 /// How long one stand in line lasts before the stop flag is looked at again.
 const STAND: Duration = Duration::from_secs(1);

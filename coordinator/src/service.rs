@@ -13,11 +13,12 @@ use steppe_worker::local::Reporter;
 use steppe_runtime::assignment::AssignmentResult;
 use steppe_runtime::outcome::StepError;
 use steppe_runtime::wire::{assignment_to_wire, restore_payload, result_from_wire};
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::dispatch::Dispatcher;
+use crate::hand_over::InFlight;
 use crate::registry::WorkerRegistry;
 
 /// Most assignments a session's puller takes from the queue in one read.
@@ -66,10 +67,6 @@ impl Drop for StopOnDrop {
         self.stop();
     }
 }
-
-/// What a session holds, by assignment id; the permit is the slot it
-/// takes when the coordinator pushed it (a worker that pulls keeps count itself).
-pub(crate) type InFlight = Arc<Mutex<HashMap<String, Option<OwnedSemaphorePermit>>>>;
 
 impl WorkerService {
     /// A worker of a team files questions only under that team's runs.

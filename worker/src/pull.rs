@@ -22,10 +22,17 @@ use crate::hands::Hands;
 /// a worker whose steps run longer than half of it takes none ahead.
 pub const HOLD: Duration = Duration::from_millis(250);
 
-/// How often a worker in its coordinator's line looks at the queue for what
+/// How soon a worker in its coordinator's line looks at the queue for what
 /// the coordinator did not hand over (entries of other processes, entries
-/// back after a lease ran out); what the coordinator queues, it says.
+/// back after a lease ran out); what the coordinator queues, it says. Each
+/// such look that finds nothing doubles the time to the next, up to
+/// [`QUIET_MAX`]: an idle worker asks a cloud queue no more often than one
+/// that waits on the queue itself.
 pub const QUIET: Duration = Duration::from_millis(250);
+
+/// The longest a worker in line goes without looking (as long as a worker
+/// without a line waits on the queue in one pop).
+pub const QUIET_MAX: Duration = Duration::from_secs(1);
 
 /// A worker's slots and its one place ahead.
 pub struct Slots {
@@ -160,13 +167,16 @@ pub async fn pull(q: Arc<dyn Queue>, slots: Arc<Slots>, out: mpsc::Sender<(Assig
     let mut backlog = false;
     // In the coordinator's line: whether to look before waiting there.
     let mut look_now = true;
+    // Until the next look of its own, and whether this look is one.
+    let (mut quiet, mut quiet_look) = (QUIET, false);
     loop {
         if let Some(h) = &hands {
+            quiet_look = false;
             if !look_now {
                 tokio::select! {
-                    _ = h.look.notified() => {}
+                    _ = h.look.notified() => quiet = QUIET,
                     _ = slots.freed.notified(), if backlog => {}
-                    _ = tokio::time::sleep(QUIET) => {}
+                    _ = tokio::time::sleep(quiet) => quiet_look = true,
                 }
             }
             look_now = false;
@@ -219,8 +229,12 @@ pub async fn pull(q: Arc<dyn Queue>, slots: Arc<Slots>, out: mpsc::Sender<(Assig
         backlog = batch.len() == max;
         if let Some(h) = &hands {
             if batch.is_empty() {
+                if quiet_look {
+                    quiet = (quiet * 2).min(QUIET_MAX);
+                }
                 continue;
             }
+            quiet = QUIET;
             if free.is_some() {
                 h.leave().await;
             }
@@ -262,6 +276,7 @@ pub async fn pull(q: Arc<dyn Queue>, slots: Arc<Slots>, out: mpsc::Sender<(Assig
 #[cfg(test)]
 mod tests {
     use super::*;
+    use steppe_proto::v1::{worker_message, Waiting, WorkerMessage};
 
     #[test]
     fn only_a_first_taking_of_this_coordinators_entry_runs_unconfirmed() {
@@ -321,4 +336,46 @@ mod tests {
         drop(second);
         assert!(slots.any_free());
     }
+
+    /// Counts its looks and never has anything.
+    struct Empty(std::sync::atomic::AtomicUsize);
+
+    impl Queue for Empty {
+        fn push(&self, _: Assignment) -> futures::future::BoxFuture<'_, Result<(), steppe_runtime::queue::QueueError>> {
+            Box::pin(async { Ok(()) })
+        }
+        fn pop_within(&self, _: Duration) -> futures::future::BoxFuture<'_, Result<Option<Assignment>, steppe_runtime::queue::QueueError>> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async { Ok(None) })
+        }
+        fn ack(&self, _: &str) -> futures::future::BoxFuture<'_, Result<(), steppe_runtime::queue::QueueError>> {
+            Box::pin(async { Ok(()) })
+        }
+        fn remove(&self, _: &str) -> futures::future::BoxFuture<'_, Result<bool, steppe_runtime::queue::QueueError>> {
+            Box::pin(async { Ok(false) })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_worker_in_line_looks_less_often_while_it_finds_nothing_and_at_once_when_told() {
+        let q = Arc::new(Empty(Default::default()));
+        let (session, mut said) = mpsc::channel(64);
+        let hands = Arc::new(Hands::new(session));
+        let (out, _taken) = mpsc::channel(4);
+        let stop = Arc::new(AtomicBool::new(false));
+        let puller = tokio::spawn(pull(q.clone(), Slots::new(1), out, stop.clone(), Some(hands.clone())));
+        // Looks at 0, 250, 750 and 1,750 ms; every 250 ms it would be eleven.
+        tokio::time::sleep(Duration::from_millis(2600)).await;
+        let quiet = q.0.load(Ordering::SeqCst);
+        assert!((3..=5).contains(&quiet), "{quiet} looks in 2.6 s of nothing");
+        assert!(matches!(said.try_recv(), Ok(WorkerMessage { msg: Some(worker_message::Msg::Waiting(Waiting { waiting: true })) })), "in line while it looks");
+        // Told to look: at once, and again 250 ms later.
+        hands.look.notify_one();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(q.0.load(Ordering::SeqCst) - quiet, 2);
+        stop.store(true, Ordering::SeqCst);
+        hands.look.notify_one();
+        tokio::time::timeout(Duration::from_secs(2), puller).await.expect("stops when told").unwrap();
+    }
+
 }
