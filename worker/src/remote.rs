@@ -410,7 +410,7 @@ async fn session(config: &WorkerConfig, reconnecting: bool, stats: &Arc<Stats>) 
     let mut client = CoordinatorClient::with_interceptor(channel.clone(), with_token.clone());
     let (tx, rx) = mpsc::channel::<WorkerMessage>(1024);
     let _ = tx
-        .send(WorkerMessage { msg: Some(worker_message::Msg::Hello(Hello { worker: name.to_string(), slots, pulls: queue.is_some(), pool, containers: *containers, takes_hand_overs: queue.is_some() })) })
+        .send(WorkerMessage { msg: Some(worker_message::Msg::Hello(Hello { worker: name.to_string(), slots, pulls: queue.is_some(), pool, containers: *containers, takes_hand_overs: queue.as_deref().is_some_and(steppe_cloud::queues::hands_over_to_pullers) })) })
         .await;
     let mut inbound = client.session(ReceiverStream::new(rx)).await?.into_inner();
     let welcome = match inbound.message().await? {

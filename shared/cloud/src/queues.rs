@@ -15,6 +15,15 @@ pub fn is_queue_url(url: &str) -> bool {
     ["redis://", "rediss://", "sqs://", "pubsub://"].iter().any(|s| url.starts_with(s))
 }
 
+/// Whether a worker that takes from `url` itself may also be handed steps on
+/// its session (which then never reach the queue): on Redis only. An
+/// autoscaler that counts an SQS or Pub/Sub queue's messages (the KEDA
+/// overlays) would not see a step handed over, and would scale its busy
+/// worker away.
+pub fn hands_over_to_pullers(url: &str) -> bool {
+    url.starts_with("redis://") || url.starts_with("rediss://")
+}
+
 /// The name of the default pool's queue: `key` for Redis (a stream under the
 /// installation's prefix), the URL's prefix for SQS (`sqs://steppe` → `steppe`).
 pub fn base_key(url: &str, redis_key: &str) -> String {
@@ -55,4 +64,17 @@ pub async fn pools(url: &str, base: &str, consumer: &str, lease: Duration, optio
             Box::pin(async move { connect(&url, &key, &consumer, lease, &options).await })
         }),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_redis_worker_is_handed_steps_beside_its_queue() {
+        assert!(hands_over_to_pullers("redis://127.0.0.1:6379"));
+        assert!(hands_over_to_pullers("rediss://user@redis.example:6380/0"));
+        assert!(!hands_over_to_pullers("sqs://steppe"), "KEDA counts an SQS queue's messages");
+        assert!(!hands_over_to_pullers("pubsub://project/steppe"), "KEDA counts a subscription's messages");
+    }
 }
