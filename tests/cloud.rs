@@ -14,8 +14,15 @@ fn curl(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Each test points the AWS environment of this process (and of every
+/// process it starts) at its own moto server: one test at a time, or the
+/// other's coordinator reaches a server without its bucket (`cargo test`
+/// runs the tests of a file as threads of one process; nextest does not).
+static ONE_MOTO_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn a_cluster_on_sqs_and_s3() {
+    let _moto = ONE_MOTO_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let work = scratch("cloud");
     std::fs::write(
         work.join("p.yml"),
@@ -47,6 +54,7 @@ fn a_cluster_on_sqs_and_s3() {
 /// worker that takes from the queue itself and to one sent work alike.
 #[test]
 fn an_assignment_too_large_for_a_message_travels_by_reference() {
+    let _moto = ONE_MOTO_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let work = scratch("cloud-by-reference");
     // A long allow-list of environment names (none set) makes each assignment about 300 KiB.
     let names: Vec<String> = (0..2600).map(|n| format!("STEPPE_FILLER_{n:05}_{}", "X".repeat(96))).collect();
