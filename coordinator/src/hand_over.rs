@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use steppe_proto::v1::{coordinator_message, CoordinatorMessage, Look};
+use steppe_runtime::assignment::Assignment;
 use steppe_runtime::queue::Queue;
 use steppe_runtime::wire::assignment_to_wire;
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit};
@@ -22,6 +23,9 @@ use crate::dispatch::Dispatcher;
 /// What a session holds, by assignment id; the permit is the slot it
 /// takes when the coordinator pushed it (a worker that pulls keeps count itself).
 pub(crate) type InFlight = Arc<Mutex<HashMap<String, Option<OwnedSemaphorePermit>>>>;
+
+/// Where a session's messages to its worker go.
+pub(crate) type Session = mpsc::Sender<Result<CoordinatorMessage, Status>>;
 
 /// How long one stand in line lasts before the stop flag is looked at again.
 const STAND: Duration = Duration::from_secs(1);
@@ -51,7 +55,7 @@ impl Waiting {
 
 /// Stands in line for the worker of `session` while it waits, until `stop`
 /// or until the session's reader lets go of `waiting`.
-pub(crate) fn spawn(queue: Arc<dyn Queue>, d: Arc<Dispatcher>, session: mpsc::Sender<Result<CoordinatorMessage, Status>>, inflight: InFlight, waiting: &Arc<Waiting>, stop: Arc<AtomicBool>) {
+pub(crate) fn spawn(queue: Arc<dyn Queue>, d: Arc<Dispatcher>, session: Session, inflight: InFlight, waiting: &Arc<Waiting>, stop: Arc<AtomicBool>) {
     let mut said = waiting.said.subscribe();
     let waiting = Arc::downgrade(waiting);
     tokio::spawn(async move {
@@ -90,21 +94,31 @@ pub(crate) fn spawn(queue: Arc<dyn Queue>, d: Arc<Dispatcher>, session: mpsc::Se
                 w.said.send_replace(false);
             }
             said.borrow_and_update();
-            // Held before the stop is looked at: a session that ends from here
-            // on requeues it, or this task does, never neither nor both.
-            if let Ok(mut m) = inflight.lock() {
-                m.insert(a.id.clone(), None);
-            }
-            let gone = stop.load(Ordering::SeqCst);
-            let msg = CoordinatorMessage { msg: Some(coordinator_message::Msg::Assignment(assignment_to_wire(&a))) };
-            if gone || session.send(Ok(msg)).await.is_err() {
-                if inflight.lock().ok().and_then(|mut m| m.remove(&a.id)).is_some() {
-                    d.requeue(&a.id);
-                }
+            if !send_held(&a, None, &session, &inflight, &d, &stop).await {
                 return;
             }
-            // After the assignment: a cancel asked meanwhile follows it on the session.
-            d.running_remotely(&a.id, session.clone());
         }
     });
+}
+
+/// Sends an assignment taken for a session (pushed or handed over) to its
+/// worker; false when the session stopped or is gone (it went back on the
+/// queue). It is held before the stop is looked at, so a session that ends
+/// from then on requeues it, or this does, never neither nor both; and it is
+/// marked running remotely only once sent, so a cancel asked meanwhile
+/// follows it on the session.
+pub(crate) async fn send_held(a: &Assignment, slot: Option<OwnedSemaphorePermit>, session: &Session, inflight: &InFlight, d: &Dispatcher, stop: &AtomicBool) -> bool {
+    if let Ok(mut m) = inflight.lock() {
+        m.insert(a.id.clone(), slot);
+    }
+    let gone = stop.load(Ordering::SeqCst);
+    let msg = CoordinatorMessage { msg: Some(coordinator_message::Msg::Assignment(assignment_to_wire(a))) };
+    if gone || session.send(Ok(msg)).await.is_err() {
+        if inflight.lock().ok().and_then(|mut m| m.remove(&a.id)).is_some() {
+            d.requeue(&a.id);
+        }
+        return false;
+    }
+    d.running_remotely(&a.id, session.clone());
+    true
 }

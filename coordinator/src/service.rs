@@ -12,7 +12,7 @@ use steppe_runtime::queue::{check_pool_name, pool_key, DEFAULT_POOL};
 use steppe_worker::local::Reporter;
 use steppe_runtime::assignment::AssignmentResult;
 use steppe_runtime::outcome::StepError;
-use steppe_runtime::wire::{assignment_to_wire, restore_payload, result_from_wire};
+use steppe_runtime::wire::{restore_payload, result_from_wire};
 use tokio::sync::{mpsc, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -260,22 +260,7 @@ impl Coordinator for WorkerService {
                         d.requeue(&a.id);
                         continue;
                     };
-                    // Held before the stop is looked at: a session that ends from
-                    // here on requeues it, or this task does, never neither nor both.
-                    if let Ok(mut m) = pflight.lock() {
-                        m.insert(a.id.clone(), Some(permit));
-                    }
-                    let gone = stop_seen.load(Ordering::SeqCst);
-                    let msg = CoordinatorMessage { msg: Some(coordinator_message::Msg::Assignment(assignment_to_wire(&a))) };
-                    if gone || ptx.send(Ok(msg)).await.is_err() {
-                        if pflight.lock().ok().and_then(|mut m| m.remove(&a.id)).is_some() {
-                            d.requeue(&a.id);
-                        }
-                        stopped = true;
-                        continue;
-                    }
-                    // After the assignment: a cancel asked meanwhile follows it on the session.
-                    d.running_remotely(&a.id, ptx.clone());
+                    stopped = !crate::hand_over::send_held(&a, Some(permit), &ptx, &pflight, &d, &stop_seen).await;
                 }
                 if stopped {
                     return;

@@ -45,7 +45,7 @@ impl Hands {
         said.0 = still_waiting;
         if still_waiting || told > 1 {
             said.1 = 1;
-            let _ = self.session.send(WorkerMessage { msg: Some(worker_message::Msg::Waiting(Waiting { waiting: still_waiting })) }).await;
+            self.tell(still_waiting).await;
         }
     }
 
@@ -53,8 +53,13 @@ impl Hands {
         let mut said = self.waiting.lock().await;
         if said.0 != waiting {
             *said = (waiting, said.1 + 1);
-            let _ = self.session.send(WorkerMessage { msg: Some(worker_message::Msg::Waiting(Waiting { waiting })) }).await;
+            self.tell(waiting).await;
         }
+    }
+
+    /// Sends `Waiting` (the caller holds `waiting`, so sends keep its order).
+    async fn tell(&self, waiting: bool) {
+        let _ = self.session.send(WorkerMessage { msg: Some(worker_message::Msg::Waiting(Waiting { waiting })) }).await;
     }
 }
 

@@ -66,13 +66,6 @@ impl Slots {
     }
 }
 
-impl Slot {
-    /// Whether no entry taken ahead waits for the slot that frees next.
-    pub fn none_ahead(&self) -> bool {
-        self.slots.waiting_ahead.load(Ordering::SeqCst) == 0
-    }
-}
-
 /// A slot a step runs in; when it is let go, how long the step held it
 /// decides whether the next is taken ahead.
 pub struct Slot {
@@ -84,6 +77,11 @@ pub struct Slot {
 impl Slot {
     fn new(permit: OwnedSemaphorePermit, slots: Arc<Slots>) -> Slot {
         Slot { _permit: permit, slots, since: Instant::now() }
+    }
+
+    /// Whether no entry taken ahead waits for the slot that frees next.
+    pub fn none_ahead(&self) -> bool {
+        self.slots.waiting_ahead.load(Ordering::SeqCst) == 0
     }
 }
 
@@ -167,11 +165,12 @@ pub async fn pull(q: Arc<dyn Queue>, slots: Arc<Slots>, out: mpsc::Sender<(Assig
     let mut backlog = false;
     // In the coordinator's line: whether to look before waiting there.
     let mut look_now = true;
-    // Until the next look of its own, and whether this look is one.
-    let (mut quiet, mut quiet_look) = (QUIET, false);
+    // Until the next look of its own.
+    let mut quiet = QUIET;
     loop {
+        // Whether this look is one of its own (no word of work came first).
+        let mut quiet_look = false;
         if let Some(h) = &hands {
-            quiet_look = false;
             if !look_now {
                 tokio::select! {
                     _ = h.look.notified() => quiet = QUIET,
