@@ -11,11 +11,14 @@ use std::time::Duration;
 
 use common::*;
 
-/// How long the engine may take to remove a finished step's container (a
-/// run asks for it as the step ends and does not wait for it; on a loaded
-/// machine the wait once ran past 10 s). One never asked for stays, and
-/// fails the test anyway.
-const CONTAINERS_GONE_WITHIN: Duration = Duration::from_secs(30);
+/// No container of steps named with these prefixes is left. A process
+/// waits for the engine to remove its steps' containers before it exits,
+/// so this holds the moment it has (a run that did not wait could leave its
+/// last step's container behind until some steppe process died).
+fn no_container_left(prefixes: &[&str]) {
+    let left: Vec<String> = prefixes.iter().flat_map(|p| steppe_containers(p)).collect();
+    assert!(left.is_empty(), "containers left once the run had ended: {left:?}");
+}
 
 /// A task in an image sees only its inputs, its outputs reach the next step
 /// on the host, its failure fails the step; a timeout stops it; an image the
@@ -91,7 +94,7 @@ fn tasks_run_in_an_image() {
     assert_eq!(out.status.code(), Some(0), "{said}");
     assert!(said.contains("the guard ran in the image"), "{said}");
     assert_eq!(said.matches("the guard ran in the image").count(), 1, "{said}");
-    wait_for("no container of these steps left", CONTAINERS_GONE_WITHIN, || steppe_containers("t1-").is_empty());
+    no_container_left(&["t1-"]);
 }
 
 /// The project's base image (`deploy/build-image.sh`: Debian by
@@ -131,7 +134,7 @@ fn the_same_pipeline_ends_the_same_in_an_image_and_on_the_host() {
     assert_eq!(host.0, Some(0), "{host:?}");
     assert!(host.1.iter().any(|l| l.starts_with("[p6-show] ") && l.len() == "[p6-show] ".len() + 16), "the digest line: {host:?}");
     assert_eq!(host, in_image);
-    wait_for("no container of these steps left", CONTAINERS_GONE_WITHIN, || steppe_containers("p6-").is_empty());
+    no_container_left(&["p6-"]);
 }
 
 /// A task in an image with a `fix:` agent: the fixer's shell and its rerun
@@ -153,7 +156,7 @@ fn a_fix_agent_works_in_the_failing_tasks_image() {
     .expect("write");
     let out = steppe(&["run", "p.yml", "--script", "s.yaml"], &work);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    wait_for("no container of these steps left", CONTAINERS_GONE_WITHIN, || steppe_containers("f7-").is_empty());
+    no_container_left(&["f7-"]);
 }
 
 /// An image the engine lacks is pulled before the job starts when a
@@ -180,7 +183,7 @@ fn a_missing_image_is_pulled_when_a_registry_answers() {
     stop([&mut registry]);
     assert_eq!(out.status.code(), Some(0), "{said}");
     assert!(said.contains(&format!("pulling image {image}")) && said.contains("[u8-pulled] ran in the pulled image"), "{said}");
-    wait_for("no container of these steps left", CONTAINERS_GONE_WITHIN, || steppe_containers("u8-").is_empty());
+    no_container_left(&["u8-"]);
 }
 
 /// `steppe validate` checks the images a file names against this machine's
@@ -218,7 +221,7 @@ fn resource_types_run_in_their_image() {
     let said = text(&out);
     assert_eq!(out.status.code(), Some(0), "{said}");
     assert!(said.contains("2345"), "{said}");
-    wait_for("no container of these steps left", CONTAINERS_GONE_WITHIN, || steppe_containers("numbers").is_empty() && steppe_containers("r2-").is_empty());
+    no_container_left(&["numbers", "r2-"]);
 }
 
 /// An agent with an image: one container holds its shell tools, the step's
@@ -303,7 +306,7 @@ fn agent_tools_run_in_the_steps_container() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let transcript = text(&steppe(&["runs", "p.yml", "--job", "a3-slow", "--transcript"], &work));
     assert!(transcript.contains("timed out after 1s") && transcript.contains("restarted") && transcript.contains("kept\\nafter-restart"), "{transcript}");
-    wait_for("no container of these steps left", CONTAINERS_GONE_WITHIN, || steppe_containers("prober").is_empty() && steppe_containers("dialer").is_empty() && steppe_containers("sleeper").is_empty());
+    no_container_left(&["prober", "dialer", "sleeper"]);
 }
 
 /// Through a cluster: steps with an image, and agents whose tools run in
@@ -367,7 +370,7 @@ fn container_steps_go_only_to_workers_that_run_containers() {
     stop([&mut submit, &mut plain, &mut opted_out]);
     let mut rest = [redis, coord];
     stop(rest.iter_mut());
-    wait_for("no container of these steps left", CONTAINERS_GONE_WITHIN, || steppe_containers("c5-").is_empty());
+    wait_for("no container of these steps left", Duration::from_secs(10), || steppe_containers("c5-").is_empty());
 }
 
 /// Ctrl-C stops a run's container and removes it; a run killed with -9

@@ -222,8 +222,23 @@ impl std::ops::Deref for Runtime {
     }
 }
 
+/// How long a process that ends waits for the engine to remove the
+/// containers of its last steps.
+const CONTAINER_REMOVALS_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl Drop for Runtime {
     fn drop(&mut self) {
+        if let Some(rt) = self.0.as_ref().filter(|_| tokio::runtime::Handle::try_current().is_err()) {
+            let left = rt.block_on(steppe_worker::container::removals_settled(CONTAINER_REMOVALS_WAIT));
+            if left > 0 {
+                eprintln!(
+                    "steppe: the Docker engine did not confirm removing {left} container(s) of this process within {} s; remove what is left with: docker rm -f $(docker ps -aq --filter label={}={})",
+                    CONTAINER_REMOVALS_WAIT.as_secs(),
+                    steppe_worker::container::OWNER,
+                    steppe_runtime::store::this_owner()
+                );
+            }
+        }
         steppe_worker::telemetry::shutdown();
         drop(self.0.take());
     }

@@ -7,11 +7,14 @@ pub mod task;
 pub mod toolbox;
 
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use bollard::models::HostConfig;
 use bollard::query_parameters::RemoveContainerOptionsBuilder;
 use bollard::Docker;
 use steppe_runtime::assignment::{Assignment, ContainerSettings};
+use tokio::sync::Notify;
 
 pub use task::{start, Running};
 
@@ -87,7 +90,9 @@ fn env_of(names: &[String]) -> Vec<String> {
     names.iter().filter_map(|n| std::env::var(n).ok().map(|v| format!("{n}={v}"))).collect()
 }
 
-/// Removes the container when dropped, whatever happened.
+/// Removes the container when dropped, whatever happened. The removal goes
+/// on beside the step's next work; a process waits for it before it ends
+/// ([`removals_settled`]), so no container outlives the run that made it.
 struct Removed {
     docker: Docker,
     id: String,
@@ -97,11 +102,54 @@ impl Drop for Removed {
     fn drop(&mut self) {
         let (docker, id) = (self.docker.clone(), self.id.clone());
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let pending = Removing::begin();
             rt.spawn(async move {
+                let _pending = pending;
                 let _ = docker.remove_container(&id, Some(RemoveContainerOptionsBuilder::default().force(true).build())).await;
             });
         }
     }
+}
+
+/// Removals asked of the engine and not answered yet.
+static REMOVING: AtomicUsize = AtomicUsize::new(0);
+/// Told when the last of them is answered (or dropped with its runtime).
+static SETTLED: Notify = Notify::const_new();
+
+/// One removal in flight, counted until dropped.
+struct Removing;
+
+impl Removing {
+    fn begin() -> Removing {
+        REMOVING.fetch_add(1, Ordering::SeqCst);
+        Removing
+    }
+}
+
+impl Drop for Removing {
+    fn drop(&mut self) {
+        if REMOVING.fetch_sub(1, Ordering::SeqCst) == 1 {
+            SETTLED.notify_waiters();
+        }
+    }
+}
+
+/// Waits, for at most `limit`, until every container removal this process
+/// asked for is answered: a process calls it as it ends, before its runtime
+/// (and with it a removal still on its way) is dropped. How many are left.
+pub async fn removals_settled(limit: Duration) -> usize {
+    let settled = async {
+        loop {
+            // Waiting from here on: a removal answered after the count is read still wakes it.
+            let told = SETTLED.notified();
+            if REMOVING.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            told.await;
+        }
+    };
+    let _ = tokio::time::timeout(limit, settled).await;
+    REMOVING.load(Ordering::SeqCst)
 }
 
 /// Removes the containers a process of this host left when it died (killed
@@ -133,4 +181,29 @@ pub async fn sweep_orphans() -> usize {
 /// image holds its tools instead; see [`toolbox`]).
 pub fn runs_in_image(a: &Assignment) -> bool {
     a.image.is_some() && a.agent.is_none() && matches!(a.cwd, steppe_runtime::assignment::Cwd::StepDir | steppe_runtime::assignment::Cwd::CaptureSelf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A process's end waits for the removals in flight, and no longer than it is told.
+    #[tokio::test]
+    async fn an_ending_process_waits_for_its_removals_and_no_longer_than_told() {
+        assert_eq!(removals_settled(Duration::from_millis(10)).await, 0, "none asked for, none waited for");
+        let (quick, slow) = (Removing::begin(), Removing::begin());
+        let answered = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            drop(quick);
+        });
+        assert_eq!(removals_settled(Duration::from_millis(300)).await, 1, "the slow one is still out when the wait runs out");
+        answered.await.expect("the quick one answered");
+        let later = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            drop(slow);
+        });
+        let woken = tokio::time::timeout(Duration::from_secs(5), removals_settled(Duration::from_secs(3600))).await;
+        assert_eq!(woken, Ok(0), "woken when the last one is answered, not at the end of its wait");
+        later.await.expect("the slow one answered");
+    }
 }
