@@ -349,7 +349,10 @@ fn worker(args: WorkerArgs) -> Result<ExitCode> {
     let docker = if containers { ", runs containers" } else { "" };
     tracing::info!("steppe worker {name}: connecting to {} with {slots} slot(s){docker}", steppe_runtime::secrets::mask_urls(&url));
     let config = steppe_worker::remote::WorkerConfig { url, slots, name: name.clone(), work_root: work.clone(), token, stream_artifacts, tls_ca, queue, pool, reconnect_for, exit_when_idle, metrics, containers };
-    rt.block_on(steppe_worker::remote::run(config))?;
+    // On the runtime's threads, not this one: the session and the slots it
+    // feeds then share a thread (one slot, one thread) instead of waking
+    // each other across two on every message.
+    rt.block_on(async { tokio::spawn(steppe_worker::remote::run(config)).await }).context("the worker's session ended abruptly")??;
     tracing::info!("steppe worker {name}: stopped");
     Ok(ExitCode::SUCCESS)
 }
