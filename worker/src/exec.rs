@@ -319,13 +319,14 @@ async fn run_command(a: &Assignment, dir: &Path, sink: &Arc<dyn LineSink>, cance
     // Plain words start their program directly (simple_command.rs); what
     // cannot be started so goes to the shell, which says why in its words.
     let direct = crate::simple_command::words(&command).and_then(|w| Some((crate::simple_command::program_path(w[0], dir)?, w)));
+    let pipes = OutputPipes::new().map_err(|e| fail(StepError::errored(format!("{}: cannot make its output pipes: {e}", a.step))))?;
     let spawned = match direct {
-        Some((program, words)) => host_command(a, &program, &words[1..], dir).spawn().ok(),
+        Some((program, words)) => pipes.spawn(host_command(a, &program, &words[1..], dir)).ok(),
         None => None,
     };
     let mut child = match spawned {
         Some(c) => c,
-        None => match host_command(a, Path::new(crate::host_env::shell()), &["-c", &command], dir).spawn() {
+        None => match pipes.spawn(host_command(a, Path::new(crate::host_env::shell()), &["-c", &command], dir)) {
             Ok(c) => c,
             Err(e) => return Err(fail(StepError::errored(format!("{}: cannot start sh: {e}", a.step)))),
         },
@@ -343,8 +344,7 @@ async fn run_command(a: &Assignment, dir: &Path, sink: &Arc<dyn LineSink>, cance
             }
         }
     };
-    let out_pipe = child.stdout.take().map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Unpin + Send>);
-    let err_pipe = child.stderr.take().map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Unpin + Send>);
+    let (out_pipe, err_pipe, held) = pipes.readers().map_err(|e| fail(StepError::errored(format!("{}: cannot read its output: {e}", a.step))))?;
     let mut out_read = std::pin::pin!(reader(out_pipe, Stream::Stdout));
     let mut err_read = std::pin::pin!(reader(err_pipe, Stream::Stderr));
     let (mut stdout, mut stderr): (Option<Result<String, String>>, Option<Result<String, String>>) = (None, None);
@@ -370,6 +370,8 @@ async fn run_command(a: &Assignment, dir: &Path, sink: &Arc<dyn LineSink>, cance
         }
         let _ = child.wait().await;
     }
+    // Reaped: its pipes may end now.
+    drop(held);
     // What the command left running in the background goes with it (and
     // lets go of the output pipes it held).
     drop(group);
@@ -398,7 +400,7 @@ async fn run_command(a: &Assignment, dir: &Path, sink: &Arc<dyn LineSink>, cance
 
 
 /// `program ARGS` in `dir` with the host environment's allowlist and the
-/// step's own names, in a process group of its own, output piped.
+/// step's own names, in a process group of its own (its output: [`OutputPipes`]).
 fn host_command(a: &Assignment, program: &Path, args: &[&str], dir: &Path) -> Command {
     let mut cmd = Command::new(program);
     cmd.args(args).current_dir(dir).env_clear();
@@ -408,8 +410,41 @@ fn host_command(a: &Assignment, program: &Path, args: &[&str], dir: &Path) -> Co
             cmd.env(name, v);
         }
     }
-    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0).kill_on_drop(true);
+    cmd.stdin(Stdio::null()).process_group(0).kill_on_drop(true);
     cmd
+}
+
+/// A command's stdout and stderr pipes, of which this process holds a
+/// writing end too until the command is reaped. A process closes its
+/// descriptors a moment before the kernel tells of its exit, so pipes
+/// that end with it would wake the step twice (the pipes, then the exit);
+/// held, they end when the step lets go of them, already awake.
+struct OutputPipes {
+    out: (std::io::PipeReader, std::io::PipeWriter),
+    err: (std::io::PipeReader, std::io::PipeWriter),
+}
+
+type OutputReader = Option<Box<dyn tokio::io::AsyncRead + Unpin + Send>>;
+
+impl OutputPipes {
+    fn new() -> std::io::Result<OutputPipes> {
+        Ok(OutputPipes { out: std::io::pipe()?, err: std::io::pipe()? })
+    }
+
+    /// Starts `cmd` writing into the pipes.
+    fn spawn(&self, mut cmd: Command) -> std::io::Result<tokio::process::Child> {
+        cmd.stdout(self.out.1.try_clone()?).stderr(self.err.1.try_clone()?);
+        cmd.spawn()
+    }
+
+    /// The reading ends, for this runtime, and the writing ends to let go
+    /// of once the command is reaped.
+    fn readers(self) -> std::io::Result<(OutputReader, OutputReader, (std::io::PipeWriter, std::io::PipeWriter))> {
+        let reader = |r: std::io::PipeReader| -> std::io::Result<OutputReader> {
+            Ok(Some(Box::new(tokio::net::unix::pipe::Receiver::from_owned_fd(r.into())?)))
+        };
+        Ok((reader(self.out.0)?, reader(self.err.0)?, (self.out.1, self.err.1)))
+    }
 }
 
 /// What stops a running command before it ends: its timeout, or a cancel.
@@ -607,6 +642,43 @@ mod tests {
         let r = execute_isolated(&a, store, &root, Arc::new(Broken), None, cancel).await;
         let e = r.result.expect_err("half an output must not pass");
         assert!(e.message.contains("reading its output failed") && e.message.contains("the sink broke"), "{}", e.message);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    struct Quiet;
+
+    impl LineSink for Quiet {
+        fn line(&self, _run_id: &str, _step: &str, _stream: Stream, _line: &str) {}
+    }
+
+    #[tokio::test]
+    async fn a_command_sees_only_its_three_streams_and_all_it_wrote_is_kept() {
+        let (root, store, cancel) = setup("pipes");
+        // Started directly (plain words): what it lists is its own descriptors,
+        // the directory it reads being the fourth. The ends of the output
+        // pipes this process holds must not be among them.
+        let a = Assignment { id: "a1".into(), stream: false, ..Assignment::command("r", "fds", "ls /proc/self/fd".into()) };
+        let r = execute_isolated(&a, store.clone(), &root, Arc::new(Quiet), None, cancel.clone()).await;
+        assert!(r.result.is_ok(), "{:?}", r.result);
+        // Beside those, only what this process lets every child inherit (a
+        // test runner's jobserver, say) may be there.
+        let inherited: Vec<String> = std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|&fd| fd > 2 && unsafe { libc::fcntl(fd, libc::F_GETFD) } & libc::FD_CLOEXEC == 0)
+            .map(|fd| fd.to_string())
+            .collect();
+        let own: Vec<&str> = r.stdout.split_whitespace().filter(|fd| !inherited.iter().any(|i| i == fd)).collect();
+        assert_eq!(own, ["0", "1", "2", "3"], "{} (inherited: {inherited:?})", r.stdout);
+        // A process that closes its output before it ends: what it wrote is
+        // kept, and its step ends when it does.
+        let a = Assignment { id: "a2".into(), stream: false, ..Assignment::command("r", "closes", "echo out; echo err >&2; exec >&- 2>&-; sleep 0.2; exit 3".into()) };
+        let r = execute_isolated(&a, store.clone(), &root, Arc::new(Quiet), None, cancel.clone()).await;
+        assert_eq!((r.stdout.as_str(), r.stderr.as_str(), r.exit_code), ("out\n", "err\n", Some(3)));
+        // One that writes up to the moment it ends.
+        let a = Assignment { id: "a3".into(), stream: false, ..Assignment::command("r", "last", "seq 1 20000; printf tail >&2".into()) };
+        let r = execute_isolated(&a, store, &root, Arc::new(Quiet), None, cancel).await;
+        assert_eq!((r.stdout.lines().count(), r.stdout.lines().last(), r.stderr.as_str()), (20000, Some("20000"), "tail"));
         let _ = std::fs::remove_dir_all(&root);
     }
 }
