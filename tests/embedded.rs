@@ -264,3 +264,22 @@ fn readme_examples_work() {
     assert_eq!(out.status.code(), Some(0), "{t}");
     assert!(t.contains("PASS build") && t.contains("PASS deploy") && t.contains("2/2 passed"), "{t}");
 }
+
+/// Out of open files (a low `ulimit -n`), the steps that cannot start say
+/// why and what to do, the run errors, and the ones that could start ran.
+#[test]
+fn steps_past_the_open_file_limit_say_so_and_how_to_raise_it() {
+    let dir = scratch("nofile");
+    let cells: Vec<String> = (0..30).map(|i| i.to_string()).collect();
+    std::fs::write(dir.join("wide.yml"), format!("jobs:\n- name: wide\n  plan:\n  - task: cell\n    across:\n    - var: i\n      values: [{}]\n    max_in_flight: 30\n    run: sleep 0.5\n", cells.join(", "))).unwrap();
+    let out = child_of_this_test("sh")
+        .args(["-c", "ulimit -n 50 && exec \"$0\" run wide.yml --force --workers 30", env!("CARGO_BIN_EXE_steppe")])
+        .current_dir(&dir)
+        .output()
+        .expect("run steppe under sh");
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(2), "errored, not failed: {all}");
+    assert!(all.contains("Too many open files") && all.contains("raise it (`ulimit -n`) or run fewer steps at once"), "{all}");
+    assert!(all.contains("✔ cell"), "the cells that could start ran: {all}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

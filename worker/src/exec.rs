@@ -319,7 +319,7 @@ async fn run_command(a: &Assignment, dir: &Path, sink: &Arc<dyn LineSink>, cance
     // Plain words start their program directly (simple_command.rs); what
     // cannot be started so goes to the shell, which says why in its words.
     let direct = crate::simple_command::words(&command).and_then(|w| Some((crate::simple_command::program_path(w[0], dir)?, w)));
-    let pipes = OutputPipes::new().map_err(|e| fail(StepError::errored(format!("{}: cannot make its output pipes: {e}", a.step))))?;
+    let pipes = OutputPipes::new().map_err(|e| fail(StepError::errored(format!("{}: cannot make its output pipes: {}", a.step, start_error(&e)))))?;
     let spawned = match direct {
         Some((program, words)) => pipes.spawn(host_command(a, &program, &words[1..], dir)).ok(),
         None => None,
@@ -328,7 +328,7 @@ async fn run_command(a: &Assignment, dir: &Path, sink: &Arc<dyn LineSink>, cance
         Some(c) => c,
         None => match pipes.spawn(host_command(a, Path::new(crate::host_env::shell()), &["-c", &command], dir)) {
             Ok(c) => c,
-            Err(e) => return Err(fail(StepError::errored(format!("{}: cannot start sh: {e}", a.step)))),
+            Err(e) => return Err(fail(StepError::errored(format!("{}: cannot start sh: {}", a.step, start_error(&e))))),
         },
     };
     // Killed whole however this ends, this future dropped included.
@@ -398,6 +398,15 @@ async fn run_command(a: &Assignment, dir: &Path, sink: &Arc<dyn LineSink>, cance
     Ok(res)
 }
 
+
+/// Why a command could not start, with what to do when it is this
+/// process's limit of open files (each running command holds five).
+fn start_error(e: &std::io::Error) -> String {
+    if e.raw_os_error() == Some(libc::EMFILE) {
+        return format!("{e}: this process's limit of open files is reached (each running command holds five); raise it (`ulimit -n`) or run fewer steps at once (max_in_flight, --workers, --slots)");
+    }
+    e.to_string()
+}
 
 /// `program ARGS` in `dir` with the host environment's allowlist and the
 /// step's own names, in a process group of its own (its output: [`OutputPipes`]).
