@@ -13,6 +13,7 @@ use steppe_runtime::budget::Ledger;
 use steppe_runtime::outcome::StepError;
 use futures::FutureExt;
 use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::net::unix::pipe::Receiver;
 use tokio::process::Command;
 use tokio::sync::watch;
 
@@ -335,14 +336,9 @@ async fn run_command(a: &Assignment, dir: &Path, sink: &Arc<dyn LineSink>, cance
     let group = crate::process_group::Group::of(&child);
     // Both streams are read in this task, beside the wait (no task of their
     // own per step); a reader that panics (a bug) is caught and told.
-    let reader = |s: Option<Box<dyn tokio::io::AsyncRead + Unpin + Send>>, stream: Stream| {
+    let reader = |s: Receiver, stream: Stream| {
         let (run_id, step, sink, echo) = (a.run_id.clone(), a.step.clone(), sink.clone(), a.stream);
-        async move {
-            match s {
-                Some(s) => std::panic::AssertUnwindSafe(read_stream(BufReader::new(s), run_id, step, stream, sink, echo)).catch_unwind().await.map_err(|p| steppe_language::load::panic_text(p.as_ref())),
-                None => Ok(String::new()),
-            }
-        }
+        async move { std::panic::AssertUnwindSafe(read_stream(BufReader::new(s), run_id, step, stream, sink, echo)).catch_unwind().await.map_err(|p| steppe_language::load::panic_text(p.as_ref())) }
     };
     let (out_pipe, err_pipe, held) = pipes.readers().map_err(|e| fail(StepError::errored(format!("{}: cannot read its output: {e}", a.step))))?;
     let mut out_read = std::pin::pin!(reader(out_pipe, Stream::Stdout));
@@ -433,8 +429,6 @@ struct OutputPipes {
     err: (std::io::PipeReader, std::io::PipeWriter),
 }
 
-type OutputReader = Option<Box<dyn tokio::io::AsyncRead + Unpin + Send>>;
-
 impl OutputPipes {
     fn new() -> std::io::Result<OutputPipes> {
         Ok(OutputPipes { out: std::io::pipe()?, err: std::io::pipe()? })
@@ -448,10 +442,8 @@ impl OutputPipes {
 
     /// The reading ends, for this runtime, and the writing ends to let go
     /// of once the command is reaped.
-    fn readers(self) -> std::io::Result<(OutputReader, OutputReader, (std::io::PipeWriter, std::io::PipeWriter))> {
-        let reader = |r: std::io::PipeReader| -> std::io::Result<OutputReader> {
-            Ok(Some(Box::new(tokio::net::unix::pipe::Receiver::from_owned_fd(r.into())?)))
-        };
+    fn readers(self) -> std::io::Result<(Receiver, Receiver, (std::io::PipeWriter, std::io::PipeWriter))> {
+        let reader = |r: std::io::PipeReader| Receiver::from_owned_fd(r.into());
         Ok((reader(self.out.0)?, reader(self.err.0)?, (self.out.1, self.err.1)))
     }
 }
