@@ -9,6 +9,7 @@
 //! no directory with it.
 
 pub mod agent;
+mod command;
 pub mod container;
 pub mod exec;
 pub mod hands;
