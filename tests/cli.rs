@@ -302,6 +302,37 @@ fn a_detached_run_is_followed_live_through_a_coordinator() {
     assert!(lines.iter().any(|l| l["level"] == "WARN" && l["message"].as_str().is_some_and(|m| m.contains("no --auth or --token-file"))), "{log}");
 }
 
+/// A coordinator writes its log a batch at a time: every line still comes,
+/// in order, a warning at once, and what is pending when it is told to stop
+/// goes out before it ends.
+#[test]
+fn a_busy_coordinators_log_keeps_every_line_in_order() {
+    use std::time::Duration;
+    let d = scratch("log-batches");
+    let cells: Vec<String> = (0..60).map(|i| i.to_string()).collect();
+    let pipeline = format!("jobs:\n- name: many\n  plan:\n  - task: cell\n    across:\n    - var: i\n      values: [{}]\n    max_in_flight: 2\n    run: \"true\"\n", cells.join(", "));
+    std::fs::write(d.join("many.yml"), pipeline).expect("write");
+    let (mut coord, url, log) = common::serving_logged(&["coordinator", "--listen", "127.0.0.1:0", "--workers", "2", "--state", "state"], &d);
+    let seen = || log.lock().map(|l| l.clone()).unwrap_or_default();
+    // A warning is written the moment it is logged.
+    common::wait_for("the startup warning", Duration::from_secs(5), || seen().contains("no --auth or --token-file"));
+    let (code, out, err) = steppe(&["submit", "many.yml", "--coordinator", &url, "-q"], &d);
+    assert_eq!(code, 0, "{out}{err}");
+    let term = std::process::Command::new("kill").args(["-TERM", &coord.id().to_string()]).status().expect("kill");
+    assert!(term.success());
+    assert!(coord.wait().expect("coordinator").success());
+    common::wait_for("the last line", Duration::from_secs(5), || seen().contains("steppe coordinator: stopping"));
+    let text = seen();
+    let at = |line: &str| text.find(line).unwrap_or_else(|| panic!("{line:?} is in the log:\n{text}"));
+    let mut last = 0;
+    for i in 0..60 {
+        let (began, ended) = (at(&format!("▶ cell [i={i}]")), at(&format!("✔ cell [i={i}]")));
+        assert!(began < ended, "cell {i} began before it ended:\n{text}");
+        last = last.max(ended);
+    }
+    assert!(last < at("run succeeded") && at("run succeeded") < at("steppe coordinator: stopping"), "{text}");
+}
+
 /// A step no worker can take is said on its run, with the command that
 /// starts one; started, the worker takes it and the run ends.
 #[test]

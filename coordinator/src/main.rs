@@ -19,6 +19,7 @@ fn main() -> ExitCode {
     // closed, its scratch removed): the process leaves without the C
     // library's exit handlers, of which only the allocator's own is left,
     // handing every page back one by one (a fifth of a millisecond to 30 ms).
+    steppe_coordinator::cli::log::flush();
     let _ = std::io::stdout().flush();
     let _ = std::io::stderr().flush();
     match (0..=u8::MAX).find(|c| ExitCode::from(*c) == code) {

@@ -1,6 +1,11 @@
 //! The process log of the long-running commands (`steppe coordinator`,
-//! `steppe worker`): `tracing` events on stderr, as text or JSON lines for a
-//! log collector, filtered by `--log-level` or `RUST_LOG`.
+//! `steppe worker`): `tracing` events on stdout or stderr, as text or JSON
+//! lines for a log collector, filtered by `--log-level` or `RUST_LOG`, and
+//! written a batch at a time ([`Batches`]).
+
+use std::io::Write;
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
@@ -47,12 +52,7 @@ impl LogArgs {
             Sink::Stdout => std::io::stdout().is_terminal(),
             Sink::Stderr => std::io::stderr().is_terminal(),
         };
-        let writer = tracing_subscriber::fmt::writer::BoxMakeWriter::new(move || -> Box<dyn std::io::Write> {
-            match to {
-                Sink::Stdout => Box::new(std::io::stdout()),
-                Sink::Stderr => Box::new(std::io::stderr()),
-            }
-        });
+        let writer = Lines(BATCHES.get_or_init(|| Batches::start(to)).clone());
         let builder = tracing_subscriber::fmt().with_env_filter(self.filter()).with_writer(writer).with_target(false).with_ansi(colour);
         let _ = match self.log_format {
             LogFormat::Text => builder.try_init(),
@@ -61,9 +61,131 @@ impl LogArgs {
     }
 }
 
-/// Where a process's log goes.
+/// Where a process's log goes. Lines killed with the process (`SIGKILL`)
+/// may lose the last [`BATCH`] of them; an ending that is not a kill
+/// writes them out first ([`flush`]).
 #[derive(Debug, Clone, Copy)]
 pub enum Sink {
     Stdout,
     Stderr,
+}
+
+impl Sink {
+    fn write_all(self, bytes: &[u8]) -> std::io::Result<()> {
+        match self {
+            Sink::Stdout => std::io::stdout().lock().write_all(bytes),
+            Sink::Stderr => std::io::stderr().lock().write_all(bytes),
+        }
+    }
+}
+
+/// How long a log line may wait for others to go out with it.
+const BATCH: Duration = Duration::from_millis(5);
+
+/// Past this much pending, the thread that logs writes the batch out
+/// itself (and waits for a reader that does not keep up, as it would
+/// writing its line alone).
+const PENDING_MAX: usize = 1 << 20;
+
+static BATCHES: OnceLock<Arc<Batches>> = OnceLock::new();
+
+/// The log's lines, gathered and written out in one `write` a batch by a
+/// thread of their own, at most [`BATCH`] after the first of them; a
+/// warning or an error goes out at once, with what was pending before it.
+/// A busy coordinator logs two lines a step; written one at a time, each
+/// cost a `write` on the thread that logged it and a wake-up of whoever
+/// reads the log (a terminal, a container runtime, a collector).
+struct Batches {
+    pending: Mutex<Vec<u8>>,
+    /// Held while a batch is taken and written, so that batches go out in
+    /// order and [`flush`] returns after the one being written.
+    writing: Mutex<()>,
+    arrived: Condvar,
+    to: Sink,
+    /// False when no thread could be started for them: each line is
+    /// written as it comes.
+    batched: bool,
+}
+
+impl Batches {
+    fn start(to: Sink) -> Arc<Batches> {
+        let batches = |batched| Arc::new(Batches { pending: Mutex::new(Vec::new()), writing: Mutex::new(()), arrived: Condvar::new(), to, batched });
+        let b = batches(true);
+        let writer = b.clone();
+        let started = std::thread::Builder::new().name("steppe-log".into()).spawn(move || loop {
+            {
+                let mut pending = writer.pending.lock().unwrap_or_else(|p| p.into_inner());
+                while pending.is_empty() {
+                    pending = writer.arrived.wait(pending).unwrap_or_else(|p| p.into_inner());
+                }
+            }
+            std::thread::sleep(BATCH);
+            writer.write_out();
+        });
+        match started {
+            Ok(_) => b,
+            Err(_) => batches(false),
+        }
+    }
+
+    /// Writes what is pending now.
+    fn write_out(&self) {
+        let _writing = self.writing.lock().unwrap_or_else(|p| p.into_inner());
+        let batch = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
+        if !batch.is_empty() {
+            let _ = self.to.write_all(&batch);
+        }
+    }
+}
+
+/// Writes out the log's pending lines: the process is about to end.
+pub fn flush() {
+    if let Some(b) = BATCHES.get() {
+        b.write_out();
+    }
+}
+
+/// The log's writer: a [`Line`] for each event.
+struct Lines(Arc<Batches>);
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Lines {
+    type Writer = Line;
+
+    fn make_writer(&'a self) -> Line {
+        Line { batches: self.0.clone(), urgent: false }
+    }
+
+    fn make_writer_for(&'a self, meta: &tracing::Metadata<'_>) -> Line {
+        Line { batches: self.0.clone(), urgent: *meta.level() <= tracing::Level::WARN }
+    }
+}
+
+/// One log line, on its way into the pending batch (a warning or an
+/// error: out at once).
+struct Line {
+    batches: Arc<Batches>,
+    urgent: bool,
+}
+
+impl Write for Line {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let b = &self.batches;
+        if !b.batched {
+            return b.to.write_all(bytes).map(|()| bytes.len());
+        }
+        let mut pending = b.pending.lock().unwrap_or_else(|p| p.into_inner());
+        if pending.is_empty() && !self.urgent {
+            b.arrived.notify_one();
+        }
+        pending.extend_from_slice(bytes);
+        if self.urgent || pending.len() > PENDING_MAX {
+            drop(pending);
+            b.write_out();
+        }
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
