@@ -325,7 +325,16 @@ impl Coordinator for WorkerService {
                             }
                             worker_message::Msg::Result(mut r) => {
                                 // Fencing by assignment id: only what this session holds counts.
-                                if inflight.lock().ok().and_then(|mut m| m.remove(&r.assignment_id)).is_some() {
+                                let held = inflight.lock().ok().and_then(|mut m| m.remove(&r.assignment_id));
+                                if let Some(slot) = held {
+                                    if slot.is_some() {
+                                        // The slot is free: the session's puller gets in line
+                                        // for it before the result goes on, as a pulling worker's
+                                        // hand-over does (`Waiting::said`), so the step this
+                                        // result ends hands its next to it, not through the queue.
+                                        drop(slot);
+                                        tokio::task::yield_now().await;
+                                    }
                                     if r.payload.is_some() {
                                         let (store, id, epoch, scratch) = (store.clone(), r.assignment_id.clone(), r.epoch, scratch.clone());
                                         let unreadable = |e: &dyn std::fmt::Display| format!("the step's output could not be read back: {e}");
