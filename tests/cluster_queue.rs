@@ -177,7 +177,10 @@ fn the_next_cell_after_a_pushed_result_skips_the_redis_stream() {
     std::fs::write(work.join("one.yml"), "jobs:\n- name: j\n  plan:\n  - task: t\n    run: \"true\"\n").expect("write");
     let cells: Vec<String> = (0..200).map(|i| i.to_string()).collect();
     std::fs::write(work.join("p.yml"), format!("jobs:\n- name: j\n  plan:\n  - task: t\n    across:\n    - var: i\n      values: [{}]\n    max_in_flight: 2\n    run: \"true\"\n", cells.join(", "))).expect("write");
-    let (mut redis, queue_url, mut coord, url) = pulling_cluster(&work);
+    let (mut redis, queue_url, queue_args) = Backend::Redis.start();
+    let mut args = vec!["coordinator", "--listen", "127.0.0.1:0", "--state", "state", "--workers", "0"];
+    args.extend(queue_args.iter().map(String::as_str));
+    let (mut coord, url, log) = serving_logged(&args, &work);
     let port = queue_url.trim_start_matches("redis://127.0.0.1:").trim_end_matches('/').to_string();
     let redis_cli = |args: &[&str]| String::from_utf8_lossy(&Command::new("redis-cli").args(["-p", &port]).args(args).output().expect("redis-cli").stdout).to_string();
     let calls = |cmd: &str| {
@@ -186,6 +189,8 @@ fn the_next_cell_after_a_pushed_result_skips_the_redis_stream() {
     };
     let mut a = spawn_worker(&url, &["--slots", "1"]);
     let mut b = spawn_worker(&url, &["--slots", "1"]);
+    // Both in before the warm-up, or one cell of each pair would wait in Redis for the late one.
+    wait_for("both workers to join", Duration::from_secs(30), || log.lock().map(|l| l.matches(" joined (").count() >= 2).unwrap_or(false));
     for _ in 0..2 {
         let out = steppe(&["submit", "one.yml", "--coordinator", &url, "--force"], &work);
         assert_eq!(out.status.code(), Some(0), "{}", text(&out));
@@ -197,5 +202,6 @@ fn the_next_cell_after_a_pushed_result_skips_the_redis_stream() {
     let (xadd, xack) = (calls("xadd"), calls("xack"));
     assert!(xadd < 8, "cells went through Redis though a session was freed for them: {xadd} XADDs for 200 cells");
     assert_eq!(xack, xadd, "every entry that went through Redis is acknowledged");
+    assert_eq!(redis_cli(&["XLEN", "steppe:assignments"]).trim(), "0");
     stop([&mut a, &mut b, &mut coord, &mut redis]);
 }

@@ -52,7 +52,7 @@ impl LogArgs {
             Sink::Stdout => std::io::stdout().is_terminal(),
             Sink::Stderr => std::io::stderr().is_terminal(),
         };
-        let writer = Lines(BATCHES.get_or_init(|| Batches::start(to)).clone());
+        let writer = Lines(BATCHES.get_or_init(|| Batches::start(Box::new(move |bytes| to.write_all(bytes)))).clone());
         let builder = tracing_subscriber::fmt().with_env_filter(self.filter()).with_writer(writer).with_target(false).with_ansi(colour);
         let _ = match self.log_format {
             LogFormat::Text => builder.try_init(),
@@ -61,9 +61,9 @@ impl LogArgs {
     }
 }
 
-/// Where a process's log goes. Lines killed with the process (`SIGKILL`)
-/// may lose the last [`BATCH`] of them; an ending that is not a kill
-/// writes them out first ([`flush`]).
+/// Where a process's log goes. A process killed (`SIGKILL`, or a signal
+/// before its handlers are installed) may lose the last [`BATCH`] of its
+/// info lines; one that ends otherwise writes them out first ([`flush`]).
 #[derive(Debug, Clone, Copy)]
 pub enum Sink {
     Stdout,
@@ -101,16 +101,18 @@ struct Batches {
     /// order and [`flush`] returns after the one being written.
     writing: Mutex<()>,
     arrived: Condvar,
-    to: Sink,
+    out: Out,
     /// False when no thread could be started for them: each line is
     /// written as it comes.
     batched: bool,
 }
 
+/// Where a batch is written.
+type Out = Box<dyn Fn(&[u8]) -> std::io::Result<()> + Send + Sync>;
+
 impl Batches {
-    fn start(to: Sink) -> Arc<Batches> {
-        let batches = |batched| Arc::new(Batches { pending: Mutex::new(Vec::new()), writing: Mutex::new(()), arrived: Condvar::new(), to, batched });
-        let b = batches(true);
+    fn start(out: Out) -> Arc<Batches> {
+        let b = Arc::new(Batches { pending: Mutex::new(Vec::new()), writing: Mutex::new(()), arrived: Condvar::new(), out, batched: true });
         let writer = b.clone();
         let started = std::thread::Builder::new().name("steppe-log".into()).spawn(move || loop {
             {
@@ -124,7 +126,11 @@ impl Batches {
         });
         match started {
             Ok(_) => b,
-            Err(_) => batches(false),
+            Err(_) => match Arc::try_unwrap(b) {
+                Ok(b) => Arc::new(Batches { batched: false, ..b }),
+                // Held by the thread that did not start: not reached.
+                Err(b) => b,
+            },
         }
     }
 
@@ -133,7 +139,7 @@ impl Batches {
         let _writing = self.writing.lock().unwrap_or_else(|p| p.into_inner());
         let batch = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
         if !batch.is_empty() {
-            let _ = self.to.write_all(&batch);
+            let _ = (self.out)(&batch);
         }
     }
 }
@@ -171,7 +177,7 @@ impl Write for Line {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
         let b = &self.batches;
         if !b.batched {
-            return b.to.write_all(bytes).map(|()| bytes.len());
+            return (b.out)(bytes).map(|()| bytes.len());
         }
         let mut pending = b.pending.lock().unwrap_or_else(|p| p.into_inner());
         if pending.is_empty() && !self.urgent {
@@ -187,5 +193,63 @@ impl Write for Line {
 
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gathered() -> (Arc<Batches>, Arc<Mutex<Vec<u8>>>) {
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let sink = got.clone();
+        let b = Batches::start(Box::new(move |bytes: &[u8]| {
+            sink.lock().unwrap().extend_from_slice(bytes);
+            Ok(())
+        }));
+        (b, got)
+    }
+
+    fn text(got: &Mutex<Vec<u8>>) -> String {
+        String::from_utf8(got.lock().unwrap().clone()).unwrap()
+    }
+
+    /// Lines from four threads, warnings among them: each arrives once, and
+    /// each thread's in the order it logged them.
+    #[test]
+    fn every_line_arrives_once_in_its_threads_order() {
+        let (b, got) = gathered();
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let b = b.clone();
+                std::thread::spawn(move || {
+                    for i in 0..500 {
+                        let mut line = Line { batches: b.clone(), urgent: i % 50 == 0 };
+                        line.write_all(format!("{t} {i}\n").as_bytes()).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        b.write_out();
+        let mut next = [0usize; 4];
+        for line in text(&got).lines() {
+            let (t, i) = line.split_once(' ').unwrap();
+            let (t, i): (usize, usize) = (t.parse().unwrap(), i.parse().unwrap());
+            assert_eq!(i, next[t], "thread {t}'s lines in order, once each");
+            next[t] += 1;
+        }
+        assert_eq!(next, [500; 4]);
+    }
+
+    /// A warning is written before its write returns, after what was pending.
+    #[test]
+    fn a_warning_goes_out_at_once_with_what_came_before() {
+        let (b, got) = gathered();
+        Line { batches: b.clone(), urgent: false }.write_all(b"info\n").unwrap();
+        Line { batches: b, urgent: true }.write_all(b"warn\n").unwrap();
+        assert_eq!(text(&got), "info\nwarn\n");
     }
 }

@@ -125,6 +125,8 @@ pub fn exit(result: Result<ExitCode>) -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
+            // The process log's last lines come before the error they led to.
+            log::flush();
             warn!("steppe: error: {}", steppe_runtime::secrets::mask(&causes(&e)));
             if let Some(h) = hint(&e) {
                 warn!("steppe: hint: {}", steppe_runtime::secrets::mask_urls(&h));
@@ -231,6 +233,7 @@ impl Drop for Runtime {
         if let Some(rt) = self.0.as_ref().filter(|_| tokio::runtime::Handle::try_current().is_err()) {
             let left = rt.block_on(steppe_worker::container::removals_settled(CONTAINER_REMOVALS_WAIT));
             if left > 0 {
+                log::flush();
                 eprintln!(
                     "steppe: the Docker engine did not confirm removing {left} container(s) of this process within {} s; remove what is left with: docker rm -f $(docker ps -aq --filter label={}={})",
                     CONTAINER_REMOVALS_WAIT.as_secs(),
