@@ -309,9 +309,7 @@ fn a_detached_run_is_followed_live_through_a_coordinator() {
 fn a_busy_coordinators_log_keeps_every_line_in_order() {
     use std::time::Duration;
     let d = scratch("log-batches");
-    let cells: Vec<String> = (0..60).map(|i| i.to_string()).collect();
-    let pipeline = format!("jobs:\n- name: many\n  plan:\n  - task: cell\n    across:\n    - var: i\n      values: [{}]\n    max_in_flight: 2\n    run: \"true\"\n", cells.join(", "));
-    std::fs::write(d.join("many.yml"), pipeline).expect("write");
+    std::fs::write(d.join("many.yml"), common::across(60, 2, "true")).expect("write");
     let (mut coord, url, log) = common::serving_logged(&["coordinator", "--listen", "127.0.0.1:0", "--workers", "2", "--state", "state"], &d);
     let seen = || log.lock().map(|l| l.clone()).unwrap_or_default();
     // A warning is written the moment it is logged.

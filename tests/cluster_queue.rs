@@ -22,6 +22,18 @@ fn pulling_cluster(work: &Path) -> (std::process::Child, String, std::process::C
     (redis, queue_url, coord, url)
 }
 
+/// `redis-cli ARGS` against the Redis at `queue_url`: what it printed.
+fn redis_cli(queue_url: &str, args: &[&str]) -> String {
+    let port = queue_url.trim_start_matches("redis://127.0.0.1:").trim_end_matches('/');
+    String::from_utf8_lossy(&Command::new("redis-cli").args(["-p", port]).args(args).output().expect("redis-cli").stdout).to_string()
+}
+
+/// How many times the Redis at `queue_url` ran `cmd` since its stats were reset.
+fn calls(queue_url: &str, cmd: &str) -> u32 {
+    let stats = redis_cli(queue_url, &["INFO", "commandstats"]);
+    stats.lines().find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:calls="))).and_then(|r| r.split(',').next()).and_then(|n| n.parse::<u32>().ok()).unwrap_or(0)
+}
+
 /// A pulling worker of one slot takes the next entry ahead while its steps
 /// are short; one taken ahead behind a long step is handed back and runs on
 /// the other worker, not after the long step: the long step finds every
@@ -74,26 +86,20 @@ fn a_pulled_entry_is_acknowledged_once() {
     let work = scratch("acked-once");
     std::fs::write(work.join("p.yml"), "jobs:\n- name: j\n  plan:\n  - task: t\n    across:\n    - var: i\n      values: [1, 2, 3, 4, 5, 6]\n    max_in_flight: 6\n    run: \"true\"\n").expect("write");
     let (mut redis, queue_url, mut coord, url) = pulling_cluster(&work);
-    let port = queue_url.trim_start_matches("redis://127.0.0.1:").trim_end_matches('/').to_string();
-    let redis_cli = |args: &[&str]| String::from_utf8_lossy(&Command::new("redis-cli").args(["-p", &port]).args(args).output().expect("redis-cli").stdout).to_string();
     let (coordinator, dir) = (url.clone(), work.clone());
     let submit = std::thread::spawn(move || child_of_this_test(env!("CARGO_BIN_EXE_steppe")).args(["submit", "p.yml", "--coordinator", &coordinator]).current_dir(dir).output());
-    wait_for("six entries on the stream", Duration::from_secs(20), || redis_cli(&["XLEN", "steppe:assignments"]).trim() == "6");
+    wait_for("six entries on the stream", Duration::from_secs(20), || redis_cli(&queue_url, &["XLEN", "steppe:assignments"]).trim() == "6");
     let mut worker = spawn_worker(&url, &["--slots", "2", "--queue", &queue_url]);
     let out = submit.join().expect("submit").expect("run steppe submit");
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    let calls = |cmd: &str| {
-        let stats = redis_cli(&["INFO", "commandstats"]);
-        stats.lines().find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:calls="))).and_then(|r| r.split(',').next()).and_then(|n| n.parse::<u32>().ok()).unwrap_or(0)
-    };
     // The worker acknowledges just after it reports; a second would follow as soon.
     let t0 = Instant::now();
-    while calls("xack") < 6 && t0.elapsed() < Duration::from_secs(10) {
+    while calls(&queue_url, "xack") < 6 && t0.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(20));
     }
     std::thread::sleep(Duration::from_millis(500));
-    assert_eq!((calls("xadd"), calls("xack")), (6, 6), "six entries, each acknowledged once");
-    assert_eq!(redis_cli(&["XLEN", "steppe:assignments"]).trim(), "0");
+    assert_eq!((calls(&queue_url, "xadd"), calls(&queue_url, "xack")), (6, 6), "six entries, each acknowledged once");
+    assert_eq!(redis_cli(&queue_url, &["XLEN", "steppe:assignments"]).trim(), "0");
     stop([&mut worker, &mut coord, &mut redis]);
 }
 
@@ -106,27 +112,21 @@ fn a_step_for_a_waiting_session_skips_the_redis_stream() {
     std::fs::write(work.join("one.yml"), "jobs:\n- name: j\n  plan:\n  - task: t\n    run: \"true\"\n").expect("write");
     std::fs::write(work.join("p.yml"), "jobs:\n- name: j\n  plan:\n  - task: t\n    across:\n    - var: i\n      values: [1, 2, 3, 4, 5, 6]\n    run: echo cell-{{ .vars.i }}-ran\n").expect("write");
     let (mut redis, queue_url, mut coord, url) = pulling_cluster(&work);
-    let port = queue_url.trim_start_matches("redis://127.0.0.1:").trim_end_matches('/').to_string();
-    let redis_cli = |args: &[&str]| String::from_utf8_lossy(&Command::new("redis-cli").args(["-p", &port]).args(args).output().expect("redis-cli").stdout).to_string();
-    let calls = |cmd: &str| {
-        let stats = redis_cli(&["INFO", "commandstats"]);
-        stats.lines().find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:calls="))).and_then(|r| r.split(',').next()).and_then(|n| n.parse::<u32>().ok()).unwrap_or(0)
-    };
     let mut worker = spawn_worker(&url, &["--slots", "1"]);
     // Once a step has run, the worker's session is waiting for the next.
     let out = steppe(&["submit", "one.yml", "--coordinator", &url], &work);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    redis_cli(&["CONFIG", "RESETSTAT"]);
+    redis_cli(&queue_url, &["CONFIG", "RESETSTAT"]);
     let out = steppe(&["submit", "p.yml", "--coordinator", &url, "--force"], &work);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     for i in 1..=6 {
         assert!(text(&out).contains(&format!("cell-{i}-ran")), "cell {i} ran: {}", text(&out));
     }
     std::thread::sleep(Duration::from_millis(500));
-    let (xadd, xack) = (calls("xadd"), calls("xack"));
+    let (xadd, xack) = (calls(&queue_url, "xadd"), calls(&queue_url, "xack"));
     assert!(xadd < 6, "the first cell, queued while the session waited, went through Redis too: {xadd} XADDs for 6 cells");
     assert_eq!(xack, xadd, "every entry that went through Redis is acknowledged");
-    assert_eq!(redis_cli(&["XLEN", "steppe:assignments"]).trim(), "0");
+    assert_eq!(redis_cli(&queue_url, &["XLEN", "steppe:assignments"]).trim(), "0");
     stop([&mut worker, &mut coord, &mut redis]);
 }
 
@@ -140,29 +140,23 @@ fn a_step_for_a_waiting_pulling_worker_skips_the_redis_stream() {
     std::fs::write(work.join("one.yml"), "jobs:\n- name: j\n  plan:\n  - task: t\n    run: \"true\"\n").expect("write");
     std::fs::write(work.join("p.yml"), "jobs:\n- name: j\n  plan:\n  - task: t\n    across:\n    - var: i\n      values: [1, 2, 3, 4, 5, 6, 7, 8]\n    max_in_flight: 2\n    run: echo cell-{{ .vars.i }}-ran\n").expect("write");
     let (mut redis, queue_url, mut coord, url) = pulling_cluster(&work);
-    let port = queue_url.trim_start_matches("redis://127.0.0.1:").trim_end_matches('/').to_string();
-    let redis_cli = |args: &[&str]| String::from_utf8_lossy(&Command::new("redis-cli").args(["-p", &port]).args(args).output().expect("redis-cli").stdout).to_string();
-    let calls = |cmd: &str| {
-        let stats = redis_cli(&["INFO", "commandstats"]);
-        stats.lines().find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:calls="))).and_then(|r| r.split(',').next()).and_then(|n| n.parse::<u32>().ok()).unwrap_or(0)
-    };
     let mut a = spawn_worker(&url, &["--slots", "1", "--queue", &queue_url]);
     let mut b = spawn_worker(&url, &["--slots", "1", "--queue", &queue_url]);
     let out = steppe(&["submit", "one.yml", "--coordinator", &url], &work);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     // Both workers have looked and wait.
     std::thread::sleep(Duration::from_millis(600));
-    redis_cli(&["CONFIG", "RESETSTAT"]);
+    redis_cli(&queue_url, &["CONFIG", "RESETSTAT"]);
     let out = steppe(&["submit", "p.yml", "--coordinator", &url, "--force"], &work);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     for i in 1..=8 {
         assert!(text(&out).contains(&format!("cell-{i}-ran")), "cell {i} ran: {}", text(&out));
     }
     std::thread::sleep(Duration::from_millis(500));
-    let (xadd, xack) = (calls("xadd"), calls("xack"));
+    let (xadd, xack) = (calls(&queue_url, "xadd"), calls(&queue_url, "xack"));
     assert!(xadd < 4, "cells went through Redis though a worker waited: {xadd} XADDs for 8 cells");
     assert_eq!(xack, xadd, "every entry that went through Redis is acknowledged");
-    assert_eq!(redis_cli(&["XLEN", "steppe:assignments"]).trim(), "0");
+    assert_eq!(redis_cli(&queue_url, &["XLEN", "steppe:assignments"]).trim(), "0");
     stop([&mut a, &mut b, &mut coord, &mut redis]);
 }
 
@@ -175,18 +169,11 @@ fn a_step_for_a_waiting_pulling_worker_skips_the_redis_stream() {
 fn the_next_cell_after_a_pushed_result_skips_the_redis_stream() {
     let work = scratch("pushed-next");
     std::fs::write(work.join("one.yml"), "jobs:\n- name: j\n  plan:\n  - task: t\n    run: \"true\"\n").expect("write");
-    let cells: Vec<String> = (0..200).map(|i| i.to_string()).collect();
-    std::fs::write(work.join("p.yml"), format!("jobs:\n- name: j\n  plan:\n  - task: t\n    across:\n    - var: i\n      values: [{}]\n    max_in_flight: 2\n    run: \"true\"\n", cells.join(", "))).expect("write");
+    std::fs::write(work.join("p.yml"), across(200, 2, "true")).expect("write");
     let (mut redis, queue_url, queue_args) = Backend::Redis.start();
     let mut args = vec!["coordinator", "--listen", "127.0.0.1:0", "--state", "state", "--workers", "0"];
     args.extend(queue_args.iter().map(String::as_str));
     let (mut coord, url, log) = serving_logged(&args, &work);
-    let port = queue_url.trim_start_matches("redis://127.0.0.1:").trim_end_matches('/').to_string();
-    let redis_cli = |args: &[&str]| String::from_utf8_lossy(&Command::new("redis-cli").args(["-p", &port]).args(args).output().expect("redis-cli").stdout).to_string();
-    let calls = |cmd: &str| {
-        let stats = redis_cli(&["INFO", "commandstats"]);
-        stats.lines().find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:calls="))).and_then(|r| r.split(',').next()).and_then(|n| n.parse::<u32>().ok()).unwrap_or(0)
-    };
     let mut a = spawn_worker(&url, &["--slots", "1"]);
     let mut b = spawn_worker(&url, &["--slots", "1"]);
     // Both in before the warm-up, or one cell of each pair would wait in Redis for the late one.
@@ -195,13 +182,13 @@ fn the_next_cell_after_a_pushed_result_skips_the_redis_stream() {
         let out = steppe(&["submit", "one.yml", "--coordinator", &url, "--force"], &work);
         assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     }
-    redis_cli(&["CONFIG", "RESETSTAT"]);
+    redis_cli(&queue_url, &["CONFIG", "RESETSTAT"]);
     let out = steppe(&["submit", "p.yml", "--coordinator", &url, "--force", "-q"], &work);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     std::thread::sleep(Duration::from_millis(500));
-    let (xadd, xack) = (calls("xadd"), calls("xack"));
+    let (xadd, xack) = (calls(&queue_url, "xadd"), calls(&queue_url, "xack"));
     assert!(xadd < 8, "cells went through Redis though a session was freed for them: {xadd} XADDs for 200 cells");
     assert_eq!(xack, xadd, "every entry that went through Redis is acknowledged");
-    assert_eq!(redis_cli(&["XLEN", "steppe:assignments"]).trim(), "0");
+    assert_eq!(redis_cli(&queue_url, &["XLEN", "steppe:assignments"]).trim(), "0");
     stop([&mut a, &mut b, &mut coord, &mut redis]);
 }

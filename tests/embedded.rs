@@ -270,8 +270,7 @@ fn readme_examples_work() {
 #[test]
 fn steps_past_the_open_file_limit_say_so_and_how_to_raise_it() {
     let dir = scratch("nofile");
-    let cells: Vec<String> = (0..30).map(|i| i.to_string()).collect();
-    std::fs::write(dir.join("wide.yml"), format!("jobs:\n- name: wide\n  plan:\n  - task: cell\n    across:\n    - var: i\n      values: [{}]\n    max_in_flight: 30\n    run: sleep 0.5\n", cells.join(", "))).unwrap();
+    std::fs::write(dir.join("wide.yml"), across(30, 30, "sleep 0.5")).unwrap();
     let out = child_of_this_test("sh")
         .args(["-c", "ulimit -n 50 && exec \"$0\" run wide.yml --force --workers 30", env!("CARGO_BIN_EXE_steppe")])
         .current_dir(&dir)

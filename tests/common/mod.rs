@@ -48,6 +48,13 @@ pub fn text(o: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
 
+/// A pipeline of one job `many` whose task `cell` runs `run` once for each
+/// of `cells` values of `i`, `in_flight` at a time.
+pub fn across(cells: usize, in_flight: usize, run: &str) -> String {
+    let values: Vec<String> = (0..cells).map(|i| i.to_string()).collect();
+    format!("jobs:\n- name: many\n  plan:\n  - task: cell\n    across:\n    - var: i\n      values: [{}]\n    max_in_flight: {in_flight}\n    run: \"{run}\"\n", values.join(", "))
+}
+
 pub fn scratch(name: &str) -> PathBuf {
     static SWEPT: std::sync::Once = std::sync::Once::new();
     SWEPT.call_once(sweep_dead_tests_scratch);
