@@ -4,6 +4,7 @@
 //! written a batch at a time ([`Batches`]).
 
 use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -104,7 +105,7 @@ struct Batches {
     out: Out,
     /// False when no thread could be started for them: each line is
     /// written as it comes.
-    batched: bool,
+    batched: AtomicBool,
 }
 
 /// Where a batch is written.
@@ -112,7 +113,7 @@ type Out = Box<dyn Fn(&[u8]) -> std::io::Result<()> + Send + Sync>;
 
 impl Batches {
     fn start(out: Out) -> Arc<Batches> {
-        let b = Arc::new(Batches { pending: Mutex::new(Vec::new()), writing: Mutex::new(()), arrived: Condvar::new(), out, batched: true });
+        let b = Arc::new(Batches { pending: Mutex::new(Vec::new()), writing: Mutex::new(()), arrived: Condvar::new(), out, batched: AtomicBool::new(true) });
         let writer = b.clone();
         let started = std::thread::Builder::new().name("steppe-log".into()).spawn(move || loop {
             {
@@ -124,14 +125,10 @@ impl Batches {
             std::thread::sleep(BATCH);
             writer.write_out();
         });
-        match started {
-            Ok(_) => b,
-            Err(_) => match Arc::try_unwrap(b) {
-                Ok(b) => Arc::new(Batches { batched: false, ..b }),
-                // Held by the thread that did not start: not reached.
-                Err(b) => b,
-            },
+        if started.is_err() {
+            b.batched.store(false, Ordering::Relaxed);
         }
+        b
     }
 
     /// Writes what is pending now.
@@ -176,7 +173,7 @@ struct Line {
 impl Write for Line {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
         let b = &self.batches;
-        if !b.batched {
+        if !b.batched.load(Ordering::Relaxed) {
             return (b.out)(bytes).map(|()| bytes.len());
         }
         let mut pending = b.pending.lock().unwrap_or_else(|p| p.into_inner());
