@@ -71,7 +71,8 @@ impl SandboxPolicy {
         }
         let joined = if Path::new(requested).is_absolute() { PathBuf::from(requested) } else { cwd.join(requested) };
         let lexical = normalize(&joined).ok_or_else(|| deny(format!("\"{requested}\" climbs above the filesystem root")))?;
-        let resolved = resolve_existing_prefix(&lexical).map_err(|e| deny(format!("could not resolve \"{requested}\": {e}")))?;
+        let roots = std::iter::once(&self.write_root).chain(&self.read_roots);
+        let resolved = resolve_below_roots(&lexical, roots).map_err(|e| deny(format!("could not resolve \"{requested}\": {e}")))?;
         let inside = |root: &Path| resolved.starts_with(root);
         let allowed = match access {
             Access::Write => inside(&self.write_root),
@@ -103,6 +104,32 @@ fn normalize(p: &Path) -> Option<PathBuf> {
         }
     }
     Some(out)
+}
+
+/// As [`resolve_existing_prefix`], looking only at the components of `p`
+/// below the first of `roots` it lies under: each root was resolved when the
+/// policy was made, and what lies above it no tool of the step can write.
+/// Below it, a component that does not exist ends the walk (nothing under
+/// it exists either) and one that is a symlink sends the whole path through
+/// [`resolve_existing_prefix`]; with neither, `p` is its own resolution. A
+/// tool's path costs a `lstat` for each component below the root, not a
+/// `readlink` for each from `/`.
+fn resolve_below_roots<'a>(p: &Path, mut roots: impl Iterator<Item = &'a PathBuf>) -> std::io::Result<PathBuf> {
+    let Some(root) = roots.find(|r| p.starts_with(r)) else { return resolve_existing_prefix(p) };
+    if p.components().any(|c| matches!(c, Component::CurDir | Component::ParentDir)) {
+        return resolve_existing_prefix(p);
+    }
+    let mut at = root.clone();
+    for c in p.components().skip(root.components().count()) {
+        at.push(c);
+        match at.symlink_metadata() {
+            Ok(m) if m.file_type().is_symlink() => return resolve_existing_prefix(p),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(p.to_path_buf())
 }
 
 /// Canonicalizes the longest existing prefix of `p` (following symlinks) and
@@ -188,6 +215,50 @@ mod tests {
         // A symlink that stays inside is fine.
         symlink(f.step.join("out"), f.step.join("alias")).unwrap();
         assert!(p.check_path("write_file", "alias/z.txt", &f.step, Access::Write).is_ok());
+    }
+
+    /// Walking only below the root resolves every path as resolving it
+    /// whole from `/` does: through symlinks inside and out, dangling and
+    /// looping ones, missing directories, a file taken for a directory.
+    #[test]
+    fn a_path_resolved_below_its_root_is_resolved_as_from_the_top() {
+        let f = fixture("below");
+        std::fs::write(f.step.join("f.txt"), "f").unwrap();
+        symlink(&f.base, f.step.join("escape")).unwrap();
+        symlink(f.step.join("out"), f.step.join("alias")).unwrap();
+        symlink(f.step.join("nope"), f.step.join("dangling")).unwrap();
+        symlink(&f.step, f.step.join("out/up")).unwrap();
+        symlink("loop", f.step.join("loop")).unwrap();
+        let root = f.step.canonicalize().unwrap();
+        let names = ["out", "f.txt", "escape", "alias", "dangling", "nope", "up", "loop", "secret.txt", "step"];
+        let mut paths = vec![root.clone()];
+        for a in names {
+            paths.push(root.join(a));
+            for b in names {
+                paths.push(root.join(a).join(b));
+                for c in names {
+                    paths.push(root.join(a).join(b).join(c));
+                }
+            }
+        }
+        let (mut quick, mut through_links) = (0, 0);
+        for p in &paths {
+            let below = resolve_below_roots(p, std::iter::once(&root));
+            let whole = resolve_existing_prefix(p);
+            match (&below, &whole) {
+                (Ok(a), Ok(b)) => assert_eq!(a, b, "{}", p.display()),
+                (Err(_), Err(_)) => {}
+                _ => panic!("{}: {below:?} below the root, {whole:?} whole", p.display()),
+            }
+            if below.as_ref().is_ok_and(|r| r == p) {
+                quick += 1;
+            } else {
+                through_links += 1;
+            }
+        }
+        assert!(quick > 100 && through_links > 100, "{quick} paths their own resolution, {through_links} not");
+        // A path under no root is resolved whole.
+        assert_eq!(resolve_below_roots(&f.base.join("secret.txt"), std::iter::once(&root)).unwrap(), f.base.canonicalize().unwrap().join("secret.txt"));
     }
 
     #[test]
