@@ -32,14 +32,18 @@ pub struct Denial {
 pub struct SandboxPolicy {
     write_root: PathBuf,
     read_roots: Vec<PathBuf>,
+    /// Every root (the write root first) and its device and inode when the
+    /// policy was made.
+    roots: Vec<(PathBuf, (u64, u64))>,
 }
 
 impl SandboxPolicy {
     /// `write_root` (the step's directory) must exist; roots are canonicalized once.
     pub fn new(write_root: &Path, read_roots: &[PathBuf]) -> std::io::Result<Self> {
         let write_root = write_root.canonicalize()?;
-        let read_roots = read_roots.iter().map(|r| r.canonicalize()).collect::<Result<_, _>>()?;
-        Ok(SandboxPolicy { write_root, read_roots })
+        let read_roots: Vec<PathBuf> = read_roots.iter().map(|r| r.canonicalize()).collect::<Result<_, _>>()?;
+        let roots = std::iter::once(&write_root).chain(&read_roots).map(|r| Ok((r.clone(), identity(&r.symlink_metadata()?)))).collect::<std::io::Result<_>>()?;
+        Ok(SandboxPolicy { write_root, read_roots, roots })
     }
 
     pub fn write_root(&self) -> &Path {
@@ -71,8 +75,7 @@ impl SandboxPolicy {
         }
         let joined = if Path::new(requested).is_absolute() { PathBuf::from(requested) } else { cwd.join(requested) };
         let lexical = normalize(&joined).ok_or_else(|| deny(format!("\"{requested}\" climbs above the filesystem root")))?;
-        let roots = std::iter::once(&self.write_root).chain(&self.read_roots);
-        let resolved = resolve_below_roots(&lexical, roots).map_err(|e| deny(format!("could not resolve \"{requested}\": {e}")))?;
+        let resolved = resolve_below_roots(&lexical, &self.roots).map_err(|e| deny(format!("could not resolve \"{requested}\": {e}")))?;
         let inside = |root: &Path| resolved.starts_with(root);
         let allowed = match access {
             Access::Write => inside(&self.write_root),
@@ -106,18 +109,29 @@ fn normalize(p: &Path) -> Option<PathBuf> {
     Some(out)
 }
 
+fn identity(m: &std::fs::Metadata) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    (m.dev(), m.ino())
+}
+
 /// As [`resolve_existing_prefix`], looking only at the components of `p`
-/// below the first of `roots` it lies under: each root was resolved when the
-/// policy was made, and what lies above it no tool of the step can write.
-/// Below it, a component that does not exist ends the walk (nothing under
-/// it exists either) and one that is a symlink sends the whole path through
-/// [`resolve_existing_prefix`]; with neither, `p` is its own resolution. A
-/// tool's path costs a `lstat` for each component below the root, not a
-/// `readlink` for each from `/`.
-fn resolve_below_roots<'a>(p: &Path, mut roots: impl Iterator<Item = &'a PathBuf>) -> std::io::Result<PathBuf> {
-    let Some(root) = roots.find(|r| p.starts_with(r)) else { return resolve_existing_prefix(p) };
+/// below the first of `roots` it lies under. That root was resolved when
+/// the policy was made, and is the same directory still (its device and
+/// inode, by a `lstat` that walks every component above it: a root moved,
+/// replaced, or reached through a symlink since sends `p` through the
+/// whole resolution). Below it, a component that does not exist ends the
+/// walk (nothing under it exists either) and one that is a symlink sends
+/// the whole path through [`resolve_existing_prefix`]; with neither, `p`
+/// is its own resolution. A tool's path costs a `lstat` for the root and
+/// one for each component below it, not a `readlink` for each from `/`.
+fn resolve_below_roots(p: &Path, roots: &[(PathBuf, (u64, u64))]) -> std::io::Result<PathBuf> {
+    let Some((root, made)) = roots.iter().find(|(r, _)| p.starts_with(r)) else { return resolve_existing_prefix(p) };
     if p.components().any(|c| matches!(c, Component::CurDir | Component::ParentDir)) {
         return resolve_existing_prefix(p);
+    }
+    match root.symlink_metadata() {
+        Ok(m) if m.is_dir() && identity(&m) == *made => {}
+        _ => return resolve_existing_prefix(p),
     }
     let mut at = root.clone();
     for c in p.components().skip(root.components().count()) {
@@ -230,6 +244,7 @@ mod tests {
         symlink(&f.step, f.step.join("out/up")).unwrap();
         symlink("loop", f.step.join("loop")).unwrap();
         let root = f.step.canonicalize().unwrap();
+        let roots = [(root.clone(), identity(&root.symlink_metadata().unwrap()))];
         let names = ["out", "f.txt", "escape", "alias", "dangling", "nope", "up", "loop", "secret.txt", "step"];
         let mut paths = vec![root.clone()];
         for a in names {
@@ -241,24 +256,48 @@ mod tests {
                 }
             }
         }
-        let (mut quick, mut through_links) = (0, 0);
+        let (mut quick, mut elsewhere, mut errors) = (0, 0, 0);
         for p in &paths {
-            let below = resolve_below_roots(p, std::iter::once(&root));
+            let below = resolve_below_roots(p, &roots);
             let whole = resolve_existing_prefix(p);
             match (&below, &whole) {
                 (Ok(a), Ok(b)) => assert_eq!(a, b, "{}", p.display()),
                 (Err(_), Err(_)) => {}
                 _ => panic!("{}: {below:?} below the root, {whole:?} whole", p.display()),
             }
-            if below.as_ref().is_ok_and(|r| r == p) {
-                quick += 1;
-            } else {
-                through_links += 1;
+            match below {
+                Ok(r) if r == *p => quick += 1,
+                Ok(_) => elsewhere += 1,
+                Err(_) => errors += 1,
             }
         }
-        assert!(quick > 100 && through_links > 100, "{quick} paths their own resolution, {through_links} not");
+        assert!(quick > 100 && elsewhere > 100 && errors > 100, "{quick} paths their own resolution, {elsewhere} resolved elsewhere, {errors} unresolvable");
         // A path under no root is resolved whole.
-        assert_eq!(resolve_below_roots(&f.base.join("secret.txt"), std::iter::once(&root)).unwrap(), f.base.canonicalize().unwrap().join("secret.txt"));
+        assert_eq!(resolve_below_roots(&f.base.join("secret.txt"), &roots).unwrap(), f.base.canonicalize().unwrap().join("secret.txt"));
+    }
+
+    /// The roots are trusted only while they are the directories the policy
+    /// was made with: the step's directory moved away and a symlink to its
+    /// parent put in its place, or a read root inside it replaced by one,
+    /// lead out and are denied.
+    #[test]
+    fn a_root_replaced_after_the_policy_was_made_leads_nowhere() {
+        let f = fixture("moved");
+        let p = SandboxPolicy::new(&f.step, &[]).unwrap();
+        std::fs::rename(&f.step, f.base.join("moved")).unwrap();
+        symlink(&f.base, &f.step).unwrap();
+        let d = p.check_path("read_file", "secret.txt", &f.step, Access::Read).unwrap_err();
+        assert!(d.reason.contains("outside the sandbox"), "{}", d.reason);
+        assert!(p.check_path("write_file", "new.txt", &f.step, Access::Write).is_err());
+
+        let f = fixture("inner");
+        std::fs::create_dir(f.step.join("sub")).unwrap();
+        let p = SandboxPolicy::new(&f.step, &[f.step.join("sub")]).unwrap();
+        assert!(p.check_path("read_file", "sub/x", &f.step, Access::Read).is_ok());
+        std::fs::remove_dir(f.step.join("sub")).unwrap();
+        symlink(&f.base, f.step.join("sub")).unwrap();
+        let d = p.check_path("read_file", "sub/secret.txt", &f.step, Access::Read).unwrap_err();
+        assert!(d.reason.contains("outside the sandbox"), "{}", d.reason);
     }
 
     #[test]
