@@ -282,3 +282,25 @@ fn steps_past_the_open_file_limit_say_so_and_how_to_raise_it() {
     assert!(all.contains("✔ cell"), "the cells that could start ran: {all}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `scripts/bench-ab` (how a change is measured on these noisy VMs) runs
+/// binaries on one pipeline round by round and prints each one's medians
+/// against the first's; a binary whose run fails stops it, named.
+#[test]
+fn bench_ab_compares_binaries_round_by_round() {
+    let work = scratch("bench-ab");
+    std::fs::write(work.join("one.yml"), "jobs:\n- name: one\n  plan:\n  - task: only\n    run: \"true\"\n").expect("write");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/bench-ab");
+    let bin = env!("CARGO_BIN_EXE_steppe");
+    let dir = work.to_str().expect("utf8");
+    let out = Command::new(&script).args(["--rounds", "2", "--dir", dir, bin, bin, "--", "run", "one.yml", "-q"]).output().expect("run scripts/bench-ab");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}{stderr}");
+    let lines: Vec<&str> = stdout.lines().filter(|l| l.starts_with(bin) && l.contains("wall median") && l.contains("CPU median")).collect();
+    assert_eq!(lines.len(), 2, "{stdout}");
+    assert!(lines[1].contains("x the first's wall"), "{stdout}");
+    assert!(stderr.contains("round 2/2"), "{stderr}");
+    let out = Command::new(&script).args(["--rounds", "1", "--dir", dir, bin, "/bin/false", "--", "run", "one.yml"]).output().expect("run scripts/bench-ab");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/bin/false run one.yml failed in round 1"), "{}", String::from_utf8_lossy(&out.stderr));
+}
