@@ -37,27 +37,58 @@ fn untrusted_tag(text: &str) -> String {
     }
 }
 
-/// sha256(name ‖ 0 ‖ args ‖ 0 ‖ result), keys sorted (serde_json maps keep insertion
-/// order, so values are re-serialized through a sorted map first).
+/// sha256(name ‖ 0 ‖ args ‖ 0 ‖ result), each value written as JSON with
+/// every object's keys in order (serde_json maps keep insertion order),
+/// straight into the hash: a result is not copied to be sorted.
 fn signature(name: &str, args: &Value, result: &Value) -> String {
-    fn sorted(v: &Value) -> Value {
-        match v {
-            Value::Object(m) => {
-                let b: BTreeMap<&String, Value> = m.iter().map(|(k, v)| (k, sorted(v))).collect();
-                serde_json::to_value(b).unwrap_or(Value::Null)
-            }
-            Value::Array(a) => Value::Array(a.iter().map(sorted).collect()),
-            other => other.clone(),
+    use sha2::Digest;
+    struct Hashing<'a>(&'a mut sha2::Sha256);
+    impl std::io::Write for Hashing<'_> {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.update(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
         }
     }
-    use sha2::Digest;
     let mut h = sha2::Sha256::new();
     h.update(name.as_bytes());
     h.update([0]);
-    h.update(sorted(args).to_string().as_bytes());
+    write_sorted(args, &mut Hashing(&mut h));
     h.update([0]);
-    h.update(sorted(result).to_string().as_bytes());
+    write_sorted(result, &mut Hashing(&mut h));
     format!("{:x}", h.finalize())
+}
+
+/// `v` as compact JSON, every object's keys in order.
+fn write_sorted(v: &Value, out: &mut impl std::io::Write) {
+    // A writer that cannot fail (the hash, a Vec): results are not checked.
+    match v {
+        Value::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort();
+            let _ = out.write_all(b"{");
+            for (i, k) in keys.into_iter().enumerate() {
+                let _ = out.write_all(if i == 0 { b"" } else { b"," });
+                let _ = serde_json::to_writer(&mut *out, k);
+                let _ = out.write_all(b":");
+                write_sorted(&m[k], out);
+            }
+            let _ = out.write_all(b"}");
+        }
+        Value::Array(a) => {
+            let _ = out.write_all(b"[");
+            for (i, e) in a.iter().enumerate() {
+                let _ = out.write_all(if i == 0 { b"" } else { b"," });
+                write_sorted(e, out);
+            }
+            let _ = out.write_all(b"]");
+        }
+        other => {
+            let _ = serde_json::to_writer(out, other);
+        }
+    }
 }
 
 fn ok_result(r: &Value) -> bool {
@@ -561,6 +592,27 @@ use schema::{schema_for, verdict_schema};
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A value is written as serializing it through sorted maps writes
+    /// it, so a call's signature does not depend on its keys' order.
+    #[test]
+    fn a_signature_reads_values_with_their_keys_in_order() {
+        fn through_sorted_maps(v: &Value) -> Value {
+            match v {
+                Value::Object(m) => serde_json::to_value(m.iter().map(|(k, v)| (k, through_sorted_maps(v))).collect::<BTreeMap<_, _>>()).unwrap(),
+                Value::Array(a) => Value::Array(a.iter().map(through_sorted_maps).collect()),
+                other => other.clone(),
+            }
+        }
+        let v = json!({"z": [3, {"b": "\"q\"\n", "a": null}], "a": 1.5, "é": {"y": true, "x": -2}, "": []});
+        let mut written = Vec::new();
+        write_sorted(&v, &mut written);
+        assert_eq!(String::from_utf8(written).unwrap(), through_sorted_maps(&v).to_string());
+        let reordered = json!({"": [], "é": {"x": -2, "y": true}, "a": 1.5, "z": [3, {"a": null, "b": "\"q\"\n"}]});
+        assert_eq!(signature("t", &v, &json!({"ok": 1})), signature("t", &reordered, &json!({"ok": 1})));
+        assert_ne!(signature("t", &v, &json!({"ok": 1})), signature("t", &v, &json!({"ok": 2})));
+        assert_ne!(signature("t", &json!({"a": "b"}), &json!({})), signature("t", &json!({"a": ""}), &json!({"b": {}})));
+    }
 
     #[test]
     fn tool_call_subsequence_matching() {
