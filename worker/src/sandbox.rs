@@ -92,6 +92,59 @@ impl SandboxPolicy {
     }
 }
 
+/// Opens a path the policy resolved for a tool (`how`: read, or write and
+/// create): a regular file only. A FIFO, device or socket in the step's
+/// directory (a shell in its container may make one: `mkfifo`, or `mknod`
+/// as root) is refused before it is opened, as opening or reading one
+/// would block the worker or reach the host's device; a symlink put in its
+/// place since the check is not followed.
+pub fn open_file(path: &Path, how: &mut std::fs::OpenOptions) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match path.symlink_metadata() {
+        Ok(m) if !m.file_type().is_file() => return Err(not_a_file(&m)),
+        _ => {}
+    }
+    let f = how.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY).open(path)?;
+    let m = f.metadata()?;
+    if !m.file_type().is_file() {
+        return Err(not_a_file(&m));
+    }
+    Ok(f)
+}
+
+/// [`open_file`] for reading, the whole file.
+pub fn read_file(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    open_file(path, std::fs::OpenOptions::new().read(true))?.read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// [`open_file`] for writing `content` over what was there (created when missing).
+pub fn write_file(path: &Path, content: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    open_file(path, std::fs::OpenOptions::new().write(true).create(true).truncate(true))?.write_all(content)
+}
+
+fn not_a_file(m: &std::fs::Metadata) -> std::io::Error {
+    use std::os::unix::fs::FileTypeExt;
+    let t = m.file_type();
+    let what = if t.is_dir() {
+        "a directory"
+    } else if t.is_symlink() {
+        "a symlink"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_block_device() || t.is_char_device() {
+        "a device"
+    } else {
+        "not a regular file"
+    };
+    std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{what}, not a file a tool may open"))
+}
+
 /// Lexically removes `.` and `..`; `None` when `..` climbs above the root.
 fn normalize(p: &Path) -> Option<PathBuf> {
     let mut out = PathBuf::new();
@@ -298,6 +351,33 @@ mod tests {
         symlink(&f.base, f.step.join("sub")).unwrap();
         let d = p.check_path("read_file", "sub/secret.txt", &f.step, Access::Read).unwrap_err();
         assert!(d.reason.contains("outside the sandbox"), "{}", d.reason);
+    }
+
+    /// A FIFO, a device, a directory or a symlink where a file was checked
+    /// is refused at once (a FIFO opened as files are would block forever).
+    #[test]
+    fn only_regular_files_are_opened() {
+        let f = fixture("special");
+        let fifo = f.step.join("pipe");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        let e = read_file(&fifo).unwrap_err();
+        assert!(e.to_string().contains("a FIFO, not a file"), "{e}");
+        assert!(write_file(&fifo, b"x").unwrap_err().to_string().contains("a FIFO"));
+        assert!(read_file(&f.step.join("out")).unwrap_err().to_string().contains("a directory"));
+        symlink(f.base.join("secret.txt"), f.step.join("link")).unwrap();
+        assert!(read_file(&f.step.join("link")).unwrap_err().to_string().contains("a symlink"));
+        // A device node, where this test may make one (as root).
+        let dev = f.step.join("null");
+        let c = std::ffi::CString::new(dev.to_str().unwrap()).unwrap();
+        if unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) } == 0 {
+            assert!(read_file(&dev).unwrap_err().to_string().contains("a device"));
+        }
+        write_file(&f.step.join("plain.txt"), b"hello").unwrap();
+        assert_eq!(read_file(&f.step.join("plain.txt")).unwrap(), b"hello");
+        write_file(&f.step.join("plain.txt"), b"hi").unwrap();
+        assert_eq!(read_file(&f.step.join("plain.txt")).unwrap(), b"hi");
+        assert_eq!(read_file(&f.step.join("missing")).unwrap_err().kind(), std::io::ErrorKind::NotFound);
     }
 
     #[test]

@@ -75,7 +75,7 @@ impl Space {
     fn read_file(&self, args: &Value, denials: &mut Vec<DenialRecord>) -> Result<Value, Value> {
         let path = arg_str(args, "path").ok_or_else(|| error("read_file: missing required argument \"path\""))?;
         let full = self.check("read_file", path, Access::Read, denials)?;
-        let bytes = std::fs::read(&full).map_err(|e| error(format!("read_file: {path}: {e}")))?;
+        let bytes = crate::sandbox::read_file(&full).map_err(|e| error(format!("read_file: {path}: {e}")))?;
         let text = String::from_utf8_lossy(&bytes).into_owned();
         let (start, end) = (args.get("start_line").and_then(Value::as_u64), args.get("end_line").and_then(Value::as_u64));
         if start.is_some() || end.is_some() {
@@ -167,11 +167,14 @@ impl Space {
                 continue;
             };
             let full = base.join(&rel);
-            let Ok(meta) = std::fs::metadata(&full) else { continue };
-            if meta.len() > 2 << 20 {
+            let Ok(mut file) = crate::sandbox::open_file(&full, std::fs::OpenOptions::new().read(true)) else { continue };
+            if file.metadata().map_or(true, |m| m.len() > 2 << 20) {
                 continue;
             }
-            let Ok(bytes) = std::fs::read(&full) else { continue };
+            let mut bytes = Vec::new();
+            if std::io::Read::read_to_end(&mut file, &mut bytes).is_err() {
+                continue;
+            }
             if bytes.iter().take(8000).any(|b| *b == 0) {
                 continue;
             }
@@ -237,9 +240,9 @@ impl Space {
         let append = args.get("append").and_then(Value::as_bool).unwrap_or(false);
         let r = if append {
             use std::io::Write;
-            std::fs::OpenOptions::new().create(true).append(true).open(&full).and_then(|mut f| f.write_all(content.as_bytes()))
+            crate::sandbox::open_file(&full, std::fs::OpenOptions::new().create(true).append(true)).and_then(|mut f| f.write_all(content.as_bytes()))
         } else {
-            std::fs::write(&full, content)
+            crate::sandbox::write_file(&full, content.as_bytes())
         };
         r.map_err(|e| error(format!("write_file: {path}: {e}")))?;
         Ok(json!({"bytes_written": content.len(), "path": path}))
@@ -256,7 +259,10 @@ impl Space {
             return Err(error("edit_file: old_string and new_string are the same; nothing to change"));
         }
         let full = self.check("edit_file", path, Access::Write, denials)?;
-        let text = std::fs::read_to_string(&full).map_err(|_| error(format!("edit_file: {path} does not exist or is not text; to create it use write_file")))?;
+        let text = match crate::sandbox::read_file(&full) {
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => return Err(error(format!("edit_file: {path}: {e}"))),
+            r => r.ok().and_then(|b| String::from_utf8(b).ok()).ok_or_else(|| error(format!("edit_file: {path} does not exist or is not text; to create it use write_file")))?,
+        };
         let replace_all = args.get("replace_all").and_then(Value::as_bool).unwrap_or(false);
         let (span, mode) = match find_span(&text, old) {
             Some(x) => x,
@@ -269,7 +275,7 @@ impl Space {
         let offset = text.find(span.as_str()).unwrap_or(0);
         let first_line = 1 + text[..offset].matches('\n').count();
         let updated = if replace_all { text.replace(span.as_str(), new) } else { text.replacen(span.as_str(), new, 1) };
-        std::fs::write(&full, updated).map_err(|e| error(format!("edit_file: {path}: {e}")))?;
+        crate::sandbox::write_file(&full, updated.as_bytes()).map_err(|e| error(format!("edit_file: {path}: {e}")))?;
         Ok(json!({"path": path, "replacements": if replace_all { count } else { 1 }, "first_line": first_line, "match_mode": mode}))
     }
 
@@ -338,7 +344,7 @@ impl Space {
         if total > limit {
             body.extend_from_slice(format!("\n... [truncated {} bytes]", total - limit).as_bytes());
         }
-        let written = std::fs::create_dir_all(&dir).and_then(|_| std::fs::write(&file, &body));
+        let written = std::fs::create_dir_all(&dir).and_then(|_| crate::sandbox::write_file(&file, &body));
         match written {
             Ok(()) => {
                 let preview = capped(&bytes[..bytes.len().min(2000)], 2000);
@@ -556,6 +562,29 @@ mod tests {
         assert!(r.get("error").is_some());
         assert_eq!(den.len(), 2);
         assert_eq!(den[0].tool, "read_file");
+    }
+
+    /// A FIFO a shell left in the step's directory (`mkfifo`) is no file:
+    /// every file tool says so at once instead of blocking the worker, and
+    /// a search passes over it.
+    #[tokio::test]
+    async fn file_tools_refuse_what_is_not_a_file() {
+        let (s, d) = space("fifo");
+        let c = std::ffi::CString::new(d.join("src/pipe.rs").to_str().unwrap()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        let mut den = Vec::new();
+        for (tool, args) in [
+            ("read_file", json!({"path": "src/pipe.rs"})),
+            ("write_file", json!({"path": "src/pipe.rs", "content": "x"})),
+            ("write_file", json!({"path": "src/pipe.rs", "content": "x", "append": true})),
+            ("edit_file", json!({"path": "src/pipe.rs", "old_string": "a", "new_string": "b"})),
+        ] {
+            let r = tokio::time::timeout(Duration::from_secs(5), s.builtin(&b(tool), &args, &mut den)).await.expect("answered at once");
+            let e = r["error"].as_str().unwrap_or_default();
+            assert!(e.contains("src/pipe.rs: a FIFO, not a file a tool may open"), "{tool}: {r}");
+        }
+        let r = s.builtin(&b("search_files"), &json!({"pattern": "main"}), &mut den).await;
+        assert_eq!(r["files"], json!(["src/main.rs"]), "{r}");
     }
 
     #[tokio::test]
