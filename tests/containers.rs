@@ -265,9 +265,11 @@ fn agent_tools_run_in_the_steps_container() {
             "agents:\n- name: prober\n  source: {{model: openrouter/x/y}}\n  tools: [run_shell, write_file]\n  image: {image}\n  network: none\n\
              - name: dialer\n  source: {{model: openrouter/x/y}}\n  tools: [run_shell]\n  image: {image}\n\
              - name: sleeper\n  source: {{model: openrouter/x/y}}\n  tools: [{{builtin: run_shell, timeout: 1s}}]\n  image: {image}\n\
+             - name: maker\n  source: {{model: openrouter/x/y}}\n  tools: [run_shell, read_file]\n  image: {image}\n\
              jobs:\n- name: a3-probe\n  plan:\n  - agent: prober\n    outputs: [out]\n    messages: [Probe the sandbox.]\n  - task: a3-after\n    inputs: [out]\n    run: cat out/made\n    assert:\n      stdout: made-inside\n\
              - name: a3-dial\n  plan:\n  - agent: dialer\n    messages: [Dial the host.]\n\
-             - name: a3-slow\n  plan:\n  - agent: sleeper\n    messages: [Take your time.]\n"
+             - name: a3-slow\n  plan:\n  - agent: sleeper\n    messages: [Take your time.]\n\
+             - name: a3-device\n  plan:\n  - agent: maker\n    messages: [Make a device.]\n"
         ),
     )
     .expect("write");
@@ -306,7 +308,14 @@ fn agent_tools_run_in_the_steps_container() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let transcript = text(&steppe(&["runs", "p.yml", "--job", "a3-slow", "--transcript"], &work));
     assert!(transcript.contains("timed out after 1s") && transcript.contains("restarted") && transcript.contains("kept\\nafter-restart"), "{transcript}");
-    no_container_left(&["prober", "dialer", "sleeper"]);
+    // A device node made as root in the container is no file for the
+    // host's read_file (it would read the host's device).
+    std::fs::write(work.join("device.yaml"), format!("model:\n  turns:\n{}    - calls:\n        - {{name: read_file, args: {{path: null-dev}}}}\n    - say: looked\n", call("mknod null-dev c 1 3 && echo made-a-device"))).expect("write");
+    let out = steppe(&["run", "p.yml", "--job", "a3-device", "--script", "device.yaml"], &work);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let transcript = text(&steppe(&["runs", "p.yml", "--job", "a3-device", "--transcript"], &work));
+    assert!(transcript.contains("made-a-device") && transcript.contains("null-dev: a device, not a file a tool may open"), "{transcript}");
+    no_container_left(&["prober", "dialer", "sleeper", "maker"]);
 }
 
 /// Through a cluster: steps with an image, and agents whose tools run in

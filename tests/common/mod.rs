@@ -354,7 +354,7 @@ pub fn agent_cases(sub: &str) -> Vec<(PathBuf, PathBuf)> {
 /// The image container tests and the docs' container examples run in:
 /// made from this host's own `sh`, `bash`, coreutils it needs and their
 /// libraries (`docker import`; there is no registry), once per engine.
-pub const TEST_IMAGE: &str = "steppe-test-sh:3";
+pub const TEST_IMAGE: &str = "steppe-test-sh:4";
 
 pub fn test_image() -> &'static str {
     let present = Command::new("docker").args(["image", "inspect", TEST_IMAGE]).output().expect("docker (the machine's engine)");
@@ -362,7 +362,7 @@ pub fn test_image() -> &'static str {
         return TEST_IMAGE;
     }
     let root = scratch("image-root");
-    let script = "set -e; for b in /bin/sh /bin/bash /bin/cat /bin/ls /bin/mkdir /bin/echo /bin/id /bin/sleep /usr/bin/touch; do \
+    let script = "set -e; for b in /bin/sh /bin/bash /bin/cat /bin/ls /bin/mkdir /bin/echo /bin/id /bin/sleep /usr/bin/touch /usr/bin/mknod; do \
         mkdir -p \"root$(dirname $b)\"; cp -L $b \"root$b\"; \
         for l in $(ldd $b | grep -o '/[^ ]*'); do mkdir -p \"root$(dirname $l)\"; cp -L $l \"root$l\"; done; done; \
         mkdir -p root/tmp root/workspace root/etc; tar -C root -cf rootfs.tar .";
