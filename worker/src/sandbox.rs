@@ -120,6 +120,11 @@ pub fn read_file(path: &Path) -> std::io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// [`read_file`] as UTF-8 text.
+pub fn read_text(path: &Path) -> std::io::Result<String> {
+    String::from_utf8(read_file(path)?).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
 /// [`open_file`] for writing `content` over what was there (created when missing).
 pub fn write_file(path: &Path, content: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
@@ -127,21 +132,7 @@ pub fn write_file(path: &Path, content: &[u8]) -> std::io::Result<()> {
 }
 
 fn not_a_file(m: &std::fs::Metadata) -> std::io::Error {
-    use std::os::unix::fs::FileTypeExt;
-    let t = m.file_type();
-    let what = if t.is_dir() {
-        "a directory"
-    } else if t.is_symlink() {
-        "a symlink"
-    } else if t.is_fifo() {
-        "a FIFO"
-    } else if t.is_socket() {
-        "a socket"
-    } else if t.is_block_device() || t.is_char_device() {
-        "a device"
-    } else {
-        "not a regular file"
-    };
+    let what = steppe_language::confine::file_kind(m.file_type());
     std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{what}, not a file a tool may open"))
 }
 

@@ -110,29 +110,35 @@ fn absolute(p: &Path) -> PathBuf {
     }
 }
 
+/// What a file that is not a regular one is, for a message saying so.
+pub fn file_kind(ft: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if ft.is_dir() {
+        "a directory"
+    } else if ft.is_symlink() {
+        "a symlink"
+    } else if ft.is_fifo() {
+        "a FIFO"
+    } else if ft.is_socket() {
+        "a socket"
+    } else if ft.is_block_device() || ft.is_char_device() {
+        "a device"
+    } else {
+        "a special file"
+    }
+}
+
 /// Reads a regular file of at most `cap` bytes. A FIFO, socket or device is
 /// refused without blocking on it.
 pub fn read_capped(path: &Path, cap: u64) -> Result<Vec<u8>, PathError> {
-    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    use std::os::unix::fs::OpenOptionsExt;
     let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC).open(path).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => PathError::Missing,
         _ => PathError::Io(e),
     })?;
     let meta = file.metadata().map_err(PathError::Io)?;
-    let ft = meta.file_type();
-    if !ft.is_file() {
-        let kind = if ft.is_dir() {
-            "a directory"
-        } else if ft.is_fifo() {
-            "a FIFO"
-        } else if ft.is_socket() {
-            "a socket"
-        } else if ft.is_block_device() || ft.is_char_device() {
-            "a device"
-        } else {
-            "a special file"
-        };
-        return Err(PathError::NotRegular { kind });
+    if !meta.file_type().is_file() {
+        return Err(PathError::NotRegular { kind: file_kind(meta.file_type()) });
     }
     if meta.len() > cap {
         return Err(PathError::TooLarge { len: meta.len(), cap });

@@ -42,22 +42,13 @@ fn untrusted_tag(text: &str) -> String {
 /// straight into the hash: a result is not copied to be sorted.
 fn signature(name: &str, args: &Value, result: &Value) -> String {
     use sha2::Digest;
-    struct Hashing<'a>(&'a mut sha2::Sha256);
-    impl std::io::Write for Hashing<'_> {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.update(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
+    // The hash is an `io::Write` (sha2's `std` feature).
     let mut h = sha2::Sha256::new();
     h.update(name.as_bytes());
     h.update([0]);
-    write_sorted(args, &mut Hashing(&mut h));
+    write_sorted(args, &mut h);
     h.update([0]);
-    write_sorted(result, &mut Hashing(&mut h));
+    write_sorted(result, &mut h);
     format!("{:x}", h.finalize())
 }
 
@@ -312,7 +303,7 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
             AgentMessage::Artifact { artifact, path } => {
                 let p = format!("{artifact}/{path}");
                 let full = space.policy.check_path("message_files", &p, root, crate::sandbox::Access::Read).map_err(|d| StepError::errored(format!("{label}: message file {p}: {}", d.reason)))?;
-                let t = crate::sandbox::read_file(&full).and_then(|b| String::from_utf8(b).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))).map_err(|e| StepError::errored(format!("{label}: message file {p}: {e}")))?;
+                let t = crate::sandbox::read_text(&full).map_err(|e| StepError::errored(format!("{label}: message file {p}: {e}")))?;
                 if t.trim().is_empty() {
                     return Err(StepError::errored(format!("{label}: message file {p} is empty")));
                 }
@@ -391,7 +382,7 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
     }
     for (i, p) in work.context_paths.iter().enumerate() {
         let full = space.policy.check_path("read_file", p, &space.cwd, crate::sandbox::Access::Read).map_err(|d| StepError::errored(format!("{label}: context path \"{p}\": {}", d.reason)))?;
-        let mut text = crate::sandbox::read_file(&full).and_then(|b| String::from_utf8(b).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))).map_err(|e| StepError::errored(format!("{label}: context path \"{p}\": {e}")))?;
+        let mut text = crate::sandbox::read_text(&full).map_err(|e| StepError::errored(format!("{label}: context path \"{p}\": {e}")))?;
         let max = work.max_context_bytes as usize;
         if max > 0 && text.len() > max {
             let n = text.len();

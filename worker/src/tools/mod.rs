@@ -259,9 +259,9 @@ impl Space {
             return Err(error("edit_file: old_string and new_string are the same; nothing to change"));
         }
         let full = self.check("edit_file", path, Access::Write, denials)?;
-        let text = match crate::sandbox::read_file(&full) {
+        let text = match crate::sandbox::read_text(&full) {
             Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => return Err(error(format!("edit_file: {path}: {e}"))),
-            r => r.ok().and_then(|b| String::from_utf8(b).ok()).ok_or_else(|| error(format!("edit_file: {path} does not exist or is not text; to create it use write_file")))?,
+            r => r.map_err(|_| error(format!("edit_file: {path} does not exist or is not text; to create it use write_file")))?,
         };
         let replace_all = args.get("replace_all").and_then(Value::as_bool).unwrap_or(false);
         let (span, mode) = match find_span(&text, old) {
