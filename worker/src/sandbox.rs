@@ -30,24 +30,27 @@ pub struct Denial {
 /// The roots one step's tools may touch.
 #[derive(Debug, Clone)]
 pub struct SandboxPolicy {
-    write_root: PathBuf,
-    read_roots: Vec<PathBuf>,
-    /// Every root (the write root first) and its device and inode when the
-    /// policy was made.
+    /// The write root first, then the read roots; each with its device and
+    /// inode when the policy was made.
     roots: Vec<(PathBuf, (u64, u64))>,
 }
 
 impl SandboxPolicy {
     /// `write_root` (the step's directory) must exist; roots are canonicalized once.
     pub fn new(write_root: &Path, read_roots: &[PathBuf]) -> std::io::Result<Self> {
-        let write_root = write_root.canonicalize()?;
-        let read_roots: Vec<PathBuf> = read_roots.iter().map(|r| r.canonicalize()).collect::<Result<_, _>>()?;
-        let roots = std::iter::once(&write_root).chain(&read_roots).map(|r| Ok((r.clone(), identity(&r.symlink_metadata()?)))).collect::<std::io::Result<_>>()?;
-        Ok(SandboxPolicy { write_root, read_roots, roots })
+        let roots = std::iter::once(write_root)
+            .chain(read_roots.iter().map(PathBuf::as_path))
+            .map(|r| {
+                let r = r.canonicalize()?;
+                let id = identity(&r.symlink_metadata()?);
+                Ok((r, id))
+            })
+            .collect::<std::io::Result<_>>()?;
+        Ok(SandboxPolicy { roots })
     }
 
     pub fn write_root(&self) -> &Path {
-        &self.write_root
+        &self.roots[0].0
     }
 
     /// A tool the engine does not know is refused, whatever the grant says.
@@ -78,14 +81,14 @@ impl SandboxPolicy {
         let resolved = resolve_below_roots(&lexical, &self.roots).map_err(|e| deny(format!("could not resolve \"{requested}\": {e}")))?;
         let inside = |root: &Path| resolved.starts_with(root);
         let allowed = match access {
-            Access::Write => inside(&self.write_root),
-            Access::Read => inside(&self.write_root) || self.read_roots.iter().any(|r| inside(r)),
+            Access::Write => inside(self.write_root()),
+            Access::Read => self.roots.iter().any(|(r, _)| inside(r)),
         };
         if allowed {
             return Ok(resolved);
         }
         let what = match access {
-            Access::Write => format!("writes are confined to {}", self.write_root.display()),
+            Access::Write => format!("writes are confined to {}", self.write_root().display()),
             Access::Read => "reads are confined to the step's directory and its read roots".to_string(),
         };
         Err(deny(format!("\"{requested}\" resolves to {}, outside the sandbox: {what}", resolved.display())))
