@@ -303,7 +303,7 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
             AgentMessage::Artifact { artifact, path } => {
                 let p = format!("{artifact}/{path}");
                 let full = space.policy.check_path("message_files", &p, root, crate::sandbox::Access::Read).map_err(|d| StepError::errored(format!("{label}: message file {p}: {}", d.reason)))?;
-                let t = crate::sandbox::read_text(&full).map_err(|e| StepError::errored(format!("{label}: message file {p}: {e}")))?;
+                let t = space.policy.read_text(&full).map_err(|e| StepError::errored(format!("{label}: message file {p}: {e}")))?;
                 if t.trim().is_empty() {
                     return Err(StepError::errored(format!("{label}: message file {p} is empty")));
                 }
@@ -382,7 +382,7 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
     }
     for (i, p) in work.context_paths.iter().enumerate() {
         let full = space.policy.check_path("read_file", p, &space.cwd, crate::sandbox::Access::Read).map_err(|d| StepError::errored(format!("{label}: context path \"{p}\": {}", d.reason)))?;
-        let mut text = crate::sandbox::read_text(&full).map_err(|e| StepError::errored(format!("{label}: context path \"{p}\": {e}")))?;
+        let mut text = space.policy.read_text(&full).map_err(|e| StepError::errored(format!("{label}: context path \"{p}\": {e}")))?;
         let max = work.max_context_bytes as usize;
         if max > 0 && text.len() > max {
             let n = text.len();

@@ -75,7 +75,7 @@ impl Space {
     fn read_file(&self, args: &Value, denials: &mut Vec<DenialRecord>) -> Result<Value, Value> {
         let path = arg_str(args, "path").ok_or_else(|| error("read_file: missing required argument \"path\""))?;
         let full = self.check("read_file", path, Access::Read, denials)?;
-        let bytes = crate::sandbox::read_file(&full).map_err(|e| error(format!("read_file: {path}: {e}")))?;
+        let bytes = self.policy.read_file(&full).map_err(|e| error(format!("read_file: {path}: {e}")))?;
         let text = String::from_utf8_lossy(&bytes).into_owned();
         let (start, end) = (args.get("start_line").and_then(Value::as_u64), args.get("end_line").and_then(Value::as_u64));
         if start.is_some() || end.is_some() {
@@ -110,14 +110,8 @@ impl Space {
     fn list_dir(&self, args: &Value, denials: &mut Vec<DenialRecord>) -> Result<Value, Value> {
         let path = arg_str(args, "path").unwrap_or(".");
         let full = self.check("list_dir", path, Access::Read, denials)?;
-        let mut entries: Vec<(String, bool, u64)> = std::fs::read_dir(&full)
-            .map_err(|e| error(format!("list_dir: {path}: {e}")))?
-            .filter_map(|e| e.ok())
-            .map(|e| {
-                let m = e.metadata().ok();
-                (e.file_name().to_string_lossy().into_owned(), m.as_ref().is_some_and(|m| m.is_dir()), m.map(|m| m.len()).unwrap_or(0))
-            })
-            .collect();
+        let listed = self.policy.open_dir(&full).and_then(|d| crate::sandbox::list(&d)).map_err(|e| error(format!("list_dir: {path}: {e}")))?;
+        let mut entries: Vec<(String, bool, u64)> = listed.into_iter().map(|e| (e.name.to_string_lossy().into_owned(), e.is_dir, e.size)).collect();
         entries.sort();
         let total = entries.len();
         let shown: Vec<Value> = entries.iter().take(1000).map(|(n, d, s)| json!({"name": n, "is_dir": d, "size": s})).collect();
@@ -147,8 +141,9 @@ impl Space {
             None => None,
         };
         let glob_re = glob.map(glob_to_regex).transpose().map_err(|e| error(format!("search_files: bad glob: {e}")))?;
+        let base_dir = self.policy.open_dir(&base).map_err(|e| error(format!("search_files: {path}: {e}")))?;
         let mut files = Vec::new();
-        walk(&base, &base, &mut files, 20_000);
+        walk(&base_dir, Path::new(""), &mut files, 20_000);
         let (mut matches, mut counts, mut hits) = (Vec::new(), Vec::new(), Vec::new());
         let (mut total, mut scanned, mut budget) = (0usize, 0usize, 28_000usize);
         for rel in files {
@@ -166,8 +161,7 @@ impl Space {
                 }
                 continue;
             };
-            let full = base.join(&rel);
-            let Ok(mut file) = crate::sandbox::open_file(&full, std::fs::OpenOptions::new().read(true)) else { continue };
+            let Ok(mut file) = crate::sandbox::open_below(&base_dir, &rel, crate::sandbox::Open::Read) else { continue };
             if file.metadata().map_or(true, |m| m.len() > 2 << 20) {
                 continue;
             }
@@ -234,16 +228,9 @@ impl Space {
         let path = arg_str(args, "path").ok_or_else(|| error("write_file: missing required argument \"path\""))?;
         let content = arg_str(args, "content").ok_or_else(|| error("write_file: missing required argument \"content\""))?;
         let full = self.check("write_file", path, Access::Write, denials)?;
-        if let Some(parent) = full.parent() {
-            std::fs::create_dir_all(parent).map_err(|e| error(format!("write_file: {path}: {e}")))?;
-        }
         let append = args.get("append").and_then(Value::as_bool).unwrap_or(false);
-        let r = if append {
-            use std::io::Write;
-            crate::sandbox::open_file(&full, std::fs::OpenOptions::new().create(true).append(true)).and_then(|mut f| f.write_all(content.as_bytes()))
-        } else {
-            crate::sandbox::write_file(&full, content.as_bytes())
-        };
+        let how = if append { crate::sandbox::Open::Append } else { crate::sandbox::Open::Write };
+        let r = self.policy.open_file(&full, how).and_then(|mut f| std::io::Write::write_all(&mut f, content.as_bytes()));
         r.map_err(|e| error(format!("write_file: {path}: {e}")))?;
         Ok(json!({"bytes_written": content.len(), "path": path}))
     }
@@ -259,7 +246,7 @@ impl Space {
             return Err(error("edit_file: old_string and new_string are the same; nothing to change"));
         }
         let full = self.check("edit_file", path, Access::Write, denials)?;
-        let text = match crate::sandbox::read_text(&full) {
+        let text = match self.policy.read_text(&full) {
             Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => return Err(error(format!("edit_file: {path}: {e}"))),
             r => r.map_err(|_| error(format!("edit_file: {path} does not exist or is not text; to create it use write_file")))?,
         };
@@ -275,7 +262,7 @@ impl Space {
         let offset = text.find(span.as_str()).unwrap_or(0);
         let first_line = 1 + text[..offset].matches('\n').count();
         let updated = if replace_all { text.replace(span.as_str(), new) } else { text.replacen(span.as_str(), new, 1) };
-        crate::sandbox::write_file(&full, updated.as_bytes()).map_err(|e| error(format!("edit_file: {path}: {e}")))?;
+        self.policy.write_file(&full, updated.as_bytes()).map_err(|e| error(format!("edit_file: {path}: {e}")))?;
         Ok(json!({"path": path, "replacements": if replace_all { count } else { 1 }, "first_line": first_line, "match_mode": mode}))
     }
 
@@ -344,7 +331,7 @@ impl Space {
         if total > limit {
             body.extend_from_slice(format!("\n... [truncated {} bytes]", total - limit).as_bytes());
         }
-        let written = std::fs::create_dir_all(&dir).and_then(|_| crate::sandbox::write_file(&file, &body));
+        let written = self.policy.write_file(&file, &body);
         match written {
             Ok(()) => {
                 let preview = capped(&bytes[..bytes.len().min(2000)], 2000);
@@ -466,28 +453,24 @@ fn block_anchor(lines: &[&str], want: &[&str]) -> Option<String> {
     best.map(|(_, i, j)| lines[i..=j].join("\n"))
 }
 
-fn walk(base: &Path, dir: &Path, out: &mut Vec<PathBuf>, limit: usize) {
-    let Ok(rd) = std::fs::read_dir(dir) else { return };
-    let mut entries: Vec<_> = rd.filter_map(|e| e.ok()).collect();
-    entries.sort_by_key(|e| e.file_name());
+/// The regular files below `dir` (at `rel` below the search's base), in
+/// name order, none reached through a symlink.
+fn walk(dir: &std::os::fd::OwnedFd, rel: &Path, out: &mut Vec<PathBuf>, limit: usize) {
+    let Ok(mut entries) = crate::sandbox::list(dir) else { return };
+    entries.sort_by(|a, b| a.name.cmp(&b.name));
     for e in entries {
         if out.len() >= limit {
             return;
         }
-        let name = e.file_name();
-        let n = name.to_string_lossy();
-        if matches!(n.as_ref(), ".git" | "node_modules" | "vendor" | ".steps-agent-out") {
+        if matches!(e.name.to_str(), Some(".git" | "node_modules" | "vendor" | ".steps-agent-out")) {
             continue;
         }
-        let p = e.path();
-        match e.file_type() {
-            Ok(t) if t.is_dir() => walk(base, &p, out, limit),
-            Ok(t) if t.is_file() => {
-                if let Ok(rel) = p.strip_prefix(base) {
-                    out.push(rel.to_path_buf());
-                }
+        if e.is_dir {
+            if let Ok(sub) = crate::sandbox::subdir(dir, &e.name) {
+                walk(&sub, &rel.join(&e.name), out, limit);
             }
-            _ => {}
+        } else if e.is_file {
+            out.push(rel.join(&e.name));
         }
     }
 }

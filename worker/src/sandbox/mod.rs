@@ -10,6 +10,9 @@ use std::path::{Component, Path, PathBuf};
 
 use steppe_language::builtins::BUILTIN_TOOLS;
 
+mod beneath;
+pub use beneath::{list, open_below, subdir, Entry, Open};
+
 /// What a tool call wants to do with a path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Access {
@@ -95,43 +98,54 @@ impl SandboxPolicy {
     }
 }
 
-/// Opens a path the policy resolved for a tool (`how`: read, or write and
-/// create): a regular file only. A FIFO, device or socket in the step's
-/// directory (a shell in its container may make one: `mkfifo`, or `mknod`
-/// as root) is refused before it is opened, as opening or reading one
-/// would block the worker or reach the host's device; a symlink put in its
-/// place since the check is not followed.
-pub fn open_file(path: &Path, how: &mut std::fs::OpenOptions) -> std::io::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    match path.symlink_metadata() {
-        Ok(m) if !m.file_type().is_file() => return Err(not_a_file(&m)),
-        _ => {}
+impl SandboxPolicy {
+    /// Opens a file [`check_path`](Self::check_path) resolved, from the root
+    /// it lies under down ([`beneath`]): a regular file only. A FIFO, device
+    /// or socket in the step's directory (a shell in its container may make
+    /// one: `mkfifo`, or `mknod` as root) is refused before it is opened, as
+    /// opening or reading one would block the worker or reach the host's
+    /// device; a symlink put anywhere on the path since the check is not
+    /// followed. Writing makes the missing directories above the file.
+    pub fn open_file(&self, path: &Path, how: Open) -> std::io::Result<std::fs::File> {
+        let (root, rel) = self.beneath(path)?;
+        beneath::open_below(&root, rel, how)
     }
-    let f = how.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY).open(path)?;
-    let m = f.metadata()?;
-    if !m.file_type().is_file() {
-        return Err(not_a_file(&m));
+
+    /// The directory `path` ([`check_path`](Self::check_path)'s), opened from
+    /// its root down as [`open_file`](Self::open_file) opens a file.
+    pub fn open_dir(&self, path: &Path) -> std::io::Result<std::os::fd::OwnedFd> {
+        let (root, rel) = self.beneath(path)?;
+        beneath::descend(&root, rel, false)
     }
-    Ok(f)
-}
 
-/// [`open_file`] for reading, the whole file.
-pub fn read_file(path: &Path) -> std::io::Result<Vec<u8>> {
-    use std::io::Read;
-    let mut bytes = Vec::new();
-    open_file(path, std::fs::OpenOptions::new().read(true))?.read_to_end(&mut bytes)?;
-    Ok(bytes)
-}
+    /// [`open_file`](Self::open_file) for reading, the whole file.
+    pub fn read_file(&self, path: &Path) -> std::io::Result<Vec<u8>> {
+        use std::io::Read;
+        let mut bytes = Vec::new();
+        self.open_file(path, Open::Read)?.read_to_end(&mut bytes)?;
+        Ok(bytes)
+    }
 
-/// [`read_file`] as UTF-8 text.
-pub fn read_text(path: &Path) -> std::io::Result<String> {
-    String::from_utf8(read_file(path)?).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
-}
+    /// [`read_file`](Self::read_file) as UTF-8 text.
+    pub fn read_text(&self, path: &Path) -> std::io::Result<String> {
+        String::from_utf8(self.read_file(path)?).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+    }
 
-/// [`open_file`] for writing `content` over what was there (created when missing).
-pub fn write_file(path: &Path, content: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    open_file(path, std::fs::OpenOptions::new().write(true).create(true).truncate(true))?.write_all(content)
+    /// [`open_file`](Self::open_file) for writing `content` over what was
+    /// there (made, with its directories, when missing).
+    pub fn write_file(&self, path: &Path, content: &[u8]) -> std::io::Result<()> {
+        use std::io::Write;
+        self.open_file(path, Open::Write)?.write_all(content)
+    }
+
+    /// The root `path` lies under, opened (still the directory the policy
+    /// was made with), and the rest of `path` below it.
+    fn beneath<'p>(&self, path: &'p Path) -> std::io::Result<(std::os::fd::OwnedFd, &'p Path)> {
+        let outside = || std::io::Error::new(std::io::ErrorKind::PermissionDenied, format!("{} is under none of the sandbox's roots", path.display()));
+        let (root, made) = self.roots.iter().find(|(r, _)| path.starts_with(r)).ok_or_else(outside)?;
+        let rel = path.strip_prefix(root).map_err(|_| outside())?;
+        Ok((beneath::open_root(root, *made)?, rel))
+    }
 }
 
 fn not_a_file(m: &std::fs::Metadata) -> std::io::Error {
@@ -222,6 +236,7 @@ fn resolve_existing_prefix(p: &Path) -> std::io::Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write;
     use std::os::unix::fs::symlink;
 
     struct Fixture {
@@ -352,26 +367,89 @@ mod tests {
     #[test]
     fn only_regular_files_are_opened() {
         let f = fixture("special");
+        let p = SandboxPolicy::new(&f.step, &[]).unwrap();
         let fifo = f.step.join("pipe");
         let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
-        let e = read_file(&fifo).unwrap_err();
+        let e = p.read_file(&fifo).unwrap_err();
         assert!(e.to_string().contains("a FIFO, not a file"), "{e}");
-        assert!(write_file(&fifo, b"x").unwrap_err().to_string().contains("a FIFO"));
-        assert!(read_file(&f.step.join("out")).unwrap_err().to_string().contains("a directory"));
+        assert!(p.write_file(&fifo, b"x").unwrap_err().to_string().contains("a FIFO"));
+        assert!(p.read_file(&f.step.join("out")).unwrap_err().to_string().contains("a directory"));
         symlink(f.base.join("secret.txt"), f.step.join("link")).unwrap();
-        assert!(read_file(&f.step.join("link")).unwrap_err().to_string().contains("a symlink"));
+        assert!(p.read_file(&f.step.join("link")).unwrap_err().to_string().contains("a symlink"));
         // A device node, where this test may make one (as root).
         let dev = f.step.join("null");
         let c = std::ffi::CString::new(dev.to_str().unwrap()).unwrap();
         if unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) } == 0 {
-            assert!(read_file(&dev).unwrap_err().to_string().contains("a device"));
+            assert!(p.read_file(&dev).unwrap_err().to_string().contains("a device"));
         }
-        write_file(&f.step.join("plain.txt"), b"hello").unwrap();
-        assert_eq!(read_file(&f.step.join("plain.txt")).unwrap(), b"hello");
-        write_file(&f.step.join("plain.txt"), b"hi").unwrap();
-        assert_eq!(read_file(&f.step.join("plain.txt")).unwrap(), b"hi");
-        assert_eq!(read_file(&f.step.join("missing")).unwrap_err().kind(), std::io::ErrorKind::NotFound);
+        p.write_file(&f.step.join("plain.txt"), b"hello").unwrap();
+        assert_eq!(p.read_file(&f.step.join("plain.txt")).unwrap(), b"hello");
+        p.write_file(&f.step.join("plain.txt"), b"hi").unwrap();
+        assert_eq!(p.read_file(&f.step.join("plain.txt")).unwrap(), b"hi");
+        assert_eq!(p.read_file(&f.step.join("missing")).unwrap_err().kind(), std::io::ErrorKind::NotFound);
+    }
+
+
+    /// What the check judged is what is opened: a directory on the path
+    /// swapped for a symlink out of the sandbox between the check and the
+    /// open (as a shell in the step's container could) is refused, for
+    /// reads, writes, new directories and listings alike, and nothing
+    /// outside is read, written or made. Fails if any step down follows a
+    /// symlink.
+    #[test]
+    fn a_directory_swapped_for_a_symlink_after_the_check_is_refused() {
+        let f = fixture("swap");
+        let p = SandboxPolicy::new(&f.step, &[]).unwrap();
+        let write = p.check_path("write_file", "out/x.txt", &f.step, Access::Write).unwrap();
+        let read = p.check_path("read_file", "out/secret.txt", &f.step, Access::Read).unwrap();
+        let deep = p.check_path("write_file", "out/new/deep/f.txt", &f.step, Access::Write).unwrap();
+        let listed = p.check_path("list_dir", "out", &f.step, Access::Read).unwrap();
+        std::fs::rename(f.step.join("out"), f.step.join("out.moved")).unwrap();
+        symlink(&f.base, f.step.join("out")).unwrap();
+        let e = p.write_file(&write, b"escaped").unwrap_err();
+        assert!(e.to_string().contains("changed after it was checked"), "{e}");
+        assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied);
+        assert!(!f.base.join("x.txt").exists(), "a file was written outside the sandbox");
+        assert!(p.read_file(&read).is_err(), "a file outside the sandbox was read");
+        assert!(p.open_file(&write, Open::Append).is_err());
+        assert!(p.write_file(&deep, b"escaped").is_err());
+        assert!(!f.base.join("new").exists(), "a directory was made outside the sandbox");
+        assert!(p.open_dir(&listed).is_err(), "a directory outside the sandbox was listed");
+        // The same with the swap one level further down.
+        std::fs::remove_file(f.step.join("out")).unwrap();
+        std::fs::rename(f.step.join("out.moved"), f.step.join("out")).unwrap();
+        std::fs::create_dir(f.step.join("out/inner")).unwrap();
+        let inner = p.check_path("write_file", "out/inner/y.txt", &f.step, Access::Write).unwrap();
+        std::fs::remove_dir(f.step.join("out/inner")).unwrap();
+        symlink(&f.base, f.step.join("out/inner")).unwrap();
+        assert!(p.write_file(&inner, b"escaped").is_err());
+        assert!(!f.base.join("y.txt").exists(), "a file was written outside the sandbox");
+        // Unswapped, all of it works, the missing directories made.
+        std::fs::remove_file(f.step.join("out/inner")).unwrap();
+        p.write_file(&deep, b"in").unwrap();
+        assert_eq!(p.read_file(&deep).unwrap(), b"in");
+        p.open_file(&deep, Open::Append).unwrap().write_all(b"+").unwrap();
+        assert_eq!(p.read_text(&deep).unwrap(), "in+");
+        let names: Vec<_> = list(&p.open_dir(&listed).unwrap()).unwrap().into_iter().map(|e| e.name).collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("new")]);
+    }
+
+    /// A root moved away and another directory (or a symlink) put in its
+    /// place since the policy was made opens nothing under it.
+    #[test]
+    fn nothing_opens_under_a_root_replaced_since_the_policy_was_made() {
+        let f = fixture("replaced");
+        let p = SandboxPolicy::new(&f.step, &[]).unwrap();
+        let file = p.check_path("write_file", "out/z.txt", &f.step, Access::Write).unwrap();
+        std::fs::rename(&f.step, f.base.join("step.moved")).unwrap();
+        std::fs::create_dir_all(f.step.join("out")).unwrap();
+        let e = p.write_file(&file, b"x").unwrap_err();
+        assert!(e.to_string().contains("was replaced since the step began"), "{e}");
+        std::fs::remove_dir_all(&f.step).unwrap();
+        symlink(f.base.join("step.moved"), &f.step).unwrap();
+        assert!(p.write_file(&file, b"x").is_err());
+        assert!(!f.base.join("step.moved/out/z.txt").exists());
     }
 
     #[test]
