@@ -28,10 +28,14 @@ const DIR: OFlag = OFlag::O_RDONLY.union(OFlag::O_DIRECTORY).union(OFlag::O_NOFO
 /// `root` opened, which must still be the directory of identity `made` (its
 /// device and inode when the policy was made).
 pub(super) fn open_root(root: &Path, made: (u64, u64)) -> io::Result<OwnedFd> {
-    let fd = nix::fcntl::open(root, DIR, Mode::empty()).map_err(|e| changed(e, root.as_os_str()))?;
-    let now = File::from(fd);
+    let replaced = || io::Error::new(io::ErrorKind::PermissionDenied, format!("{} was replaced since the step began", root.display()));
+    let now = match nix::fcntl::open(root, DIR, Mode::empty()) {
+        Ok(fd) => File::from(fd),
+        Err(Errno::ELOOP | Errno::ENOTDIR) => return Err(replaced()),
+        Err(e) => return Err(e.into()),
+    };
     if super::identity(&now.metadata()?) != made {
-        return Err(io::Error::new(io::ErrorKind::PermissionDenied, format!("{} was replaced since the step began", root.display())));
+        return Err(replaced());
     }
     Ok(now.into())
 }
@@ -50,22 +54,23 @@ pub(super) fn descend(start: &OwnedFd, rel: &Path, create: bool) -> io::Result<O
                     Ok(()) | Err(Errno::EEXIST) => {}
                     Err(e) => return Err(e.into()),
                 }
-                openat(&at, name, DIR, Mode::empty()).map_err(|e| changed(e, name))?
+                openat(&at, name, DIR, Mode::empty()).map_err(|e| changed(e, &at, name))?
             }
-            r => r.map_err(|e| changed(e, name))?,
+            r => r.map_err(|e| changed(e, &at, name))?,
         };
     }
     Ok(at)
 }
 
 /// The regular file `rel` below `start`, opened as [`open_in`] opens it.
-pub fn open_below(start: &OwnedFd, rel: &Path, how: Open) -> io::Result<File> {
+pub(super) fn open_below(start: &OwnedFd, rel: &Path, how: Open) -> io::Result<File> {
     let Some(name) = rel.file_name() else { return Err(super::not_a_file(&File::from(start.try_clone()?).metadata()?)) };
     let dir = descend(start, rel.parent().unwrap_or(Path::new("")), how != Open::Read)?;
     open_in(&dir, name, how)
 }
 
-/// One name in a directory: what it is, and its size, as `lstat` has them.
+/// One name in a directory: what it is (never followed), and its size when
+/// asked for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
     pub name: OsString,
@@ -74,20 +79,32 @@ pub struct Entry {
     pub size: u64,
 }
 
-/// The names in `dir` (not `.` and `..`), each looked at without following it.
-pub fn list(dir: &OwnedFd) -> io::Result<Vec<Entry>> {
+/// The names in `dir` (not `.` and `..`), each looked at without following
+/// it: by the directory's own record of its type, or a `lstat` where that
+/// is unknown or `sizes` are wanted.
+pub fn list(dir: &OwnedFd, sizes: bool) -> io::Result<Vec<Entry>> {
+    use nix::dir::Type;
     use std::os::unix::ffi::OsStrExt;
-    let names: Vec<OsString> = nix::dir::Dir::from_fd(dir.try_clone()?)?
-        .into_iter()
-        .filter_map(Result::ok)
-        .map(|e| OsStr::from_bytes(e.file_name().to_bytes()).to_os_string())
-        .filter(|n| n != "." && n != "..")
-        .collect();
-    let mut out = Vec::with_capacity(names.len());
-    for name in names {
-        let Ok(st) = nix::sys::stat::fstatat(dir, name.as_os_str(), nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) else { continue };
-        let kind = st.st_mode & libc::S_IFMT;
-        out.push(Entry { name, is_dir: kind == libc::S_IFDIR, is_file: kind == libc::S_IFREG, size: u64::try_from(st.st_size).unwrap_or(0) });
+    // A description of its own (a dup would share, and use up, `dir`'s offset).
+    let here = openat(dir, ".", DIR, Mode::empty())?;
+    let mut out = Vec::new();
+    for e in nix::dir::Dir::from_fd(here)? {
+        let e = e?;
+        let name = OsStr::from_bytes(e.file_name().to_bytes());
+        if name == "." || name == ".." {
+            continue;
+        }
+        let (is_dir, is_file, size) = match e.file_type() {
+            Some(t) if !sizes => (t == Type::Directory, t == Type::File, 0),
+            _ => match nix::sys::stat::fstatat(dir, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) {
+                Ok(st) => {
+                    let kind = st.st_mode & libc::S_IFMT;
+                    (kind == libc::S_IFDIR, kind == libc::S_IFREG, u64::try_from(st.st_size).unwrap_or(0))
+                }
+                Err(_) => continue,
+            },
+        };
+        out.push(Entry { name: name.to_os_string(), is_dir, is_file, size });
     }
     Ok(out)
 }
@@ -97,43 +114,76 @@ pub fn subdir(dir: &OwnedFd, name: &OsStr) -> io::Result<OwnedFd> {
     descend(dir, Path::new(name), false)
 }
 
-/// The regular file `name` in `dir`, opened as `how` says. Anything else
-/// there (a FIFO, a device, a socket, a directory, a symlink) is refused
-/// before it is opened, by a look that opens nothing (`O_PATH`).
-pub(super) fn open_in(dir: &OwnedFd, name: &OsStr, how: Open) -> io::Result<File> {
-    let look = OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-    match openat(dir, name, look, Mode::empty()) {
-        Ok(fd) => {
-            let m = File::from(fd).metadata()?;
-            if !m.file_type().is_file() {
-                return Err(super::not_a_file(&m));
-            }
-        }
-        Err(Errno::ENOENT) if how != Open::Read => {}
-        Err(e) => return Err(e.into()),
-    }
+/// The regular file `name` in `dir`, opened as `how` says. What is there is
+/// looked at first by an open that opens nothing (`O_PATH`, not following a
+/// symlink): anything but a regular file (a FIFO, a device, a socket, a
+/// directory, a symlink) is refused, and a regular file is then reopened
+/// through that look (`/proc/self/fd`), so a node renamed over the name in
+/// between is never opened. A file that is not there is made, for writing,
+/// only if it is still not there (`O_EXCL`).
+pub fn open_in(dir: &OwnedFd, name: &OsStr, how: Open) -> io::Result<File> {
+    use std::os::fd::AsRawFd;
+    let base = OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC;
     let flags = match how {
         Open::Read => OFlag::O_RDONLY,
-        Open::Write => OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_TRUNC,
-        Open::Append => OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_APPEND,
-    };
-    let flags = flags | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC;
-    let f = File::from(openat(dir, name, flags, Mode::from_bits_truncate(0o666)).map_err(|e| changed(e, name))?);
-    let m = f.metadata()?;
-    if !m.file_type().is_file() {
-        return Err(super::not_a_file(&m));
+        Open::Write => OFlag::O_WRONLY | OFlag::O_TRUNC,
+        Open::Append => OFlag::O_WRONLY | OFlag::O_APPEND,
+    } | base;
+    for _ in 0..3 {
+        let looked = match look(dir, name) {
+            Ok(l) => l,
+            Err(e) if e.kind() == io::ErrorKind::NotFound && how != Open::Read => {
+                let made = openat(dir, name, flags | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW, Mode::from_bits_truncate(0o666));
+                match made {
+                    Ok(fd) => return Ok(File::from(fd)),
+                    Err(Errno::EEXIST) => continue,
+                    Err(e) => return Err(changed(e, dir, name)),
+                }
+            }
+            Err(e) => return Err(e),
+        };
+        let m = looked.metadata()?;
+        if !m.file_type().is_file() {
+            return Err(super::not_a_file(&m));
+        }
+        let f = match nix::fcntl::open(format!("/proc/self/fd/{}", looked.as_raw_fd()).as_str(), flags, Mode::empty()) {
+            Ok(fd) => File::from(fd),
+            // No /proc here: by name, refusing a symlink, and judged again below.
+            Err(Errno::ENOENT) => File::from(openat(dir, name, flags | OFlag::O_NOFOLLOW, Mode::empty()).map_err(|e| changed(e, dir, name))?),
+            Err(e) => return Err(e.into()),
+        };
+        let m = f.metadata()?;
+        if !m.file_type().is_file() {
+            return Err(super::not_a_file(&m));
+        }
+        return Ok(f);
     }
-    Ok(f)
+    Err(io::Error::new(io::ErrorKind::WouldBlock, format!("\"{}\" kept appearing and disappearing while it was being made; try again", name.to_string_lossy())))
 }
 
-/// What a refused step down means: a symlink (`O_NOFOLLOW`) or no longer a
-/// directory where the check saw one.
-fn changed(e: Errno, name: &OsStr) -> io::Error {
-    match e {
-        Errno::ELOOP | Errno::ENOTDIR => io::Error::new(
+/// `name` in `dir` as it is, without following or opening it (`O_PATH`).
+fn look(dir: &OwnedFd, name: &OsStr) -> io::Result<File> {
+    let fd = openat(dir, name, OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::empty())?;
+    Ok(File::from(fd))
+}
+
+/// What a refused step down means: `name` is a symlink now (the check saw
+/// none, so the path changed since, and it is not followed), or something
+/// that is not a directory.
+fn changed(e: Errno, dir: &OwnedFd, name: &OsStr) -> io::Error {
+    if !matches!(e, Errno::ELOOP | Errno::ENOTDIR) {
+        return e.into();
+    }
+    let name_s = name.to_string_lossy();
+    match look(dir, name).and_then(|f| f.metadata()) {
+        Ok(m) if m.file_type().is_symlink() => io::Error::new(
             io::ErrorKind::PermissionDenied,
-            format!("\"{}\" is a symlink or not a directory now: the path changed after it was checked, and is not followed", name.to_string_lossy()),
+            format!("\"{name_s}\" is a symlink now: the path changed after it was checked, and a symlink is not followed"),
         ),
-        e => e.into(),
+        Ok(m) => {
+            let what = if m.is_file() { "a file" } else { steppe_language::confine::file_kind(m.file_type()) };
+            io::Error::new(io::ErrorKind::InvalidInput, format!("\"{name_s}\" is {what}, not a directory"))
+        }
+        Err(e) => e,
     }
 }

@@ -11,7 +11,7 @@ use std::path::{Component, Path, PathBuf};
 use steppe_language::builtins::BUILTIN_TOOLS;
 
 mod beneath;
-pub use beneath::{list, open_below, subdir, Entry, Open};
+pub use beneath::{list, open_in, subdir, Entry, Open};
 
 /// What a tool call wants to do with a path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,14 +107,14 @@ impl SandboxPolicy {
     /// device; a symlink put anywhere on the path since the check is not
     /// followed. Writing makes the missing directories above the file.
     pub fn open_file(&self, path: &Path, how: Open) -> std::io::Result<std::fs::File> {
-        let (root, rel) = self.beneath(path)?;
+        let (root, rel) = self.beneath(path, how != Open::Read)?;
         beneath::open_below(&root, rel, how)
     }
 
     /// The directory `path` ([`check_path`](Self::check_path)'s), opened from
     /// its root down as [`open_file`](Self::open_file) opens a file.
     pub fn open_dir(&self, path: &Path) -> std::io::Result<std::os::fd::OwnedFd> {
-        let (root, rel) = self.beneath(path)?;
+        let (root, rel) = self.beneath(path, false)?;
         beneath::descend(&root, rel, false)
     }
 
@@ -138,11 +138,16 @@ impl SandboxPolicy {
         self.open_file(path, Open::Write)?.write_all(content)
     }
 
-    /// The root `path` lies under, opened (still the directory the policy
-    /// was made with), and the rest of `path` below it.
-    fn beneath<'p>(&self, path: &'p Path) -> std::io::Result<(std::os::fd::OwnedFd, &'p Path)> {
-        let outside = || std::io::Error::new(std::io::ErrorKind::PermissionDenied, format!("{} is under none of the sandbox's roots", path.display()));
-        let (root, made) = self.roots.iter().find(|(r, _)| path.starts_with(r)).ok_or_else(outside)?;
+    /// The root `path` lies under (the write root, for `writing`), opened
+    /// (still the directory the policy was made with), and the rest of
+    /// `path` below it.
+    fn beneath<'p>(&self, path: &'p Path, writing: bool) -> std::io::Result<(std::os::fd::OwnedFd, &'p Path)> {
+        let outside = || {
+            let which = if writing { "is not under the sandbox's write root" } else { "is under none of the sandbox's roots" };
+            std::io::Error::new(std::io::ErrorKind::PermissionDenied, format!("{} {which}", path.display()))
+        };
+        let roots = if writing { &self.roots[..1] } else { &self.roots[..] };
+        let (root, made) = roots.iter().find(|(r, _)| path.starts_with(r)).ok_or_else(outside)?;
         let rel = path.strip_prefix(root).map_err(|_| outside())?;
         Ok((beneath::open_root(root, *made)?, rel))
     }
@@ -431,7 +436,7 @@ mod tests {
         assert_eq!(p.read_file(&deep).unwrap(), b"in");
         p.open_file(&deep, Open::Append).unwrap().write_all(b"+").unwrap();
         assert_eq!(p.read_text(&deep).unwrap(), "in+");
-        let names: Vec<_> = list(&p.open_dir(&listed).unwrap()).unwrap().into_iter().map(|e| e.name).collect();
+        let names: Vec<_> = list(&p.open_dir(&listed).unwrap(), true).unwrap().into_iter().map(|e| e.name).collect();
         assert_eq!(names, vec![std::ffi::OsString::from("new")]);
     }
 
@@ -460,6 +465,21 @@ mod tests {
         assert!(p.check_path("read_file", &readme, &f.step, Access::Read).is_ok());
         let d = p.check_path("write_file", &readme, &f.step, Access::Write).unwrap_err();
         assert!(d.reason.contains("writes are confined"), "{}", d.reason);
+    }
+
+    /// A file under a read root opens for reading only; the write root is
+    /// the one place a write opens, whatever path it is handed.
+    #[test]
+    fn only_the_write_root_opens_for_writing() {
+        let f = fixture("readopen");
+        let p = SandboxPolicy::new(&f.step, std::slice::from_ref(&f.repo)).unwrap();
+        let readme = p.check_path("read_file", &f.repo.join("README").to_string_lossy(), &f.step, Access::Read).unwrap();
+        assert_eq!(p.read_file(&readme).unwrap(), b"r");
+        let e = p.write_file(&readme, b"w").unwrap_err();
+        assert!(e.to_string().contains("is not under the sandbox's write root"), "{e}");
+        assert!(p.open_file(&readme, Open::Append).is_err());
+        assert_eq!(std::fs::read(f.repo.join("README")).unwrap(), b"r");
+        assert!(p.read_file(&f.base.join("secret.txt")).unwrap_err().to_string().contains("under none of the sandbox's roots"));
     }
 
     #[test]

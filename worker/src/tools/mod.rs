@@ -110,7 +110,7 @@ impl Space {
     fn list_dir(&self, args: &Value, denials: &mut Vec<DenialRecord>) -> Result<Value, Value> {
         let path = arg_str(args, "path").unwrap_or(".");
         let full = self.check("list_dir", path, Access::Read, denials)?;
-        let listed = self.policy.open_dir(&full).and_then(|d| crate::sandbox::list(&d)).map_err(|e| error(format!("list_dir: {path}: {e}")))?;
+        let listed = self.policy.open_dir(&full).and_then(|d| crate::sandbox::list(&d, true)).map_err(|e| error(format!("list_dir: {path}: {e}")))?;
         let mut entries: Vec<(String, bool, u64)> = listed.into_iter().map(|e| (e.name.to_string_lossy().into_owned(), e.is_dir, e.size)).collect();
         entries.sort();
         let total = entries.len();
@@ -142,16 +142,14 @@ impl Space {
         };
         let glob_re = glob.map(glob_to_regex).transpose().map_err(|e| error(format!("search_files: bad glob: {e}")))?;
         let base_dir = self.policy.open_dir(&base).map_err(|e| error(format!("search_files: {path}: {e}")))?;
-        let mut files = Vec::new();
-        walk(&base_dir, Path::new(""), &mut files, 20_000);
         let (mut matches, mut counts, mut hits) = (Vec::new(), Vec::new(), Vec::new());
         let (mut total, mut scanned, mut budget) = (0usize, 0usize, 28_000usize);
-        for rel in files {
+        let mut visit = |dir: &std::os::fd::OwnedFd, name: &std::ffi::OsStr, rel: &Path| {
             let rel_s = rel.to_string_lossy().replace('\\', "/");
             if let Some(g) = &glob_re {
                 let subject = if glob.is_some_and(|g| g.contains('/')) { rel_s.clone() } else { rel.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default() };
                 if !g.is_match(&subject) {
-                    continue;
+                    return;
                 }
             }
             let Some(re) = &re else {
@@ -159,18 +157,18 @@ impl Space {
                 if hits.len() < head {
                     hits.push(json!(rel_s));
                 }
-                continue;
+                return;
             };
-            let Ok(mut file) = crate::sandbox::open_below(&base_dir, &rel, crate::sandbox::Open::Read) else { continue };
+            let Ok(mut file) = crate::sandbox::open_in(dir, name, crate::sandbox::Open::Read) else { return };
             if file.metadata().map_or(true, |m| m.len() > 2 << 20) {
-                continue;
+                return;
             }
             let mut bytes = Vec::new();
             if std::io::Read::read_to_end(&mut file, &mut bytes).is_err() {
-                continue;
+                return;
             }
             if bytes.iter().take(8000).any(|b| *b == 0) {
-                continue;
+                return;
             }
             scanned += 1;
             let text = String::from_utf8_lossy(&bytes);
@@ -206,7 +204,8 @@ impl Space {
                     }
                 }
             }
-        }
+        };
+        walk(&base_dir, Path::new(""), 0, &mut 20_000, &mut visit);
         let shown = match mode {
             "content" => matches.len(),
             "count" => counts.len(),
@@ -453,24 +452,30 @@ fn block_anchor(lines: &[&str], want: &[&str]) -> Option<String> {
     best.map(|(_, i, j)| lines[i..=j].join("\n"))
 }
 
-/// The regular files below `dir` (at `rel` below the search's base), in
-/// name order, none reached through a symlink.
-fn walk(dir: &std::os::fd::OwnedFd, rel: &Path, out: &mut Vec<PathBuf>, limit: usize) {
-    let Ok(mut entries) = crate::sandbox::list(dir) else { return };
+/// How deep `search_files` looks below its base.
+const SEARCH_DEPTH: usize = 64;
+
+/// Hands `visit` the regular files below `dir` (at `rel` below the search's
+/// base, `depth` down), in name order, none reached through a symlink;
+/// `left`: how many more files and directories it may look at.
+fn walk(dir: &std::os::fd::OwnedFd, rel: &Path, depth: usize, left: &mut usize, visit: &mut impl FnMut(&std::os::fd::OwnedFd, &std::ffi::OsStr, &Path)) {
+    let Ok(mut entries) = crate::sandbox::list(dir, false) else { return };
     entries.sort_by(|a, b| a.name.cmp(&b.name));
     for e in entries {
-        if out.len() >= limit {
+        if *left == 0 {
             return;
         }
         if matches!(e.name.to_str(), Some(".git" | "node_modules" | "vendor" | ".steps-agent-out")) {
             continue;
         }
-        if e.is_dir {
+        if e.is_dir && depth < SEARCH_DEPTH {
+            *left -= 1;
             if let Ok(sub) = crate::sandbox::subdir(dir, &e.name) {
-                walk(&sub, &rel.join(&e.name), out, limit);
+                walk(&sub, &rel.join(&e.name), depth + 1, left, visit);
             }
         } else if e.is_file {
-            out.push(rel.join(&e.name));
+            *left -= 1;
+            visit(dir, &e.name, &rel.join(&e.name));
         }
     }
 }
@@ -568,6 +573,28 @@ mod tests {
         }
         let r = s.builtin(&b("search_files"), &json!({"pattern": "main"}), &mut den).await;
         assert_eq!(r["files"], json!(["src/main.rs"]), "{r}");
+    }
+
+    /// search_files looks below its base through no symlink and no deeper
+    /// than SEARCH_DEPTH; list_dir says what a symlink is, not where it leads.
+    #[tokio::test]
+    async fn search_and_list_pass_over_symlinks_and_stop_at_their_depth() {
+        let (s, d) = space("links");
+        let outside = d.with_extension("outside");
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join("leak.rs"), "fn main() {}").unwrap();
+        std::os::unix::fs::symlink(&outside, d.join("src/linked")).unwrap();
+        let too_deep = (0..70).fold(d.join("deep"), |p, _| p.join("d"));
+        std::fs::create_dir_all(&too_deep).unwrap();
+        std::fs::write(too_deep.join("main.rs"), "fn main() {}").unwrap();
+        std::fs::write(d.join("deep/d/main.rs"), "fn main() {}").unwrap();
+        let mut den = Vec::new();
+        let r = s.builtin(&b("search_files"), &json!({"pattern": "main"}), &mut den).await;
+        assert_eq!(r["files"], json!(["deep/d/main.rs", "src/main.rs"]), "{r}");
+        let r = s.builtin(&b("list_dir"), &json!({"path": "src"}), &mut den).await;
+        assert_eq!(r["entries"], json!([{"name": "linked", "is_dir": false, "size": outside.as_os_str().len()}, {"name": "main.rs", "is_dir": false, "size": 34}]), "{r}");
+        let r = s.builtin(&b("list_dir"), &json!({"path": "src/main.rs"}), &mut den).await;
+        assert!(r["error"].as_str().unwrap_or_default().contains("\"main.rs\" is a file, not a directory"), "{r}");
     }
 
     #[tokio::test]
