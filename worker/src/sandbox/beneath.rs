@@ -40,10 +40,10 @@ pub(super) fn open_root(root: &Path, made: (u64, u64)) -> io::Result<OwnedFd> {
     Ok(now.into())
 }
 
-/// The directory `rel` below `start` (`start` itself, again, when `rel` is
-/// empty); with `create`, missing directories are made on the way.
-pub(super) fn descend(start: &OwnedFd, rel: &Path, create: bool) -> io::Result<OwnedFd> {
-    let mut at = start.try_clone()?;
+/// The directory `rel` below `start` (`start` itself when `rel` is empty);
+/// with `create`, missing directories are made on the way.
+pub(super) fn descend(start: OwnedFd, rel: &Path, create: bool) -> io::Result<OwnedFd> {
+    let mut at = start;
     for c in rel.components() {
         let Component::Normal(name) = c else {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{} is not a plain path below its root", rel.display())));
@@ -63,8 +63,8 @@ pub(super) fn descend(start: &OwnedFd, rel: &Path, create: bool) -> io::Result<O
 }
 
 /// The regular file `rel` below `start`, opened as [`open_in`] opens it.
-pub(super) fn open_below(start: &OwnedFd, rel: &Path, how: Open) -> io::Result<File> {
-    let Some(name) = rel.file_name() else { return Err(super::not_a_file(&File::from(start.try_clone()?).metadata()?)) };
+pub(super) fn open_below(start: OwnedFd, rel: &Path, how: Open) -> io::Result<File> {
+    let Some(name) = rel.file_name() else { return Err(super::not_a_file(&File::from(start).metadata()?)) };
     let dir = descend(start, rel.parent().unwrap_or(Path::new("")), how != Open::Read)?;
     open_in(&dir, name, how)
 }
@@ -111,7 +111,7 @@ pub fn list(dir: &OwnedFd, sizes: bool) -> io::Result<Vec<Entry>> {
 
 /// The directory `name` in `dir`, not followed if it is a symlink.
 pub fn subdir(dir: &OwnedFd, name: &OsStr) -> io::Result<OwnedFd> {
-    descend(dir, Path::new(name), false)
+    openat(dir, name, DIR, Mode::empty()).map_err(|e| changed(e, dir, name))
 }
 
 /// The regular file `name` in `dir`, opened as `how` says. What is there is

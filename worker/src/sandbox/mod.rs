@@ -108,14 +108,14 @@ impl SandboxPolicy {
     /// followed. Writing makes the missing directories above the file.
     pub fn open_file(&self, path: &Path, how: Open) -> std::io::Result<std::fs::File> {
         let (root, rel) = self.beneath(path, how != Open::Read)?;
-        beneath::open_below(&root, rel, how)
+        beneath::open_below(root, rel, how)
     }
 
     /// The directory `path` ([`check_path`](Self::check_path)'s), opened from
     /// its root down as [`open_file`](Self::open_file) opens a file.
     pub fn open_dir(&self, path: &Path) -> std::io::Result<std::os::fd::OwnedFd> {
         let (root, rel) = self.beneath(path, false)?;
-        beneath::descend(&root, rel, false)
+        beneath::descend(root, rel, false)
     }
 
     /// [`open_file`](Self::open_file) for reading, the whole file.
