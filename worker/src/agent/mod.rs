@@ -288,14 +288,20 @@ async fn converse_inner(conv: &mut Conversation<'_>, root: &Path) -> Result<(), 
     // this conversation, holding the step's directory (removed with it).
     let toolbox = match &work.image {
         Some(image) => {
-            let host_root = root.canonicalize().unwrap_or(root.to_path_buf());
+            let host_root = policy.write_root().to_path_buf();
             let say = |line: &str| conv.say(line);
             let tb = Box::pin(crate::container::toolbox::Toolbox::start(&label, &conv.run_id, image, &work.container, &work.env, &host_root, &say)).await;
             Some(std::sync::Arc::new(tb.map_err(|e| StepError::errored(format!("{label}: {e}")))?))
         }
         None => None,
     };
-    let space = Space { policy, cwd: cwd.canonicalize().unwrap_or(cwd.clone()), env: work.env.clone(), toolbox };
+    // The policy resolved the step's directory once; a `dir:` below it may
+    // hold a symlink of its own.
+    let cwd = match &work.dir {
+        Some(_) => cwd.canonicalize().unwrap_or(cwd),
+        None => policy.write_root().to_path_buf(),
+    };
+    let space = Space { policy, cwd, env: work.env.clone(), toolbox };
     let mut user_messages = Vec::new();
     for m in &work.messages {
         match m {
