@@ -58,11 +58,16 @@ fn user_of(c: &ContainerSettings) -> String {
 
 /// The engine's settings of a container holding `dir` as its working
 /// directory: the only mount, `network:`, `privileged:` and the limits.
+/// Unless privileged, it may not make device nodes (`CAP_MKNOD`, which
+/// Docker grants by default): one left in the step's directory by a root
+/// shell would be the host's device to whatever opens it there later (a
+/// task on the host, the artifact store).
 fn host_config(c: &ContainerSettings, dir: &Path, read_only_root: bool) -> HostConfig {
     HostConfig {
         binds: Some(vec![format!("{}:{WORKDIR}", dir.display())]),
         network_mode: c.network.clone(),
         privileged: Some(c.privileged),
+        cap_drop: (!c.privileged).then(|| vec!["MKNOD".to_string()]),
         cpu_shares: c.cpu_shares,
         memory: c.memory_bytes,
         readonly_rootfs: Some(read_only_root),
