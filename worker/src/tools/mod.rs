@@ -340,7 +340,7 @@ impl Space {
                     file.display()
                 )
             }
-            Err(_) => capped(bytes, cap),
+            Err(e) => format!("{}\n[the whole output could not be saved under .steps-agent-out: {e}]", capped(bytes, cap)),
         }
     }
 }
@@ -656,5 +656,15 @@ mod tests {
         assert!(path.starts_with(d.canonicalize().unwrap().to_str().unwrap()));
         assert_eq!(std::fs::read(path).unwrap().len(), 50_000);
         assert!(out.len() < 3_000);
+        // The spill directory pointed elsewhere: nothing is written there,
+        // and the model reads the output capped, told why it is not whole.
+        let away = d.with_extension("away");
+        std::fs::create_dir_all(&away).unwrap();
+        std::fs::remove_dir_all(d.join(".steps-agent-out")).unwrap();
+        std::os::unix::fs::symlink(&away, d.join(".steps-agent-out")).unwrap();
+        let r = s.shell("head -c 50000 /dev/zero | tr '\\0' a", None, INLINE_CAP).await;
+        let out = r["stdout"].as_str().unwrap();
+        assert!(out.contains("[truncated 18000 bytes]") && out.contains("could not be saved under .steps-agent-out: \".steps-agent-out\" is a symlink now"), "{}", &out[out.len() - 300..]);
+        assert_eq!(std::fs::read_dir(&away).unwrap().count(), 0, "written through the link");
     }
 }
