@@ -146,17 +146,20 @@ pub fn open_in(dir: &OwnedFd, name: &OsStr, how: Open) -> io::Result<File> {
         if !m.file_type().is_file() {
             return Err(super::not_a_file(&m));
         }
-        let f = match nix::fcntl::open(format!("/proc/self/fd/{}", looked.as_raw_fd()).as_str(), flags, Mode::empty()) {
-            Ok(fd) => File::from(fd),
-            // No /proc here: by name, refusing a symlink, and judged again below.
-            Err(Errno::ENOENT) => File::from(openat(dir, name, flags | OFlag::O_NOFOLLOW, Mode::empty()).map_err(|e| changed(e, dir, name))?),
-            Err(e) => return Err(e.into()),
+        return match nix::fcntl::open(format!("/proc/self/fd/{}", looked.as_raw_fd()).as_str(), flags, Mode::empty()) {
+            // The very inode looked at, a regular file.
+            Ok(fd) => Ok(File::from(fd)),
+            // No /proc here: by name, refusing a symlink, and judged again.
+            Err(Errno::ENOENT) => {
+                let f = File::from(openat(dir, name, flags | OFlag::O_NOFOLLOW, Mode::empty()).map_err(|e| changed(e, dir, name))?);
+                let m = f.metadata()?;
+                if !m.file_type().is_file() {
+                    return Err(super::not_a_file(&m));
+                }
+                Ok(f)
+            }
+            Err(e) => Err(e.into()),
         };
-        let m = f.metadata()?;
-        if !m.file_type().is_file() {
-            return Err(super::not_a_file(&m));
-        }
-        return Ok(f);
     }
     Err(io::Error::new(io::ErrorKind::WouldBlock, format!("\"{}\" kept appearing and disappearing while it was being made; try again", name.to_string_lossy())))
 }
