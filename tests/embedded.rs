@@ -304,3 +304,26 @@ fn bench_ab_compares_binaries_round_by_round() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("/bin/false run one.yml failed in round 1"), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// The runtime's threads ask for the kernel's shortest slice (so one woken
+/// to reap a command is not kept behind another), and the commands they
+/// start do not inherit it: a step reads the slices of its parent's
+/// threads and its own.
+#[test]
+fn runtime_threads_take_short_slices_and_their_commands_do_not() {
+    let dir = scratch("slices");
+    let run = "for f in /proc/$PPID/task/*/sched; do grep se.slice $f; done | sed s/^/parent/; grep se.slice /proc/self/sched | sed s/^/self/";
+    std::fs::write(dir.join("slices.yml"), format!("jobs:\n- name: j\n  plan:\n  - task: look\n    run: '{run}'\n")).expect("write");
+    let out = steppe(&["run", "slices.yml", "--force"], &dir);
+    let all = text(&out);
+    assert!(out.status.success(), "{all}");
+    let slices = |who: &str| -> Vec<u64> { all.lines().filter_map(|l| l.split_once(who)).filter_map(|(_, r)| r.split(':').nth(1)).filter_map(|v| v.trim().parse().ok()).collect() };
+    let (parent, own) = (slices("parentse.slice"), slices("selfse.slice"));
+    if parent.is_empty() {
+        eprintln!("this kernel shows no se.slice (before EEVDF's slices): skipped");
+        return;
+    }
+    assert!(parent.contains(&100_000), "a runtime thread of steppe has the 0.1 ms slice: {all}");
+    assert!(own.len() == 1 && own[0] > 100_000, "the step's own process keeps the default slice: {all}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -22,6 +22,7 @@ pub mod provider;
 pub mod pull;
 pub mod remote;
 pub mod sandbox;
+pub mod short_slice;
 pub mod simple_command;
 pub mod sink;
 pub mod step_dir;

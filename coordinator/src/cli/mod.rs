@@ -262,6 +262,12 @@ fn runtime_with(threads: Option<usize>) -> Result<Runtime> {
     if let Some(n) = threads {
         b.worker_threads(n.max(1));
     }
+    // Short bursts between the steps' commands: the threads ask for short
+    // slices so that one woken to reap a command is not kept waiting
+    // behind another command (worker::short_slice).
+    b.on_thread_start(|| {
+        steppe_worker::short_slice::ask();
+    });
     let rt = b.enable_all().thread_stack_size(32 << 20).build().context("starting the async runtime")?;
     {
         let _inside = rt.enter();
