@@ -9,8 +9,9 @@
 //! spawned): with the default slice, a thread woken to reap one command
 //! waited behind the other command on its CPU while the CPU the reaped one
 //! left stood idle. The commands themselves keep the default: the setting
-//! is reset in every child (`SCHED_FLAG_RESET_ON_FORK`). Older kernels
-//! ignore the slice; an error changes nothing.
+//! is reset in every child (`SCHED_FLAG_RESET_ON_FORK`), so a thread of
+//! negative nice, whose children that reset would lower to nice 0, does
+//! not ask. Older kernels ignore the slice; an error changes nothing.
 
 /// The slice asked for: the kernel's shortest (0.1 ms).
 const SLICE_NS: u64 = 100_000;
@@ -34,8 +35,8 @@ struct SchedAttr {
 const SCHED_FLAG_RESET_ON_FORK: u64 = 0x01;
 
 /// Asks for short slices for the calling thread, at its nice value, when
-/// it is an ordinary (`SCHED_OTHER`) thread; anything else is left as it is.
-/// Whether the kernel took it.
+/// it is an ordinary (`SCHED_OTHER`) thread of nice 0 or more; anything
+/// else is left as it is. Whether the kernel took it.
 pub fn ask() -> bool {
     #[cfg(target_os = "linux")]
     {
@@ -52,7 +53,10 @@ pub fn ask() -> bool {
             let n = libc::getpriority(libc::PRIO_PROCESS, 0);
             (n, n == -1 && *libc::__errno_location() != 0)
         };
-        if failed {
+        // A thread above the ordinary priority (a negative nice) is left
+        // alone: resetting on fork would start its commands at nice 0, not
+        // at the priority they inherit today.
+        if failed || nice < 0 {
             return false;
         }
         let attr = SchedAttr {
@@ -97,5 +101,27 @@ mod tests {
             // A kernel before EEVDF's slices: nothing to see.
             (_, None) => eprintln!("no se.slice in this kernel's sched file; skipped"),
         }
+    }
+
+    /// A thread of a negative nice (where this process may set one) is
+    /// left alone: its commands must inherit that priority, which the
+    /// reset on fork would drop.
+    #[test]
+    fn a_thread_above_the_ordinary_priority_is_left_alone() {
+        let (raised, asked, child_nice) = std::thread::spawn(|| {
+            // SAFETY: setpriority on this thread (PRIO_PROCESS of 0 is the calling thread on Linux).
+            let raised = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, -1) } == 0;
+            let asked = super::ask();
+            let child = std::process::Command::new("sh").args(["-c", "cut -d' ' -f19 /proc/self/stat"]).output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
+            (raised, asked, child)
+        })
+        .join()
+        .expect("the thread");
+        if !raised {
+            eprintln!("this process may not raise a thread's priority (no CAP_SYS_NICE): skipped");
+            return;
+        }
+        assert!(!asked, "a thread of nice -1 does not ask");
+        assert_eq!(child_nice, "-1", "its command keeps the priority it inherits");
     }
 }
