@@ -579,7 +579,8 @@ fn steps_die_whole_and_workers_outlive_a_coordinator_restart() {
     // follow the step it served.
     let log_now = || std::fs::read_to_string(work.join("worker.log")).unwrap_or_default();
     wait_for("the worker's log of its reconnection", Duration::from_secs(5), || log_now().contains("reconnected"));
-    assert!(log_now().contains("reconnecting for up to 1m0s"), "{log}");
+    let log = log_now();
+    assert!(log.contains("reconnecting for up to 1m0s"), "{log}");
     assert!(worker.try_wait().expect("try_wait").is_none(), "the worker lived through the restart");
     // Ctrl-C on the worker stops it at once, its step's tree with it.
     detach("int.yml", "314.75", "int-started");

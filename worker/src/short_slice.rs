@@ -45,18 +45,13 @@ pub fn ask() -> bool {
         if policy != libc::SCHED_OTHER {
             return false;
         }
-        // SAFETY: as above; errno is cleared first so a nice of -1 can be
-        // told from an error. Linux's getpriority(PRIO_PROCESS, 0) is the
-        // calling thread's.
-        let (nice, failed) = unsafe {
-            *libc::__errno_location() = 0;
-            let n = libc::getpriority(libc::PRIO_PROCESS, 0);
-            (n, n == -1 && *libc::__errno_location() != 0)
-        };
+        // SAFETY: as above (Linux's getpriority(PRIO_PROCESS, 0) is the
+        // calling thread's; its error, -1, is below 0 too).
+        let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
         // A thread above the ordinary priority (a negative nice) is left
         // alone: resetting on fork would start its commands at nice 0, not
         // at the priority they inherit today.
-        if failed || nice < 0 {
+        if nice < 0 {
             return false;
         }
         let attr = SchedAttr {
