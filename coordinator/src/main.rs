@@ -4,8 +4,7 @@
 use std::io::Write;
 use std::process::ExitCode;
 
-use clap::Parser;
-use steppe_coordinator::cli::{exit, Cli};
+use steppe_coordinator::cli::{exit, lazy};
 
 /// mimalloc: many small allocations freed on other threads (every step's
 /// records, every model turn's JSON) are where glibc's allocator lost time.
@@ -14,7 +13,7 @@ use steppe_coordinator::cli::{exit, Cli};
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    let code = exit(Cli::parse().run());
+    let code = exit(lazy::parse().run());
     // The command is over and everything it owned is dropped (its store
     // closed, its scratch removed): the process leaves without the C
     // library's exit handlers, of which only the allocator's own is left,

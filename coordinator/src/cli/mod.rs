@@ -7,6 +7,8 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use steppe_language::{load_file, LoadOptions};
 
+use lazy::Lazy;
+
 pub mod args;
 pub mod cluster;
 pub mod completions;
@@ -16,6 +18,7 @@ pub mod gate;
 pub mod history;
 mod history_source;
 pub mod jobs;
+pub mod lazy;
 pub mod mcp;
 pub mod plan;
 pub mod preflight;
@@ -59,62 +62,62 @@ impl Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    Validate(validate::ValidateArgs),
-    Run(run::RunArgs),
-    Test(test::TestArgs),
+    Validate(Lazy<validate::ValidateArgs>),
+    Run(Lazy<run::RunArgs>),
+    Test(Lazy<test::TestArgs>),
     #[command(name = "scripted-model")]
-    ScriptedModel(scripted_model::ScriptedModelArgs),
-    Worker(cluster::WorkerArgs),
-    Coordinator(cluster::CoordinatorArgs),
-    Submit(submit::SubmitArgs),
-    Runs(history::RunsArgs),
-    Jobs(jobs::JobsArgs),
-    Approvals(history::ApprovalsArgs),
-    Questions(questions::QuestionsArgs),
-    Pipelines(history::PipelinesArgs),
+    ScriptedModel(Lazy<scripted_model::ScriptedModelArgs>),
+    Worker(Lazy<cluster::WorkerArgs>),
+    Coordinator(Lazy<cluster::CoordinatorArgs>),
+    Submit(Lazy<submit::SubmitArgs>),
+    Runs(Lazy<history::RunsArgs>),
+    Jobs(Lazy<jobs::JobsArgs>),
+    Approvals(Lazy<history::ApprovalsArgs>),
+    Questions(Lazy<questions::QuestionsArgs>),
+    Pipelines(Lazy<history::PipelinesArgs>),
     /// Approve a parked approval: the run continues.
-    Approve(history::DecideArgs),
+    Approve(Lazy<history::DecideArgs>),
     /// Reject a parked approval: the approval step fails.
-    Reject(history::DecideArgs),
-    Cancel(submit::CancelArgs),
-    Schema(validate::SchemaArgs),
-    Token(token::TokenArgs),
-    Web(web::WebArgs),
-    Completions(completions::CompletionsArgs),
-    Mcp(mcp::McpArgs),
-    Preflight(preflight::PreflightArgs),
-    Plan(plan::PlanArgs),
-    Watch(watch::WatchArgs),
-    Gate(gate::GateArgs),
+    Reject(Lazy<history::DecideArgs>),
+    Cancel(Lazy<submit::CancelArgs>),
+    Schema(Lazy<validate::SchemaArgs>),
+    Token(Lazy<token::TokenArgs>),
+    Web(Lazy<web::WebArgs>),
+    Completions(Lazy<completions::CompletionsArgs>),
+    Mcp(Lazy<mcp::McpArgs>),
+    Preflight(Lazy<preflight::PreflightArgs>),
+    Plan(Lazy<plan::PlanArgs>),
+    Watch(Lazy<watch::WatchArgs>),
+    Gate(Lazy<gate::GateArgs>),
 }
 
 impl Command {
     pub fn run(self) -> Result<ExitCode> {
         match self {
-            Command::Validate(a) => a.run(),
-            Command::Run(a) => a.run(),
-            Command::Test(a) => a.run(),
-            Command::ScriptedModel(a) => a.run(),
-            Command::Worker(a) => a.run(),
-            Command::Coordinator(a) => a.run(),
-            Command::Submit(a) => a.run(),
-            Command::Runs(a) => a.run(),
-            Command::Jobs(a) => a.run(),
-            Command::Approvals(a) => a.run(),
-            Command::Questions(a) => a.run(),
-            Command::Pipelines(a) => a.run(),
-            Command::Approve(a) => a.run(true),
-            Command::Reject(a) => a.run(false),
-            Command::Cancel(a) => a.run(),
-            Command::Schema(a) => a.run(),
-            Command::Token(a) => a.run(),
-            Command::Web(a) => a.run(),
-            Command::Completions(a) => a.run(),
-            Command::Mcp(a) => a.run(),
-            Command::Preflight(a) => a.run(),
-            Command::Plan(a) => a.run(),
-            Command::Watch(a) => a.run(),
-            Command::Gate(a) => a.run(),
+            Command::Validate(a) => a.0.run(),
+            Command::Run(a) => a.0.run(),
+            Command::Test(a) => a.0.run(),
+            Command::ScriptedModel(a) => a.0.run(),
+            Command::Worker(a) => a.0.run(),
+            Command::Coordinator(a) => a.0.run(),
+            Command::Submit(a) => a.0.run(),
+            Command::Runs(a) => a.0.run(),
+            Command::Jobs(a) => a.0.run(),
+            Command::Approvals(a) => a.0.run(),
+            Command::Questions(a) => a.0.run(),
+            Command::Pipelines(a) => a.0.run(),
+            Command::Approve(a) => a.0.run(true),
+            Command::Reject(a) => a.0.run(false),
+            Command::Cancel(a) => a.0.run(),
+            Command::Schema(a) => a.0.run(),
+            Command::Token(a) => a.0.run(),
+            Command::Web(a) => a.0.run(),
+            Command::Completions(a) => a.0.run(),
+            Command::Mcp(a) => a.0.run(),
+            Command::Preflight(a) => a.0.run(),
+            Command::Plan(a) => a.0.run(),
+            Command::Watch(a) => a.0.run(),
+            Command::Gate(a) => a.0.run(),
         }
     }
 }
