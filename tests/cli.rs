@@ -10,6 +10,7 @@ fn help_teaches_the_commands() {
     assert_eq!(code, 0);
     assert!(out.contains("validate"), "{out}");
     assert!(out.contains("schema"), "{out}");
+    assert!(out.contains("Run one job of a pipeline, on this machine."), "each command listed with what it does: {out}");
     let (code, out, _) = steppe(&["validate", "--help"], &std::env::temp_dir());
     assert_eq!(code, 0);
     assert!(out.contains("--syntax-only") && out.contains("--vars-file") && out.contains("Exit status"), "{out}");

@@ -22,7 +22,7 @@ thread_local! {
 /// command's flags are built.
 pub fn parse() -> super::Cli {
     let first = std::env::args_os().nth(1);
-    let named = first.as_deref().and_then(|a| a.to_str()).is_some_and(|a| a != "help" && super::Command::has_subcommand(a));
+    let named = first.as_deref().and_then(|a| a.to_str()).is_some_and(super::Command::has_subcommand);
     DEFER.with(|d| d.set(named));
     let cli = super::Cli::parse();
     DEFER.with(|d| d.set(false));
