@@ -46,7 +46,7 @@ impl History for HistoryService {
             Ok(match what {
                 What::Runs(q) => {
                     let (job, pipeline) = (nonempty(&q.job), nonempty(&q.pipeline));
-                    let f = RunFilter { team: who.team_filter(), pipeline: pipeline.as_deref(), job: job.as_deref(), limit: q.limit as usize };
+                    let f = RunFilter { team: who.team_filter(), pipeline: pipeline.as_deref(), job: job.as_deref(), limit: q.limit as usize, skip: 0 };
                     Reply::Runs(v1::RunList { runs: store.runs(&f)?.into_iter().map(run_to_wire).collect() })
                 }
                 What::Run(id) => Reply::Run(v1::FoundRun { run: store.run(&id)?.filter(|r| who.sees(&r.team)).map(run_to_wire) }),
@@ -193,9 +193,10 @@ impl Store for RemoteStore {
     }
     /// The coordinator applies the team its token belongs to; `f.team` is not sent.
     fn runs(&self, f: &RunFilter) -> Result<Vec<RunRecord>, StoreError> {
-        let q = RunsQuery { job: f.job.unwrap_or_default().to_string(), pipeline: f.pipeline.unwrap_or_default().to_string(), limit: u32::try_from(f.limit).unwrap_or(u32::MAX) };
+        let limit = u32::try_from(f.limit.saturating_add(f.skip)).unwrap_or(u32::MAX);
+        let q = RunsQuery { job: f.job.unwrap_or_default().to_string(), pipeline: f.pipeline.unwrap_or_default().to_string(), limit };
         match self.ask(What::Runs(q))? {
-            Reply::Runs(l) => Ok(l.runs.into_iter().map(run_from_wire).collect()),
+            Reply::Runs(l) => Ok(l.runs.into_iter().skip(f.skip).map(run_from_wire).collect()),
             other => Err(self.unexpected("runs", &other)),
         }
     }

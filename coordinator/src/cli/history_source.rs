@@ -76,7 +76,7 @@ impl History {
 
     /// Runs of this history's pipeline (and `job`), newest first.
     pub(super) fn runs(&self, store: &dyn steppe_runtime::store::Store, job: Option<&str>, limit: usize) -> Result<Vec<steppe_runtime::store::RunRecord>> {
-        Ok(store.runs(&steppe_runtime::store::RunFilter { team: None, pipeline: self.pipeline.as_deref(), job, limit })?)
+        Ok(store.runs(&steppe_runtime::store::RunFilter { team: None, pipeline: self.pipeline.as_deref(), job, limit, skip: 0 })?)
     }
 
     /// The lines of a step's whole output, stored as artifact `digest`.

@@ -67,7 +67,7 @@ impl JobsArgs {
         say!("{:<28} {:>5}  {:<10} {:<21} {:>9}  {}", "JOB", "STEPS", "LAST", "STARTED", "DURATION", "RUN");
         for job in &loaded.pipeline.jobs {
             let last = match &store {
-                Some(s) => s.runs(&RunFilter { team: None, pipeline: Some(&name), job: Some(&job.name), limit: 1 })?.into_iter().next(),
+                Some(s) => s.runs(&RunFilter { pipeline: Some(&name), job: Some(&job.name), limit: 1, ..Default::default() })?.into_iter().next(),
                 None => None,
             };
             let (outcome, started, took, id) = match &last {

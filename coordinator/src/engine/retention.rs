@@ -39,9 +39,11 @@ impl JobRun {
     pub(super) fn cap_runs(&self) {
         let Some(store) = self.engine.out.store() else { return };
         let Some(cap) = self.cap(self.engine.pipeline.defaults.as_ref().and_then(|d| d.run_history), self.engine.run_history, RUNS) else { return };
-        let filter = RunFilter { team: Some(&self.engine.scope.team), pipeline: Some(&self.engine.scope.pipeline), job: Some(&self.job.name), limit: cap + 64 };
+        // Only the runs past the cap are read (at most 64 a run: a job whose
+        // history was capped lower since loses the rest over its next runs).
+        let filter = RunFilter { team: Some(&self.engine.scope.team), pipeline: Some(&self.engine.scope.pipeline), job: Some(&self.job.name), skip: cap, limit: 64 };
         let Ok(runs) = store.runs(&filter) else { return };
-        for r in runs.iter().skip(cap).filter(|r| r.outcome.is_some() && r.id != self.run_id) {
+        for r in runs.iter().filter(|r| r.outcome.is_some() && r.id != self.run_id) {
             if let Err(e) = store.delete_run(r) {
                 self.engine.out.run_note(&self.run_id, &format!("steppe: removing run {} past run_history: {e}", r.id));
                 return;

@@ -147,7 +147,7 @@ async fn runs(State(web): W, headers: HeaderMap, Query(q): Query<RunsQuery>) -> 
     let (store, team) = (web.store.clone(), c.who.team_filter().map(str::to_string));
     let (pipeline, job, outcome) = (q.pipeline.clone(), q.job.clone(), q.outcome.clone());
     let list = blocking(move || {
-        let f = RunFilter { team: team.as_deref(), pipeline: Some(pipeline.as_str()).filter(|p| !p.is_empty()), job: Some(job.as_str()).filter(|j| !j.is_empty()), limit: 200 };
+        let f = RunFilter { team: team.as_deref(), pipeline: Some(pipeline.as_str()).filter(|p| !p.is_empty()), job: Some(job.as_str()).filter(|j| !j.is_empty()), limit: 200, skip: 0 };
         let mut out = Vec::new();
         for r in store.runs(&f)? {
             if !outcome.is_empty() && r.outcome.as_deref().unwrap_or("running") != outcome {

@@ -458,6 +458,8 @@ pub(crate) mod tests {
         let runs = s.runs(&all(10)).unwrap();
         assert_eq!(runs.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["r2", "r1"], "newest first");
         assert_eq!(s.runs(&all(1)).unwrap().len(), 1);
+        let skipping = |skip, limit| s.runs(&RunFilter { skip, ..all(limit) }).unwrap().into_iter().map(|r| r.id).collect::<Vec<_>>();
+        assert_eq!((skipping(1, 10), skipping(1, 1), skipping(2, 10)), (vec!["r1".to_string()], vec!["r1".to_string()], vec![]), "the newest passed over");
         assert_eq!(s.runs(&RunFilter { job: Some("build"), ..all(10) }).unwrap().len(), 1);
         let r1 = s.run("r1").unwrap().unwrap();
         assert_eq!((r1.outcome.as_deref(), r1.finished_ms, r1.job.as_str(), r1.pipeline.as_str()), (Some("succeeded"), Some(30), "build", "ci"));
@@ -633,6 +635,8 @@ pub(crate) mod tests {
         assert_eq!(only(RunFilter { team: Some(""), pipeline: Some("web-b"), job: Some("build"), ..all(10) }), ["w1"]);
         assert_eq!(only(RunFilter { team: Some("blue"), ..all(10) }), ["w2"]);
         assert_eq!(only(RunFilter { pipeline: Some("web"), ..all(10) }), ["w2", "w0"], "an admin sees both teams' web");
+        assert_eq!(only(RunFilter { pipeline: Some("web"), skip: 1, ..all(10) }), ["w0"], "skipping counts only the runs admitted");
+        assert_eq!(only(RunFilter { team: Some(""), pipeline: Some("web-b"), job: Some("build"), skip: 1, ..all(10) }), Vec::<String>::new());
         for (i, sc) in [&web, &web_b, &other_team].into_iter().enumerate() {
             let want = serde_json::json!({"ref": format!("v{i}")});
             assert_eq!(s.history(sc, "repo").unwrap(), vec![want.clone()], "{sc:?}");

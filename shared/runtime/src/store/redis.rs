@@ -221,7 +221,7 @@ impl Store for RedisStore {
         };
         const PAGE: isize = 200;
         let mut out = Vec::new();
-        let mut start = 0;
+        let (mut start, mut skip) = (0, f.skip);
         while out.len() < f.limit {
             let ids: Vec<String> = self.with(|c| c.zrevrange(&index, start, start + PAGE - 1))?;
             if ids.is_empty() {
@@ -230,6 +230,10 @@ impl Store for RedisStore {
             start += PAGE;
             for id in ids {
                 if let Some(r) = self.run(&id)?.filter(|r| f.admits(r)) {
+                    if skip > 0 {
+                        skip -= 1;
+                        continue;
+                    }
                     out.push(r);
                     if out.len() == f.limit {
                         break;
@@ -249,7 +253,7 @@ impl Store for RedisStore {
             if team.is_some_and(|want| want != t) {
                 continue;
             }
-            let newest = RunFilter { team: Some(t), pipeline: Some(p), job: None, limit: 1 };
+            let newest = RunFilter { team: Some(t), pipeline: Some(p), limit: 1, ..Default::default() };
             if let Some(last) = self.runs(&newest)?.into_iter().next() {
                 out.push(PipelineSummary { team: t.to_string(), pipeline: p.to_string(), last });
             }

@@ -17,12 +17,14 @@ impl Scope {
     }
 }
 
-/// Which runs a listing shows: `None` admits any.
+/// Which runs a listing shows, newest first: `None` admits any; the newest
+/// `skip` admitted are passed over, then at most `limit` are listed.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RunFilter<'a> {
     pub team: Option<&'a str>,
     pub pipeline: Option<&'a str>,
     pub job: Option<&'a str>,
+    pub skip: usize,
     pub limit: usize,
 }
 

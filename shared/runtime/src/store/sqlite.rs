@@ -301,13 +301,22 @@ impl Store for SqliteStore {
     }
 
     fn runs(&self, f: &RunFilter) -> Result<Vec<RunRecord>, StoreError> {
+        // Only the filters given are written (`?1 IS NULL OR team = ?1` is
+        // served by no index): with a team and a pipeline, `runs_scope`
+        // yields the runs newest first, and what is skipped is never read.
+        let given = [("team", f.team), ("pipeline", f.pipeline), ("job", f.job)];
+        let (mut conds, mut values) = (Vec::new(), Vec::new());
+        for (column, value) in given {
+            if let Some(v) = value {
+                values.push(v);
+                conds.push(format!("{column} = ?{}", values.len()));
+            }
+        }
+        let filter = if conds.is_empty() { String::new() } else { format!("WHERE {}", conds.join(" AND ")) };
+        let (limit, skip) = (i64::try_from(f.limit).unwrap_or(i64::MAX), i64::try_from(f.skip).unwrap_or(i64::MAX));
         self.with(|c| {
-            let mut st = c.prepare(&format!(
-                "SELECT {RUN_COLS} FROM runs
-                 WHERE (?1 IS NULL OR team = ?1) AND (?2 IS NULL OR pipeline = ?2) AND (?3 IS NULL OR job = ?3)
-                 ORDER BY started_ms DESC, rowid DESC LIMIT ?4"
-            ))?;
-            let rows = st.query_map(params![f.team, f.pipeline, f.job, f.limit as i64], run_row)?;
+            let mut st = c.prepare(&format!("SELECT {RUN_COLS} FROM runs {filter} ORDER BY started_ms DESC, rowid DESC LIMIT {limit} OFFSET {skip}"))?;
+            let rows = st.query_map(rusqlite::params_from_iter(values), run_row)?;
             rows.collect()
         })
     }
