@@ -38,18 +38,18 @@ pub(crate) async fn run_command(a: &Assignment, dir: &Path, sink: &Arc<dyn LineS
     let direct = crate::simple_command::words(&command).and_then(|w| Some((crate::simple_command::program_path(w[0], dir)?, w)));
     let pipes = OutputPipes::new().map_err(|e| fail(StepError::errored(format!("{}: cannot make its output pipes: {}", a.step, start_error(&e)))))?;
     let spawned = match direct {
-        Some((program, words)) => pipes.spawn(host_command(a, &program, &words[1..], dir)).ok(),
+        Some((program, words)) => pipes.start(a, &program, &words[1..], dir).ok(),
         None => None,
     };
     let mut child = match spawned {
         Some(c) => c,
-        None => match pipes.spawn(host_command(a, Path::new(crate::host_env::shell()), &["-c", &command], dir)) {
+        None => match pipes.start(a, Path::new(crate::host_env::shell()), &["-c", &command], dir) {
             Ok(c) => c,
             Err(e) => return Err(fail(StepError::errored(format!("{}: cannot start sh: {}", a.step, start_error(&e))))),
         },
     };
     // Killed whole however this ends, this future dropped included.
-    let group = crate::process_group::Group::of(&child);
+    let group = child.id().and_then(crate::process_group::Group::of_pid);
     // Both streams are read in this task, beside the wait (no task of their
     // own per step); a reader that panics (a bug) is caught and told.
     let reader = |s: Receiver, stream: Stream| {
@@ -135,6 +135,48 @@ fn host_command(a: &Assignment, program: &Path, args: &[&str], dir: &Path) -> Co
     cmd
 }
 
+/// As [`host_command`], for [`crate::spawn`]: the same environment.
+#[cfg(target_os = "linux")]
+fn host_start(a: &Assignment, program: &Path, args: &[&str], dir: &Path) -> std::io::Result<crate::spawn::Start> {
+    let host = crate::host_env::values();
+    let mut own: Vec<(&str, std::ffi::OsString)> = Vec::with_capacity(a.env.len());
+    for n in &a.env {
+        if !host.iter().any(|(h, _)| h == n) && !own.iter().any(|(o, _)| o == n) {
+            if let Some(v) = std::env::var_os(n) {
+                own.push((n, v));
+            }
+        }
+    }
+    let env = host.iter().map(|(k, v)| (std::ffi::OsStr::new(*k), v.as_os_str())).chain(own.iter().map(|(k, v)| (std::ffi::OsStr::new(*k), v.as_os_str())));
+    crate::spawn::Start::new(program, args.iter().map(std::ffi::OsStr::new), env, dir)
+}
+
+/// A started command: by steppe's own spawner where the kernel allows
+/// ([`crate::spawn`]), else tokio's.
+enum Running {
+    #[cfg(target_os = "linux")]
+    Own(crate::spawn::Child),
+    Tokio(tokio::process::Child),
+}
+
+impl Running {
+    fn id(&self) -> Option<u32> {
+        match self {
+            #[cfg(target_os = "linux")]
+            Running::Own(c) => Some(c.id()),
+            Running::Tokio(c) => c.id(),
+        }
+    }
+
+    async fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        match self {
+            #[cfg(target_os = "linux")]
+            Running::Own(c) => c.wait().await,
+            Running::Tokio(c) => c.wait().await,
+        }
+    }
+}
+
 /// A command's stdout and stderr pipes, of which this process holds a
 /// writing end too until the command is reaped. A process closes its
 /// descriptors a moment before the kernel tells of its exit, so pipes
@@ -150,10 +192,21 @@ impl OutputPipes {
         Ok(OutputPipes { out: std::io::pipe()?, err: std::io::pipe()? })
     }
 
-    /// Starts `cmd` writing into the pipes.
-    fn spawn(&self, mut cmd: Command) -> std::io::Result<tokio::process::Child> {
+    /// Starts `program ARGS` in `dir` (as [`host_command`]) writing into the pipes.
+    fn start(&self, a: &Assignment, program: &Path, args: &[&str], dir: &Path) -> std::io::Result<Running> {
+        #[cfg(target_os = "linux")]
+        if program.is_absolute() && crate::spawn::available() {
+            use std::os::fd::AsRawFd;
+            let start = host_start(a, program, args, dir)?;
+            let null = null_input().ok_or_else(|| std::io::Error::other("cannot open /dev/null"))?;
+            // Where it fails (nothing ran then), tokio's says why, or starts it where this could not.
+            if let Ok(c) = crate::spawn::spawn(&start, [null.as_raw_fd(), self.out.1.as_raw_fd(), self.err.1.as_raw_fd()]) {
+                return Ok(Running::Own(c));
+            }
+        }
+        let mut cmd = host_command(a, program, args, dir);
         cmd.stdout(self.out.1.try_clone()?).stderr(self.err.1.try_clone()?);
-        cmd.spawn()
+        cmd.spawn().map(Running::Tokio)
     }
 
     /// The reading ends, for this runtime, and the writing ends to let go
@@ -162,6 +215,13 @@ impl OutputPipes {
         let reader = |r: std::io::PipeReader| Receiver::from_owned_fd(r.into());
         Ok((reader(self.out.0)?, reader(self.err.0)?, (self.out.1, self.err.1)))
     }
+}
+
+/// One `/dev/null` this process keeps open, for every command's input.
+#[cfg(target_os = "linux")]
+fn null_input() -> Option<&'static std::fs::File> {
+    static NULL: std::sync::OnceLock<Option<std::fs::File>> = std::sync::OnceLock::new();
+    NULL.get_or_init(|| std::fs::File::open("/dev/null").ok()).as_ref()
 }
 
 /// What stops a running command before it ends: its timeout, or a cancel.

@@ -25,6 +25,8 @@ pub mod sandbox;
 pub mod short_slice;
 pub mod simple_command;
 pub mod sink;
+#[cfg(target_os = "linux")]
+pub mod spawn;
 pub mod step_dir;
 pub mod stop;
 pub mod telemetry;

@@ -21,7 +21,12 @@ pub struct Group {
 impl Group {
     /// The group of a child started with `process_group(0)` (it leads it).
     pub fn of(child: &tokio::process::Child) -> Option<Group> {
-        let pgid = i32::try_from(child.id()?).ok().filter(|p| *p > 1)?;
+        Group::of_pid(child.id()?)
+    }
+
+    /// The group a child of this pid leads.
+    pub fn of_pid(pid: u32) -> Option<Group> {
+        let pgid = i32::try_from(pid).ok().filter(|p| *p > 1)?;
         if let Ok(mut live) = LIVE.lock() {
             live.get_or_insert_with(HashSet::new).insert(pgid);
         }
