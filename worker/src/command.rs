@@ -3,6 +3,7 @@
 //! by line into the sink and kept up to a cap, stopped by its timeout or a
 //! cancel. Judging the result is the caller's ([`crate::exec`]).
 
+use std::borrow::Cow;
 use std::path::Path;
 use std::process::Stdio;
 use std::sync::Arc;
@@ -125,30 +126,31 @@ fn start_error(e: &std::io::Error) -> String {
 fn host_command(a: &Assignment, program: &Path, args: &[&str], dir: &Path) -> Command {
     let mut cmd = Command::new(program);
     cmd.args(args).current_dir(dir).env_clear();
-    cmd.envs(crate::host_env::values().iter().map(|(k, v)| (k, v)));
-    for name in &a.env {
-        if let Some(v) = std::env::var_os(name) {
-            cmd.env(name, v);
-        }
-    }
+    cmd.envs(step_env(a));
     cmd.stdin(Stdio::null()).process_group(0).kill_on_drop(true);
     cmd
 }
 
-/// As [`host_command`], for [`crate::spawn`]: the same environment.
+/// As [`host_command`], for [`crate::spawn`].
 #[cfg(target_os = "linux")]
 fn host_start(a: &Assignment, program: &Path, args: &[&str], dir: &Path) -> std::io::Result<crate::spawn::Start> {
-    let host = crate::host_env::values();
-    let mut own: Vec<(&str, std::ffi::OsString)> = Vec::with_capacity(a.env.len());
-    for n in &a.env {
-        if !host.iter().any(|(h, _)| h == n) && !own.iter().any(|(o, _)| o == n) {
-            if let Some(v) = std::env::var_os(n) {
-                own.push((n, v));
+    let env = step_env(a);
+    crate::spawn::Start::new(program, args.iter().map(std::ffi::OsStr::new), env.iter().map(|(k, v)| (*k, v.as_ref())), dir)
+}
+
+/// A host command's whole environment: the host allowlist's variables this
+/// process has (read once, borrowed), then the step's own names that it
+/// has, each name once.
+fn step_env(a: &Assignment) -> Vec<(&std::ffi::OsStr, Cow<'static, std::ffi::OsStr>)> {
+    let mut env: Vec<(&std::ffi::OsStr, Cow<'static, std::ffi::OsStr>)> = crate::host_env::values().iter().map(|(k, v)| (std::ffi::OsStr::new(*k), Cow::Borrowed(v.as_os_str()))).collect();
+    for name in &a.env {
+        if !env.iter().any(|(k, _)| *k == name.as_str()) {
+            if let Some(v) = std::env::var_os(name) {
+                env.push((std::ffi::OsStr::new(name), Cow::Owned(v)));
             }
         }
     }
-    let env = host.iter().map(|(k, v)| (std::ffi::OsStr::new(*k), v.as_os_str())).chain(own.iter().map(|(k, v)| (std::ffi::OsStr::new(*k), v.as_os_str())));
-    crate::spawn::Start::new(program, args.iter().map(std::ffi::OsStr::new), env, dir)
+    env
 }
 
 /// A started command: by steppe's own spawner where the kernel allows
@@ -195,10 +197,9 @@ impl OutputPipes {
     /// Starts `program ARGS` in `dir` (as [`host_command`]) writing into the pipes.
     fn start(&self, a: &Assignment, program: &Path, args: &[&str], dir: &Path) -> std::io::Result<Running> {
         #[cfg(target_os = "linux")]
-        if program.is_absolute() && crate::spawn::available() {
+        if let Some(null) = null_input().filter(|_| program.is_absolute() && crate::spawn::available()) {
             use std::os::fd::AsRawFd;
             let start = host_start(a, program, args, dir)?;
-            let null = null_input().ok_or_else(|| std::io::Error::other("cannot open /dev/null"))?;
             // Where it fails (nothing ran then), tokio's says why, or starts it where this could not.
             if let Ok(c) = crate::spawn::spawn(&start, [null.as_raw_fd(), self.out.1.as_raw_fd(), self.err.1.as_raw_fd()]) {
                 return Ok(Running::Own(c));
@@ -217,11 +218,17 @@ impl OutputPipes {
     }
 }
 
-/// One `/dev/null` this process keeps open, for every command's input.
+/// One `/dev/null` this process keeps open, for every command's input
+/// (None while it cannot be opened, as when the process is out of
+/// descriptors: asked again next time, tokio's `Command` meanwhile).
 #[cfg(target_os = "linux")]
 fn null_input() -> Option<&'static std::fs::File> {
-    static NULL: std::sync::OnceLock<Option<std::fs::File>> = std::sync::OnceLock::new();
-    NULL.get_or_init(|| std::fs::File::open("/dev/null").ok()).as_ref()
+    static NULL: std::sync::OnceLock<std::fs::File> = std::sync::OnceLock::new();
+    if let Some(f) = NULL.get() {
+        return Some(f);
+    }
+    let f = std::fs::File::open("/dev/null").ok()?;
+    Some(NULL.get_or_init(|| f))
 }
 
 /// What stops a running command before it ends: its timeout, or a cancel.
